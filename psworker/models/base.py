@@ -1,0 +1,71 @@
+"""What a model is to the trainer: input functions, inference, loss, learning rate, all with explicit args.
+
+Everything here builds graph-mode (`tf.compat.v1`) tensors; nothing reads flags or module globals.
+Variables are made with `tf.compat.v1.get_variable` so that towers can share them through variable scopes.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Which slice of the training data one worker (or tower) reads."""
+
+    data_dir: Optional[str]
+    batch_size: int
+    shard_index: int = 0
+    num_shards: int = 1
+    seed: Optional[int] = None
+
+
+class Model(abc.ABC):
+    """A registered workload. Subclasses set the class attributes and implement the methods."""
+
+    name: str = ""
+    num_classes: int = 10
+    default_learning_rate: float = 0.1
+    moving_average_decay: Optional[float] = None   # set: the trainer keeps EMAs, eval restores them
+
+    @abc.abstractmethod
+    def train_inputs(self, spec: InputSpec):
+        """Returns `(images, labels)` batch tensors of this shard, repeating forever, shuffled."""
+
+    @abc.abstractmethod
+    def eval_dataset(self, data_dir: Optional[str], batch_size: int):
+        """Returns a finite `tf.data.Dataset` of `(images, labels)` over the whole held-out split."""
+
+    @abc.abstractmethod
+    def num_train_examples(self, data_dir: Optional[str]) -> int:
+        """Size of the training split (for epoch-based learning-rate decay)."""
+
+    @abc.abstractmethod
+    def inference(self, images, *, training: bool):
+        """Builds the network; returns logits `[batch, num_classes]`.
+
+        Safe to call several times inside `tf.compat.v1.variable_scope(..., reuse=tf.compat.v1.AUTO_REUSE)`
+        (towers): variables come from `get_variable` and are shared.
+        """
+
+    def loss(self, logits, labels):
+        """Total loss: mean cross-entropy plus any weight decay. Must not depend on global collections."""
+        import tensorflow as tf
+
+        labels = tf.cast(labels, tf.int64)
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits), name="cross_entropy"
+        )
+
+    def learning_rate(self, global_step, base_learning_rate: float, batch_size: int, data_dir: Optional[str]):
+        """The learning-rate tensor for `global_step` (constant unless a model decays it)."""
+        import tensorflow as tf
+
+        return tf.constant(base_learning_rate, tf.float32, name="learning_rate")
+
+    def optimizer(self, learning_rate):
+        import tensorflow as tf
+
+        return tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
