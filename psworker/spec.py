@@ -1,14 +1,25 @@
-"""Cluster specs: the YAML file, its frozen dataclasses, and validation.
+"""Cluster specs: the YAML file, its frozen dataclasses, loading and validation.
 
-CONTRACT (written first so that every layer codes against the same shapes). The helper that owns this
-file fills in loading and validation; the dataclass fields and names below are relied on elsewhere.
+Loading fills defaults, then checks each field, then checks rules across fields; every failure is a
+`SpecError` naming the source, the field path and the bad value. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import ipaddress
+import math
+import re
+import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
+
+import yaml
+
+from psworker.errors import SpecError
+from psworker.models import BUILTIN as BUILTIN_MODELS
 
 JOBS = ("ps", "worker")
 MODES = ("async", "sync")
@@ -58,7 +69,8 @@ class ClusterSpec:
     ps: tuple[Address, ...]
     worker: tuple[Address, ...]
     train: TrainConfig = field(default_factory=TrainConfig)
-    source: Optional[str] = None              # the file it came from, for messages
+    # the file it came from, for messages; not part of equality (a dumped and reloaded spec is equal)
+    source: Optional[str] = field(default=None, compare=False)
 
     def addresses(self, job: str) -> tuple[Address, ...]:
         return {"ps": self.ps, "worker": self.worker}[job]
@@ -66,3 +78,459 @@ class ClusterSpec:
     def as_dict(self) -> dict[str, list[str]]:
         """`{"ps": ["h:p", ...], "worker": [...]}`: what tf.train.ClusterSpec and TF_CONFIG take."""
         return {"ps": [str(a) for a in self.ps], "worker": [str(a) for a in self.worker]}
+
+
+AUTO_PORT = 0
+TOP_KEYS = ("cluster", "train")
+_PORT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?", re.ASCII)
+_SHELL_META = set(";&|$`'\"\\<>(){}*?!#~^=,%@")
+
+# Rules for TrainConfig fields beyond their types: minimums, strictly positive numbers, enumerations.
+_MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1, "num_devices": 1,
+            "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0}
+_POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs")
+_CHOICES = {"mode": MODES, "replication": REPLICATIONS, "model": BUILTIN_MODELS}
+_NONEMPTY = ("train_dir", "data_dir")
+
+
+def _train_types() -> dict[str, tuple[type, bool]]:
+    """Maps each TrainConfig field to `(base type, optional)`, read from the dataclass annotations."""
+    out = {}
+    for name, hint in typing.get_type_hints(TrainConfig).items():
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is Union and type(None) in args:
+            out[name] = (next(a for a in args if a is not type(None)), True)
+        else:
+            out[name] = (hint, False)
+    return out
+
+
+TRAIN_TYPES = _train_types()
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+def _describe(value: Any) -> str:
+    """`bool true`, `int 5`, `str 'x'`, `list [...]`: the bad value and its type, for messages."""
+    if isinstance(value, bool):
+        return f"bool {str(value).lower()}"
+    if value is None:
+        return "null"
+    kind = {dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
+    return f"{kind} {value!r}"
+
+
+def _unknown_key(key: Any, valid: Iterable[str], source: str, path: str) -> SpecError:
+    valid = list(valid)
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return SpecError(source, path, f"unknown key {key!r}{hint} (valid keys: {', '.join(valid)})")
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix and not prefix.endswith("-") else f"{prefix}{key}"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe YAML loader that rejects duplicate mapping keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if isinstance(key, typing.Hashable) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark)
+        if isinstance(key, typing.Hashable):
+            seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError(source, "", f"invalid YAML{where}: {problem}") from None
+
+
+# ------------------------------------------------------------------------------------------- addresses
+
+def parse_address(s: Any, field_path: str, source: str) -> Address:
+    """Parses one `host:port` entry.
+
+    Accepts DNS names, IPv4, bracketed IPv6 (`[::1]:2222`) and `localhost`; port `0` or `auto` means
+    "pick a free port at launch" (`Address.port == 0`).
+
+    Args:
+        s: the entry as written (anything; non-strings are reported).
+        field_path: where it sits, e.g. `cluster.worker[1]`, for messages.
+        source: the file path, `TF_CONFIG` or `--flags`, for messages.
+
+    Returns:
+        The parsed Address.
+
+    Raises:
+        SpecError: not a string, no port, bad host, non-numeric or out-of-range port.
+    """
+    if isinstance(s, dict) and len(s) == 1:
+        (k, v), = s.items()
+        raise SpecError(source, field_path, f"expected a 'host:port' string, got {_describe(s)}; "
+                                            f"write it as '{k}:{v}' (no space after the colon)")
+    if not isinstance(s, str):
+        raise SpecError(source, field_path, f"expected a 'host:port' string, got {_describe(s)}")
+    text = s.strip()
+    if not text:
+        raise SpecError(source, field_path, "empty address; expected 'host:port'")
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0 or not text[end + 1:].startswith(":"):
+            raise SpecError(source, field_path, f"{s!r} is not '[ipv6]:port' (e.g. '[::1]:2222')")
+        host, port_text = text[1:end], text[end + 2:]
+        _check_ipv6(host, s, field_path, source)
+    else:
+        if ":" not in text:
+            raise SpecError(source, field_path, f"{s!r} has no port; expected 'host:port'")
+        host, port_text = text.rsplit(":", 1)
+        if ":" in host:
+            raise SpecError(source, field_path,
+                            f"{s!r}: IPv6 addresses must be in brackets, e.g. '[::1]:2222'")
+        _check_host(host, s, field_path, source)
+    return Address(host, _parse_port(port_text, s, field_path, source))
+
+
+def _check_host(host: str, entry: str, field_path: str, source: str) -> None:
+    if not host:
+        raise SpecError(source, field_path, f"{entry!r} has an empty host")
+    bad = next((c for c in host if c.isspace() or c in _SHELL_META), None)
+    if bad is not None:
+        raise SpecError(source, field_path, f"host {host!r} contains {bad!r}; whitespace and shell "
+                                            f"metacharacters are not allowed in host names")
+    if not _HOST_RE.fullmatch(host) or ".." in host:
+        raise SpecError(source, field_path, f"host {host!r} is not a valid host name or IP address")
+
+
+def _check_ipv6(host: str, entry: str, field_path: str, source: str) -> None:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        raise SpecError(source, field_path, f"{host!r} in {entry!r} is not a valid IPv6 address") from None
+
+
+def _parse_port(text: str, entry: str, field_path: str, source: str) -> int:
+    if text.lower() == "auto":
+        return AUTO_PORT
+    if not text:
+        raise SpecError(source, field_path, f"{entry!r} has an empty port")
+    if not _PORT_RE.fullmatch(text):
+        raise SpecError(source, field_path, f"port {text!r} is not a number (use 1-65535, or 'auto')")
+    port = int(text)
+    if port == AUTO_PORT:
+        return AUTO_PORT
+    if not 1 <= port <= 65535:
+        raise SpecError(source, field_path, f"port {port} is out of range 1-65535")
+    return port
+
+
+def format_address(address: Address) -> str:
+    """`str(address)`, except that an automatic port shows as `host:auto` (what a spec file says)."""
+    return str(address) if address.port != AUTO_PORT else str(address)[:-1] + "auto"
+
+
+def _parse_address_list(items: Any, path: str, source: str) -> tuple[Address, ...]:
+    if items is None:
+        raise SpecError(source, path, "missing; need a list of at least one 'host:port' address")
+    if isinstance(items, str) or not isinstance(items, (list, tuple)):
+        raise SpecError(source, path, f"expected a list of 'host:port' strings, got {_describe(items)}")
+    if not items:
+        raise SpecError(source, path, "empty; need at least one 'host:port' address")
+    return tuple(parse_address(item, f"{path}[{i}]", source) for i, item in enumerate(items))
+
+
+def _check_duplicates(jobs: Iterable[tuple[str, tuple[Address, ...]]], source: str) -> None:
+    seen: dict[tuple[str, int], str] = {}
+    for path, addresses in jobs:
+        for i, a in enumerate(addresses):
+            if a.port == AUTO_PORT:
+                continue
+            key = (a.host.lower(), a.port)
+            here = f"{path}[{i}]"
+            if key in seen:
+                raise SpecError(source, here, f"duplicate address {a} (also at {seen[key]})")
+            seen[key] = here
+
+
+def build_cluster(ps: Any, worker: Any, source: str, *, train: Optional[TrainConfig] = None,
+                  ps_path: str = "cluster.ps", worker_path: str = "cluster.worker") -> ClusterSpec:
+    """Builds and validates a ClusterSpec from raw address lists (strings or Addresses).
+
+    Args:
+        ps: list of `host:port` strings (or Address objects) for the ps job.
+        worker: the same for the worker job; worker 0 is the chief.
+        source: where the lists came from, for messages.
+        train: trainer defaults; `TrainConfig()` when None.
+        ps_path: field path of the ps list in messages (`--ps_hosts` for flags).
+        worker_path: field path of the worker list in messages.
+
+    Returns:
+        The validated, frozen ClusterSpec.
+
+    Raises:
+        SpecError: any address or cross-field problem.
+    """
+    ps_addrs = _addresses_from(ps, ps_path, source)
+    worker_addrs = _addresses_from(worker, worker_path, source)
+    _check_duplicates([(ps_path, ps_addrs), (worker_path, worker_addrs)], source)
+    spec = ClusterSpec(ps=ps_addrs, worker=worker_addrs, train=train or TrainConfig(), source=source)
+    check_cross_fields(spec)
+    return spec
+
+
+def _addresses_from(items: Any, path: str, source: str) -> tuple[Address, ...]:
+    if isinstance(items, (list, tuple)) and items and all(isinstance(a, Address) for a in items):
+        return tuple(items)
+    if isinstance(items, (list, tuple)):
+        items = [format_address(a) if isinstance(a, Address) else a for a in items]
+    return _parse_address_list(items, path, source)
+
+
+# ---------------------------------------------------------------------------------------------- train
+
+def _coerce(name: str, value: Any, path: str, source: str, from_strings: bool) -> Any:
+    """Checks (and for flags, parses) one TrainConfig value against its declared type."""
+    kind, optional = TRAIN_TYPES[name]
+    if value is None:
+        if optional:
+            return None
+        raise SpecError(source, path, f"must be set (expected {kind.__name__}), got null")
+    if from_strings and isinstance(value, str) and kind is not str:
+        text = value.strip()
+        try:
+            value = int(text) if kind is int else float(text)
+        except ValueError:
+            noun = "an integer" if kind is int else "a number"
+            raise SpecError(source, path, f"expected {noun}, got {value!r}") from None
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(source, path, f"expected an integer, got {_describe(value)}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(source, path, f"expected a number, got {_describe(value)}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise SpecError(source, path, f"expected a finite number, got {value}")
+    elif kind is str:
+        if not isinstance(value, str):
+            raise SpecError(source, path, f"expected a string, got {_describe(value)}")
+    return value
+
+
+def _check_value(name: str, value: Any, path: str, source: str) -> None:
+    if value is None:
+        return
+    if name in _MINIMUM and value < _MINIMUM[name]:
+        raise SpecError(source, path, f"must be >= {_MINIMUM[name]}, got {value}")
+    if name in _POSITIVE and not value > 0:
+        raise SpecError(source, path, f"must be > 0, got {value}")
+    if name in _NONEMPTY and not value.strip():
+        raise SpecError(source, path, f"must not be empty, got {value!r}")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        close = difflib.get_close_matches(value, _CHOICES[name], n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SpecError(source, path, f"{value!r} is not one of {', '.join(_CHOICES[name])}{hint}")
+
+
+def _check_train_rules(config: TrainConfig, source: str, prefix: str,
+                       num_workers: Optional[int]) -> None:
+    if config.save_checkpoint_steps is not None and config.save_checkpoint_secs is not None:
+        raise SpecError(source, _join(prefix, "save_checkpoint_secs"),
+                        f"set either save_checkpoint_steps ({config.save_checkpoint_steps}) or "
+                        f"save_checkpoint_secs ({config.save_checkpoint_secs:g}), not both")
+    r = config.replicas_to_aggregate
+    if r is not None and num_workers is not None and not 1 <= r <= num_workers:
+        raise SpecError(source, _join(prefix, "replicas_to_aggregate"),
+                        f"{r} is not between 1 and the number of workers ({num_workers})")
+
+
+def _train_from(base: TrainConfig, values: Mapping[str, Any], source: str, prefix: str,
+                from_strings: bool, num_workers: Optional[int]) -> TrainConfig:
+    for key in values:
+        if key not in TRAIN_FIELDS:
+            raise _unknown_key(key, TRAIN_FIELDS, source, _join(prefix, str(key)))
+    changes = {}
+    for key, value in values.items():
+        path = _join(prefix, key)
+        value = _coerce(key, value, path, source, from_strings)
+        _check_value(key, value, path, source)
+        changes[key] = value
+    config = dataclasses.replace(base, **changes)
+    _check_train_rules(config, source, prefix, num_workers)
+    return config
+
+
+def merge_train(base: TrainConfig, overrides: Mapping[str, Any], source: str = "--flags", *,
+                num_workers: Optional[int] = None, path_prefix: str = "--") -> TrainConfig:
+    """Returns `base` with the non-None values of `overrides` applied, validated.
+
+    String values for numeric fields are parsed (command-line flags arrive as strings), with errors in
+    the same wording as the spec file's. Setting one of save_checkpoint_steps/save_checkpoint_secs
+    clears the other one inherited from `base`; setting both in `overrides` is an error.
+
+    Args:
+        base: the spec's train section.
+        overrides: field name -> value; None values are ignored.
+        source: where the overrides came from, for messages.
+        num_workers: when given, replicas_to_aggregate must lie in 1..num_workers.
+        path_prefix: prefix of field names in messages (`--max_steps`).
+
+    Returns:
+        The merged TrainConfig.
+
+    Raises:
+        SpecError: an unknown key, a bad value, or a cross-field rule broken.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    ckpt = ("save_checkpoint_steps", "save_checkpoint_secs")
+    for mine, other in (ckpt, ckpt[::-1]):
+        if mine in given and other not in given:
+            base = dataclasses.replace(base, **{other: None})
+    return _train_from(base, given, source, path_prefix, True, num_workers)
+
+
+# ----------------------------------------------------------------------------------------------- spec
+
+def check_cross_fields(spec: ClusterSpec) -> None:
+    """Checks the rules that span sections (replicas_to_aggregate vs. the number of workers).
+
+    Raises:
+        SpecError: a rule is broken.
+    """
+    _check_train_rules(spec.train, spec.source or "spec", "train", len(spec.worker))
+
+
+def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], source: str) -> ClusterSpec:
+    """Parses and validates a cluster spec from YAML text or an already-loaded mapping.
+
+    Args:
+        text_or_mapping: YAML text, or the mapping it loads to.
+        source: a file path (or other label) used in every error message.
+
+    Returns:
+        The validated ClusterSpec, with `source` set.
+
+    Raises:
+        SpecError: YAML syntax, structure, address, train value or cross-field problems.
+    """
+    data = text_or_mapping
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", errors="replace")
+    if isinstance(data, str):
+        data = _load_yaml(data, source)
+    if data is None:
+        raise SpecError(source, "", "the spec is empty; expected a mapping with a 'cluster' section "
+                                    "(ps and worker address lists)")
+    if not isinstance(data, Mapping):
+        raise SpecError(source, "", f"the top level must be a mapping with 'cluster' (and optional "
+                                    f"'train'), got {_describe(data)}")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise _unknown_key(key, TOP_KEYS, source, str(key))
+    cluster = data.get("cluster")
+    if cluster is None:
+        raise SpecError(source, "cluster", "missing; the spec needs a 'cluster' section with "
+                                           "'ps' and 'worker' address lists")
+    if not isinstance(cluster, Mapping):
+        raise SpecError(source, "cluster", f"expected a mapping with 'ps' and 'worker', "
+                                           f"got {_describe(cluster)}")
+    for key in cluster:
+        if key not in JOBS:
+            if key == "chief":
+                raise SpecError(source, "cluster.chief", "psworker has no 'chief' job; worker 0 is the "
+                                                         "chief, so list its address first under 'worker'")
+            raise _unknown_key(key, JOBS, source, f"cluster.{key}")
+    train = data.get("train")
+    if train is None:
+        train = {}
+    if not isinstance(train, Mapping):
+        raise SpecError(source, "train", f"expected a mapping of trainer settings, got {_describe(train)}")
+    config = _train_from(TrainConfig(), train, source, "train", False, None)
+    return build_cluster(cluster.get("ps"), cluster.get("worker"), source, train=config)
+
+
+def load_spec(path: Any) -> ClusterSpec:
+    """Reads and validates a cluster spec YAML file.
+
+    Args:
+        path: the file (str or path-like).
+
+    Returns:
+        The validated ClusterSpec with `source` set to the path.
+
+    Raises:
+        SpecError: the file cannot be read or is invalid.
+    """
+    source = str(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError(source, "", "no such file") from None
+    except IsADirectoryError:
+        raise SpecError(source, "", "is a directory, not a spec file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(source, "", f"cannot read: {e}") from None
+    return parse_spec(text, source)
+
+
+def dump_spec(spec: ClusterSpec) -> str:
+    """Renders a spec as YAML that `load_spec` reads back to an equal spec.
+
+    Args:
+        spec: the spec to write.
+
+    Returns:
+        YAML text; automatic ports are written as `host:auto`, unset (None) train fields are omitted.
+    """
+    train = {k: v for k, v in dataclasses.asdict(spec.train).items() if v is not None}
+    data = {"cluster": {"ps": [format_address(a) for a in spec.ps],
+                        "worker": [format_address(a) for a in spec.worker]},
+            "train": train}
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def with_addresses(spec: ClusterSpec, ps: Iterable[Any], worker: Iterable[Any]) -> ClusterSpec:
+    """Returns `spec` with new ps and worker addresses (e.g. once automatic ports are chosen).
+
+    Args:
+        spec: the original spec; its train section and source are kept.
+        ps: new ps addresses, as Address objects or `host:port` strings.
+        worker: new worker addresses, likewise.
+
+    Returns:
+        A new validated ClusterSpec.
+
+    Raises:
+        SpecError: a new address is invalid or duplicated.
+    """
+    new = build_cluster(list(ps), list(worker), spec.source or "spec", train=spec.train)
+    return dataclasses.replace(new, source=spec.source)
+
+
+def has_auto_ports(spec: ClusterSpec) -> bool:
+    """True when any task's port is automatic (0 / `auto`): the launcher must pick it."""
+    return any(a.port == AUTO_PORT for a in spec.ps + spec.worker)
+
+
+__all__ = [
+    "JOBS", "MODES", "REPLICATIONS", "TRAIN_FIELDS", "AUTO_PORT", "Address", "TrainConfig", "ClusterSpec",
+    "load_spec", "parse_spec", "parse_address", "format_address", "build_cluster", "merge_train",
+    "check_cross_fields", "dump_spec", "with_addresses", "has_auto_ports",
+]

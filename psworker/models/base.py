@@ -29,6 +29,7 @@ class Model(abc.ABC):
     num_classes: int = 10
     default_learning_rate: float = 0.1
     moving_average_decay: Optional[float] = None   # set: the trainer keeps EMAs, eval restores them
+    image_shape: tuple[int, ...] = ()              # one example as `inference` takes it, e.g. (24, 24, 3)
 
     @abc.abstractmethod
     def train_inputs(self, spec: InputSpec):

@@ -1,0 +1,16 @@
+"""psworker: launch TensorFlow parameter-server clusters from a YAML spec and train between-graph.
+
+The public API is small and TensorFlow-free to import; the trainer and backends load on demand.
+"""
+
+from psworker.errors import PsworkerError, SpecError, StartupTimeout, TaskFailed, UsageError
+from psworker.spec import (Address, ClusterSpec, TrainConfig, dump_spec, has_auto_ports, load_spec,
+                           merge_train, parse_spec, with_addresses)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Address", "ClusterSpec", "TrainConfig", "load_spec", "parse_spec", "merge_train", "dump_spec",
+    "with_addresses", "has_auto_ports",
+    "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "TaskFailed", "__version__",
+]

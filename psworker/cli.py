@@ -1,0 +1,246 @@
+"""The `psworker` command line: parses flags in `main()` and hands one config object to each layer.
+
+Heavy modules (TensorFlow, the trainer, backends) are imported inside the commands that need them, so
+`validate`, `plan` and `tf-config` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from psworker.errors import PsworkerError, UsageError
+from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, load_spec,
+                           merge_train)
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# `psworker data NAME`: NAME -> function in psworker.data.cifar10 taking (data_dir). One registry.
+DATASETS = {"cifar10": "download_and_extract", "cifar10-synthetic": "write_synthetic"}
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    """Adds one flag per TrainConfig field (default None: the spec's value stands)."""
+    g = p.add_argument_group("training settings (override the spec's train section)")
+    defaults = TrainConfig()
+    for name in TRAIN_FIELDS:
+        kind, _ = TRAIN_TYPES[name]
+        g.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper(),
+                       help=f"built-in default: {getattr(defaults, name)}")
+
+
+def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in TRAIN_FIELDS}
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (one of: --spec, --ps_hosts/--worker_hosts, env PSWORKER_SPEC, "
+                             "env TF_CONFIG)")
+    g.add_argument("--spec", dest="spec_path", help="cluster spec YAML file")
+    g.add_argument("--ps_hosts", help="comma-separated host:port list of the ps job")
+    g.add_argument("--worker_hosts", help="comma-separated host:port list of the worker job")
+    g.add_argument("--job_name", help="must match the command (ps or worker) when given")
+    g.add_argument("--task_index", type=int, help="this task's index within its job")
+    p.add_argument("--allow_public_bind", action="store_true",
+                   help="let the server listen on all interfaces (default: the spec's host only)")
+
+
+def _resolve(job: str, args: argparse.Namespace) -> tuple[ClusterSpec, int]:
+    from psworker.interop import resolve_cluster
+    return resolve_cluster(job, spec_path=args.spec_path, ps_hosts=args.ps_hosts,
+                           worker_hosts=args.worker_hosts, job_name=args.job_name,
+                           task_index=args.task_index, environ=os.environ)
+
+
+def default_train_dir(spec: ClusterSpec) -> str:
+    """Where checkpoints go when neither the spec nor a flag says: `<tmp>/psworker/<spec name>`."""
+    name = Path(spec.source).stem if spec.source and spec.source not in ("--flags", "TF_CONFIG") else "cluster"
+    return os.path.join(tempfile.gettempdir(), "psworker", name)
+
+
+def _train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
+    config = merge_train(spec.train, _train_overrides(args), num_workers=len(spec.worker))
+    if config.train_dir is None:
+        config = dataclasses.replace(config, train_dir=default_train_dir(spec))
+        log.info("train_dir not set in the spec or flags; using %s", config.train_dir)
+    return config
+
+
+# -------------------------------------------------------------------------------------------- commands
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """`psworker validate SPEC...`: checks each file, prints OK lines, errors on stderr."""
+    failed = 0
+    for path in args.specs:
+        try:
+            spec = load_spec(path)
+        except PsworkerError as e:
+            print(f"psworker: error: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"OK {path} ({len(spec.ps)} ps, {len(spec.worker)} workers)")
+    return 2 if failed else 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`psworker plan SPEC [--model NAME]`: prints the task table (and the model's placement)."""
+    from psworker.plan import format_plan, plan
+    spec = load_spec(args.spec)
+    print(format_plan(spec, plan(spec, args.spec)))
+    if args.model is not None:
+        model = merge_train(spec.train, {"model": args.model}).model
+        from psworker import placement
+        print()
+        print(placement.describe(model, len(spec.ps)))
+    return 0
+
+
+def cmd_tf_config(args: argparse.Namespace) -> int:
+    """`psworker tf-config SPEC --job J --task_index I`: prints that task's TF_CONFIG JSON."""
+    from psworker.interop import to_tf_config
+    print(json.dumps(to_tf_config(load_spec(args.spec), args.job, args.task_index)))
+    return 0
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """`psworker ps ...`: runs one parameter server."""
+    spec, index = _resolve("ps", args)
+    timeout = merge_train(spec.train, {"startup_timeout_secs": args.startup_timeout_secs}).startup_timeout_secs
+    from psworker import task
+    return task.run_ps(spec, index, keep_running=args.keep_ps_running, startup_timeout_secs=timeout,
+                       allow_public_bind=args.allow_public_bind)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """`psworker worker ...`: runs one training worker (worker 0 is the chief)."""
+    spec, index = _resolve("worker", args)
+    config = _train_config(spec, args)
+    from psworker import task
+    return task.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """`psworker local SPEC ...`: starts the whole cluster on this machine and supervises it."""
+    if args.grace_period_secs < 0:
+        raise UsageError(f"--grace_period_secs must be >= 0, got {args.grace_period_secs:g}")
+    spec = load_spec(args.spec)
+    spec = dataclasses.replace(spec, train=_train_config(spec, args))
+    from psworker.backends.local import run_local
+    return run_local(spec, grace_period_secs=args.grace_period_secs)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    """`psworker data NAME --data_dir D`: downloads or writes a data set."""
+    from psworker.data import cifar10
+    getattr(cifar10, DATASETS[args.name])(args.data_dir)
+    log.info("%s ready in %s", args.name, args.data_dir)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`psworker eval --train_dir D ...`: evaluates the latest (or every new) checkpoint."""
+    if args.eval_interval_secs <= 0:
+        raise UsageError(f"--eval_interval_secs must be > 0, got {args.eval_interval_secs:g}")
+    checked = merge_train(TrainConfig(), {"model": args.model, "batch_size": args.batch_size,
+                                          "train_dir": args.train_dir, "data_dir": args.data_dir})
+    from psworker.evaluate import run_eval
+    return run_eval(train_dir=checked.train_dir, data_dir=args.data_dir, model_name=checked.model,
+                    once=args.once, eval_interval_secs=args.eval_interval_secs,
+                    batch_size=None if args.batch_size is None else checked.batch_size)
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the argument parser (no side effects; called by `main`)."""
+    parser = argparse.ArgumentParser(prog="psworker", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("validate", cmd_validate, "check cluster spec files")
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+
+    p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--model", help="also show how this model's variables are placed on the ps tasks")
+
+    p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--job", required=True, choices=JOBS)
+    p.add_argument("--task_index", required=True, type=int)
+
+    p = add("ps", cmd_ps, "run one parameter server task")
+    _add_cluster_flags(p)
+    p.add_argument("--keep_ps_running", action="store_true",
+                   help="keep serving after the workers finish (default: exit when the chief is done)")
+    p.add_argument("--startup_timeout_secs", default=None, metavar="FLOAT",
+                   help="how long to wait for the cluster (default: the spec's train value)")
+
+    p = add("worker", cmd_worker, "run one worker task (worker 0 is the chief)")
+    _add_cluster_flags(p)
+    _add_train_flags(p)
+
+    p = add("local", cmd_local, "run a whole spec's cluster on this machine")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--grace_period_secs", type=float, default=10.0,
+                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
+    _add_train_flags(p)
+
+    p = add("data", cmd_data, "download or write a data set")
+    p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))
+    p.add_argument("--data_dir", required=True)
+
+    p = add("eval", cmd_eval, "evaluate checkpoints from a train_dir")
+    p.add_argument("--train_dir", required=True)
+    p.add_argument("--data_dir", default=None)
+    p.add_argument("--model", default=TrainConfig().model)
+    p.add_argument("--once", action="store_true", help="evaluate the latest checkpoint once and exit")
+    p.add_argument("--eval_interval_secs", type=float, default=60.0)
+    p.add_argument("--batch_size", default=None, metavar="INT", help="default: the evaluator's")
+    return parser
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Runs the `psworker` command line.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit status: 0 on success, the error's `exit_code` (2 for spec/usage errors), 130 on Ctrl-C.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help or a usage error already printed by argparse
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    _configure_logging()
+    try:
+        return int(args.func(args) or 0)
+    except PsworkerError as e:
+        print(f"psworker: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("psworker: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["main", "build_parser", "default_train_dir", "DATASETS"]

@@ -1,0 +1,1 @@
+"""Input pipelines and dataset tools (download, synthetic data) for the built-in models."""

@@ -1,0 +1,58 @@
+"""The handwritten-digits data set that scikit-learn ships (1,797 8x8 images): real data, no network."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+TEST_FRACTION = 0.2
+SPLIT_SEED = 0
+
+
+@functools.lru_cache(maxsize=1)
+def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Returns `(train_x, train_y, test_x, test_y)`: float32 pixels scaled to [0, 1], int32 labels.
+
+    The split is stratified and fixed (seed 0), so every worker and the evaluator see the same one.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    rng = np.random.default_rng(SPLIT_SEED)
+    test_idx = []
+    for label in np.unique(y):
+        idx = np.flatnonzero(y == label)
+        rng.shuffle(idx)
+        test_idx.extend(idx[: int(round(len(idx) * TEST_FRACTION))])
+    test_mask = np.zeros(len(y), dtype=bool)
+    test_mask[test_idx] = True
+    return x[~test_mask], y[~test_mask], x[test_mask], y[test_mask]
+
+
+def shard(x: np.ndarray, y: np.ndarray, shard_index: int, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every `num_shards`-th example starting at `shard_index`: disjoint shards that cover the data."""
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index {shard_index} is out of range for {num_shards} shards")
+    return x[shard_index::num_shards], y[shard_index::num_shards]
+
+
+def train_dataset(batch_size: int, shard_index: int = 0, num_shards: int = 1, seed: int | None = None):
+    """An endless, shuffled `tf.data.Dataset` of `(images [B, 64], labels [B])` from one shard."""
+    import tensorflow as tf
+
+    x, y, _, _ = load_split()
+    x, y = shard(x, y, shard_index, num_shards)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True).repeat()
+    return ds.batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+def eval_dataset(batch_size: int):
+    """The whole test split once, in batches (the last one may be smaller)."""
+    import tensorflow as tf
+
+    _, _, x, y = load_split()
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)

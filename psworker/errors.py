@@ -1,0 +1,59 @@
+"""Structured errors: each carries the process exit code the CLI returns for it."""
+
+from __future__ import annotations
+
+
+class PsworkerError(Exception):
+    """Base class of every error psworker reports to a person (no traceback, just the message)."""
+
+    exit_code: int = 1
+
+
+class SpecError(PsworkerError):
+    """A cluster spec, TF_CONFIG or flag value is invalid.
+
+    Renders as `SOURCE: FIELD_PATH: MESSAGE`, e.g.
+    `cluster_specs/x.yaml: cluster.worker[1]: port 70000 is out of range 1-65535`.
+
+    Attributes:
+        source: where the value came from: a file path, `TF_CONFIG` or `--flags`.
+        field_path: dotted path of the bad field (`cluster.worker[1]`, `train.mode`, `--max_steps`);
+            empty when the problem is the whole input (empty file, YAML syntax).
+        message: what is wrong, naming the bad value.
+    """
+
+    exit_code = 2
+
+    def __init__(self, source: str, field_path: str, message: str) -> None:
+        self.source = str(source)
+        self.field_path = field_path
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.source, self.field_path) if p]
+        return ": ".join(parts + [self.message])
+
+    def __reduce__(self):  # keep it picklable across processes despite the 3-argument constructor
+        return (type(self), (self.source, self.field_path, self.message))
+
+
+class UsageError(PsworkerError):
+    """The command line is inconsistent (conflicting flags, missing cluster source, index out of range)."""
+
+    exit_code = 2
+
+
+class StartupTimeout(PsworkerError):
+    """The cluster (or one task's server) did not come up within the startup timeout."""
+
+    exit_code = 1
+
+
+class TaskFailed(PsworkerError):
+    """A task process exited unexpectedly or with a non-zero status."""
+
+    exit_code = 1
+
+
+__all__ = ["PsworkerError", "SpecError", "UsageError", "StartupTimeout", "TaskFailed"]

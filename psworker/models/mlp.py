@@ -1,0 +1,64 @@
+"""An MNIST-style multi-layer perceptron on scikit-learn's 8x8 handwritten digits (the default job)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from psworker.data import digits
+from psworker.models import register
+from psworker.models.base import InputSpec, Model
+
+HIDDEN = (128, 64)
+INPUT_DIM = 64
+
+
+class MlpModel(Model):
+    """64 -> 128 -> 64 -> 10 with ReLU; plain cross-entropy; constant learning rate."""
+
+    name = "mlp"
+    num_classes = 10
+    default_learning_rate = 0.1
+    moving_average_decay = None
+    image_shape = (INPUT_DIM,)
+
+    def train_inputs(self, spec: InputSpec):
+        ds = digits.train_dataset(spec.batch_size, spec.shard_index, spec.num_shards, spec.seed)
+        return _one_shot(ds)
+
+    def eval_dataset(self, data_dir: Optional[str], batch_size: int):
+        return digits.eval_dataset(batch_size)
+
+    def num_train_examples(self, data_dir: Optional[str]) -> int:
+        return len(digits.load_split()[1])
+
+    def inference(self, images, *, training: bool):
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        x = tf.reshape(images, [-1, INPUT_DIM])
+        fan_in = INPUT_DIM
+        for i, width in enumerate(HIDDEN, start=1):
+            with v1.variable_scope(f"hidden{i}"):
+                w = v1.get_variable(
+                    "weights", [fan_in, width], tf.float32,
+                    v1.truncated_normal_initializer(stddev=(2.0 / fan_in) ** 0.5),
+                )
+                b = v1.get_variable("biases", [width], tf.float32, v1.zeros_initializer())
+                x = tf.nn.relu(tf.matmul(x, w) + b)
+            fan_in = width
+        with v1.variable_scope("softmax_linear"):
+            w = v1.get_variable(
+                "weights", [fan_in, self.num_classes], tf.float32,
+                v1.truncated_normal_initializer(stddev=1.0 / fan_in),
+            )
+            b = v1.get_variable("biases", [self.num_classes], tf.float32, v1.zeros_initializer())
+            return tf.add(tf.matmul(x, w), b, name="logits")
+
+
+def _one_shot(ds):
+    import tensorflow as tf
+
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+
+
+register("mlp", MlpModel)

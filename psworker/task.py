@@ -1,0 +1,97 @@
+"""The two task processes: a ps that serves variables until the workers are done, and a training worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from psworker.errors import PsworkerError, StartupTimeout
+from psworker.spec import ClusterSpec, TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def _quiet_tensorflow() -> None:
+    # TF's C++ INFO lines (oneDNN, CPU features) drown the training log; warnings and errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+def _exit_now(code: int) -> None:
+    """Flushes what must be flushed and leaves without TF's slow interpreter teardown (~1 s, sometimes a hang)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, startup_timeout_secs: float = 120.0,
+           allow_public_bind: bool = False) -> int:
+    """Starts ps `index` and serves; returns (exits) once every worker is done, unless `keep_running`."""
+    from psworker import server as srv
+
+    srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
+    _quiet_tensorflow()
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    server = srv.start_server(spec, "ps", index)
+    if keep_running:
+        log.info("ps:%d: --keep_ps_running: serving until stopped", index)
+        server.join()
+        return 0
+    srv.serve_until_workers_done(server, spec, index)
+    log.info("ps:%d: every worker is done; exiting", index)
+    _exit_now(0)
+    return 0  # not reached
+
+
+def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_public_bind: bool = False) -> int:
+    """Starts worker `index`'s server, trains, and (chief) evaluates; exits as soon as it is done."""
+    from psworker import server as srv
+
+    srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
+    _quiet_tensorflow()
+    import_started = time.time()
+    import tensorflow as tf
+
+    from psworker import evaluate, models
+    from psworker.trainer import train
+
+    tf.compat.v1.disable_eager_execution()
+    log.info("worker:%d: TensorFlow imported in %.1f s", index, time.time() - import_started)
+    name = f"worker:{index}"
+    is_chief = index == 0
+    if config.train_dir is None:
+        raise PsworkerError("no --train_dir given (nor train.train_dir in the spec)")
+    if is_chief:
+        os.makedirs(config.train_dir, exist_ok=True)
+    model = models.get(config.model)
+    server_config = None
+    if config.num_devices > 1:
+        from psworker import towers
+
+        server_config = towers.session_config_for_towers(config.num_devices)
+    server = srv.start_server(spec, "worker", index, config=server_config)
+    ps_tasks = srv.task_addresses(spec, ("ps",))
+
+    def wait_for_ps() -> None:
+        srv.wait_for_tasks(ps_tasks, timeout_secs=config.startup_timeout_secs, who=name)
+
+    session_config = srv.session_config("worker", index)
+    try:
+        result = train(server.target, spec, index, config, model, session_config=session_config,
+                       before_session=wait_for_ps)
+    except tf.errors.DeadlineExceededError as exc:
+        raise StartupTimeout(f"{name}: timed out: {exc.message.splitlines()[0]}") from None
+    log.info("%s: done at global step %d after %d local steps in %.1f s", name, result.global_step,
+             result.local_steps, result.seconds)
+    if is_chief:
+        checkpoint = evaluate.latest_checkpoint(config.train_dir)
+        if checkpoint:
+            print(evaluate.format_result(evaluate.evaluate_checkpoint(
+                model, checkpoint, data_dir=config.data_dir)), flush=True)
+    srv.signal_done(server.target, index, len(spec.ps), len(spec.worker))
+    _exit_now(0)
+    return 0  # not reached

@@ -1,0 +1,40 @@
+"""Fake `python -m psworker ps|worker --spec PATH --task_index N` for local-backend tests.
+
+Reads the spec it is given and prints its address and train_dir, then "ready". A ps serves until stopped (or
+exits after PSWORKER_FAKE_PS_SECS seconds); a worker prints a few steps and exits with the code given in
+PSWORKER_FAKE_EXIT (e.g. "worker:1=3"), 0 by default, after PSWORKER_FAKE_WORKER_SECS seconds.
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: psworker
+
+from psworker.spec import load_spec  # noqa: E402
+
+argv = sys.argv[1:]
+if argv[:2] != ["-m", "psworker"]:
+    sys.exit(f"fake_psworker: expected '-m psworker ...', got {argv}")
+parser = argparse.ArgumentParser()
+parser.add_argument("job", choices=["ps", "worker"])
+parser.add_argument("--spec", required=True)
+parser.add_argument("--task_index", type=int, required=True)
+args = parser.parse_args(argv[2:])
+
+spec = load_spec(args.spec)
+name = f"{args.job}:{args.task_index}"
+print(f"{name} address {spec.addresses(args.job)[args.task_index]}")
+print(f"{name} train_dir {spec.train.train_dir}")
+print("ready", flush=True)
+if args.job == "ps":
+    deadline = time.monotonic() + float(os.environ.get("PSWORKER_FAKE_PS_SECS", "inf"))
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(0)
+time.sleep(float(os.environ.get("PSWORKER_FAKE_WORKER_SECS", "0")))
+for step in range(25):
+    print(f"{name} step {step}")
+codes = dict(item.split("=") for item in os.environ.get("PSWORKER_FAKE_EXIT", "").split(",") if item)
+sys.exit(int(codes.get(name, 0)))
