@@ -52,7 +52,8 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--job_name", help="must match the command (ps or worker) when given")
     g.add_argument("--task_index", type=int, help="this task's index within its job")
     p.add_argument("--allow_public_bind", action="store_true",
-                   help="let the server listen on all interfaces (default: the spec's host only)")
+                   help="serve even when this task's host resolves to a public IP address (TensorFlow's servers are "
+                        "unauthenticated; the default refuses)")
 
 
 def _resolve(job: str, args: argparse.Namespace) -> tuple[ClusterSpec, int]:
@@ -134,7 +135,9 @@ def cmd_local(args: argparse.Namespace) -> int:
     if args.grace_period_secs < 0:
         raise UsageError(f"--grace_period_secs must be >= 0, got {args.grace_period_secs:g}")
     spec = load_spec(args.spec)
-    spec = dataclasses.replace(spec, train=_train_config(spec, args))
+    # No train_dir given: run_local makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
+    spec = dataclasses.replace(spec, train=merge_train(spec.train, _train_overrides(args),
+                                                       num_workers=len(spec.worker)))
     from psworker.backends.local import run_local
     return run_local(spec, grace_period_secs=args.grace_period_secs)
 

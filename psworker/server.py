@@ -150,7 +150,8 @@ def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachab
     with tf.compat.v1.Session(server.target, graph=graph, config=config) as sess:
         while len(finished) < num_workers:
             try:
-                worker = int(sess.run(dequeue, options=options))
+                # Block until the first worker is done; after that, poll so that vanished workers can be counted.
+                worker = int(sess.run(dequeue, options=options if finished else None))
             except tf.errors.DeadlineExceededError:
                 worker = None
             if worker is not None:

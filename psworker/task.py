@@ -51,6 +51,11 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     """Starts worker `index`'s server, trains, and (chief) evaluates; exits as soon as it is done."""
     from psworker import server as srv
 
+    if config.replication == "in-graph":
+        from psworker import ingraph
+
+        return ingraph.run_in_graph_worker(spec, index, config, allow_public_bind=allow_public_bind)
+
     srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
     _quiet_tensorflow()
     import_started = time.time()

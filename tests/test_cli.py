@@ -155,7 +155,7 @@ def test_local_passes_the_merged_spec(fake):
     assert rc == 3
     (name, (spec,), kwargs), = fake
     assert name == "run_local" and spec.train.mode == "sync" and kwargs == {"grace_period_secs": 2.0}
-    assert spec.train.train_dir
+    assert spec.train.train_dir is None   # run_local makes a fresh runs/<spec>-<time>
 
 
 def test_plan_with_model_calls_placement(fake, capsys):

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Starts one ps task of a psworker cluster on this host; every argument is passed through:
+#   launch/start_ps.sh --spec cluster.yaml --task_index N
+# The cluster may also come from $PSWORKER_SPEC (a spec path), $TF_CONFIG, or --ps_hosts/--worker_hosts.
+# $PSWORKER_PYTHON picks the interpreter (default: python3).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+exec "${PSWORKER_PYTHON:-python3}" -m psworker ps "$@"

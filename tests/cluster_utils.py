@@ -1,0 +1,136 @@
+"""The one helper for tests that run real task processes (real `tf.train.Server`s on loopback ports).
+
+Every process started here is in its own process group and is killed when the test ends; every wait has a
+timeout whose message includes the tail of the task's log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import psutil
+import yaml
+
+from psworker.ports import pick_free_ports
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCH = REPO / "launch"
+
+
+def write_spec(path: Path, *, num_ps: int = 1, num_workers: int = 2, **train) -> Path:
+    """Writes a spec with fixed free loopback ports and the given `train` settings; returns its path."""
+    ports = pick_free_ports(num_ps + num_workers)
+    doc = {
+        "cluster": {
+            "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
+            "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]],
+        },
+        "train": train,
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def task_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class TaskProcess:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.log().splitlines()[-n:])
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not exit within {timeout:g} s; last lines:\n{self.tail()}") from None
+
+
+@dataclass
+class Cluster:
+    """Task processes started by a test; `stop_all()` (called by the fixture) kills whatever is left."""
+
+    workdir: Path
+    tasks: dict[str, TaskProcess] = field(default_factory=dict)
+    all_pids: set[int] = field(default_factory=set)
+
+    def start(self, job: str, index: int, args: Sequence[str], *, via_script: bool = False,
+              env: Optional[dict[str, str]] = None, name: Optional[str] = None) -> TaskProcess:
+        """Starts `psworker <job> ARGS` (or `launch/start_<job>.sh ARGS`) with output to a log file."""
+        name = name or f"{job}:{index}"
+        if via_script:
+            argv = [str(LAUNCH / f"start_{job}.sh"), *args]
+        else:
+            argv = [sys.executable, "-m", "psworker", job, *args]
+        log_path = self.workdir / f"{name.replace(':', '-')}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env or task_env(PSWORKER_PYTHON=sys.executable), cwd=self.workdir,
+                                    start_new_session=True)
+        task = TaskProcess(name, proc, log_path)
+        self.tasks[name] = task
+        self.all_pids.add(proc.pid)
+        return task
+
+    def wait_all(self, timeout: float) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        return {name: t.wait(max(0.1, deadline - time.monotonic())) for name, t in self.tasks.items()}
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        task = self.tasks[name]
+        os.killpg(task.proc.pid, sig)
+        task.proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for task in self.tasks.values():
+            if task.proc.poll() is None:
+                try:
+                    os.killpg(task.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                task.proc.wait(timeout=30)
+
+
+def assert_no_processes(pids, timeout: float = 10.0) -> None:
+    """Fails unless every pid in `pids` is gone (zombies count as gone) within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    alive: list[int] = []
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes still alive: {alive}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
