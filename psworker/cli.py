@@ -166,7 +166,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser (no side effects; called by `main`)."""
-    parser = argparse.ArgumentParser(prog="psworker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker tasks, train, evaluate.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
