@@ -134,3 +134,59 @@ def descendants(pid: int) -> list[int]:
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+@dataclass
+class LauncherRun:
+    """What `run_launcher` saw: the exit status, the whole console output, every descendant pid it ever had."""
+
+    returncode: int
+    output: str
+    pids: set[int]
+
+
+def run_launcher(args: Sequence[str], cwd: Path, timeout: float, on_line=None) -> LauncherRun:
+    """Runs `psworker local ARGS` to the end (killing its process group after `timeout` seconds, then failing).
+
+    Args:
+        args: arguments after `psworker local`.
+        cwd: working directory.
+        timeout: seconds; the failure message holds the last output lines.
+        on_line: optional `callback(lines, proc) -> bool` polled while it runs; once it returns True it is not
+            called again (e.g. to send a signal once training has started).
+    """
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-m", "psworker", "local", *args], cwd=cwd, env=task_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    pids: set[int] = set()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            pids.update(descendants(proc.pid))
+            if on_line is not None and on_line(lines, proc):
+                on_line = None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"launcher still running after {timeout:g} s:\n" + "".join(lines[-40:]))
+            time.sleep(0.2)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=30)
+    return LauncherRun(proc.returncode, "".join(lines), pids)
+
+
+def checkpoint_step(train_dir: Path) -> int:
+    """The global step stored in `train_dir`'s latest checkpoint (read with `tf.train.load_checkpoint`)."""
+    import tensorflow as tf
+
+    path = tf.train.latest_checkpoint(str(train_dir))
+    assert path, f"no checkpoint in {train_dir}: {sorted(p.name for p in Path(train_dir).iterdir())}"
+    return int(tf.train.load_checkpoint(path).get_tensor("global_step"))

@@ -32,6 +32,18 @@ def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x[~test_mask], y[~test_mask], x[test_mask], y[test_mask]
 
 
+@functools.lru_cache(maxsize=1)
+def feature_stats() -> tuple[np.ndarray, np.ndarray]:
+    """Per-pixel mean and spread of the training split, for standardising inputs (test statistics unused)."""
+    train_x = load_split()[0]
+    return train_x.mean(axis=0), train_x.std(axis=0) + 0.1
+
+
+def standardize(x: np.ndarray) -> np.ndarray:
+    mean, spread = feature_stats()
+    return ((x - mean) / spread).astype(np.float32)
+
+
 def shard(x: np.ndarray, y: np.ndarray, shard_index: int, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
     """Every `num_shards`-th example starting at `shard_index`: disjoint shards that cover the data."""
     if not 0 <= shard_index < num_shards:
@@ -44,7 +56,7 @@ def train_dataset(batch_size: int, shard_index: int = 0, num_shards: int = 1, se
     import tensorflow as tf
 
     x, y, _, _ = load_split()
-    x, y = shard(x, y, shard_index, num_shards)
+    x, y = shard(standardize(x), y, shard_index, num_shards)
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True).repeat()
     return ds.batch(batch_size, drop_remainder=True).prefetch(2)
@@ -55,4 +67,4 @@ def eval_dataset(batch_size: int):
     import tensorflow as tf
 
     _, _, x, y = load_split()
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+    return tf.data.Dataset.from_tensor_slices((standardize(x), y)).batch(batch_size)
