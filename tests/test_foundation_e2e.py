@@ -57,7 +57,7 @@ def run_launcher(args, cwd: Path, timeout: float, on_line=None):
 
 
 def test_start_scripts_train_a_cluster(tmp_path, cluster):
-    """ps and workers started by hand, as on real hosts: through --spec, PSWORKER_SPEC and TF_CONFIG."""
+    """ps and workers started by hand, as on real hosts: through the classic flags, PSWORKER_SPEC and TF_CONFIG."""
     train_dir = tmp_path / "train"
     spec = write_spec(tmp_path / "cluster.yaml", max_steps=300, batch_size=32, log_every_steps=50,
                       save_checkpoint_steps=100, train_dir=str(train_dir))
@@ -65,7 +65,11 @@ def test_start_scripts_train_a_cluster(tmp_path, cluster):
                                 "--task_index", "1"], capture_output=True, text=True, env=task_env(), check=True)
     assert json.loads(tf_config.stdout)["task"] == {"type": "worker", "index": 1}
 
-    ps = cluster.start("ps", 0, ["--spec", str(spec), "--task_index", "0"], via_script=True)
+    from psworker.interop import to_flags
+    from psworker.spec import load_spec
+
+    classic = to_flags(load_spec(spec), "ps", 0)   # --ps_hosts=... --worker_hosts=... --job_name=ps --task_index=0
+    ps = cluster.start("ps", 0, classic, via_script=True)
     chief = cluster.start("worker", 0, ["--task_index", "0"], via_script=True,
                           env=task_env(PSWORKER_SPEC=str(spec), PSWORKER_PYTHON=sys.executable))
     # TF_CONFIG carries only the cluster: training settings come as flags, as they would on a real host.
