@@ -71,49 +71,87 @@ def latest_checkpoint(train_dir: str) -> Optional[str]:
 
 def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[str], once: bool,
              eval_interval_secs: float = 60.0, batch_size: Optional[int] = None, max_evals: Optional[int] = None,
-             emit=print) -> int:
-    """`psworker eval`: evaluates the latest checkpoint once, or each new one every `eval_interval_secs`."""
+             emit=print, sleep=time.sleep) -> int:
+    """`psworker eval`: evaluates the latest checkpoint once, or each new one every `eval_interval_secs`.
+
+    In continuous mode each result is also written as a `precision_at_1` summary at the checkpoint's global step
+    into `<train_dir>/eval` (for TensorBoard). Graphs are built explicitly, so this needs no global graph mode.
+
+    Args:
+        train_dir: where the chief writes checkpoints.
+        data_dir: the data; None: the `data_dir` of the `cluster.yaml` a local run left in `train_dir`.
+        model_name: the model; None: the one named in that `cluster.yaml`, else the default.
+        once: evaluate the latest checkpoint and return.
+        eval_interval_secs: how often to look for a new checkpoint.
+        batch_size: evaluation batch (bounded memory); None: 128.
+        max_evals: continuous mode returns after this many evaluations (None: runs until stopped).
+        emit: where the result lines go.
+        sleep: waits between looks (tests pass a fake).
+
+    Returns:
+        0.
+
+    Raises:
+        PsworkerError: no train_dir, or (`once`) no checkpoint in it; missing data.
+    """
     import tensorflow as tf
 
     from psworker import models
 
-    tf.compat.v1.disable_eager_execution()
     if not os.path.isdir(train_dir):
         raise PsworkerError(f"--train_dir {train_dir} does not exist")
-    model = models.get(model_name or _model_from_train_dir(train_dir))
+    recorded = _train_settings(train_dir)
+    model = models.get(model_name or (recorded.model if recorded else "mlp"))
+    if data_dir is None and recorded is not None:
+        data_dir = recorded.data_dir
     batch_size = batch_size or 128
     eval_dir = os.path.join(train_dir, "eval")
     writer = None
     seen: Optional[str] = None
     evals = 0
-    while True:
-        checkpoint = latest_checkpoint(train_dir)
-        if checkpoint is None and once:
-            raise PsworkerError(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
-        if checkpoint is not None and checkpoint != seen:
-            result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
-            emit(format_result(result), flush=True)
-            seen = checkpoint
-            evals += 1
-            if once:
-                return 0
-            writer = writer or tf.compat.v1.summary.FileWriter(eval_dir)
-            summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag="precision_at_1",
-                                                                             simple_value=result.precision)])
-            writer.add_summary(summary, result.global_step)
-            writer.flush()
-            if max_evals is not None and evals >= max_evals:
-                return 0
-        elif checkpoint is None:
-            log.info("no checkpoint in %s yet; checking again in %g s", train_dir, eval_interval_secs)
-        time.sleep(eval_interval_secs)
+    try:
+        while True:
+            checkpoint = latest_checkpoint(train_dir)
+            if checkpoint is None and once:
+                raise PsworkerError(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
+            if checkpoint is not None and checkpoint != seen:
+                try:
+                    result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
+                except tf.errors.NotFoundError as exc:
+                    if once:
+                        raise PsworkerError(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
+                    # The chief keeps only the last few checkpoints: this one was deleted while we looked.
+                    log.warning("%s vanished before it could be read; looking again in %g s", checkpoint,
+                                eval_interval_secs)
+                    sleep(eval_interval_secs)
+                    continue
+                emit(format_result(result), flush=True)
+                seen = checkpoint
+                evals += 1
+                if once:
+                    return 0
+                if writer is None:
+                    with tf.Graph().as_default():  # FileWriter refuses to be made in eager mode
+                        writer = tf.compat.v1.summary.FileWriter(eval_dir)
+                summary = tf.compat.v1.Summary(value=[
+                    tf.compat.v1.Summary.Value(tag="precision_at_1", simple_value=result.precision)])
+                writer.add_summary(summary, result.global_step)
+                writer.flush()
+                if max_evals is not None and evals >= max_evals:
+                    return 0
+            elif checkpoint is None:
+                log.info("no checkpoint in %s yet; checking again in %g s", train_dir, eval_interval_secs)
+            sleep(eval_interval_secs)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
-def _model_from_train_dir(train_dir: str) -> str:
-    """The model named in the `cluster.yaml` the local launcher leaves in the train dir, else the default."""
+def _train_settings(train_dir: str):
+    """The train section of the `cluster.yaml` the local launcher leaves in the train dir, or None."""
     path = os.path.join(train_dir, "cluster.yaml")
-    if os.path.exists(path):
-        from psworker.spec import load_spec
+    if not os.path.exists(path):
+        return None
+    from psworker.spec import load_spec
 
-        return load_spec(path).train.model
-    return "mlp"
+    return load_spec(path).train

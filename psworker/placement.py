@@ -25,6 +25,9 @@ class GreedyByteStrategy:
 
     A callable `op -> ps task index`, as `tf.compat.v1.train.replica_device_setter(ps_strategy=...)` takes.
     Deterministic: every worker builds the graph in the same order, so every worker computes the same placement.
+    It is also called for ops colocated with a variable (moving averages, optimizer slots); those follow their
+    variable wherever the strategy says, so `loads` counts them where it chose, not where they end up: read the
+    graph's devices (`placement_report`) for the real placement.
     """
 
     num_tasks: int
@@ -45,34 +48,123 @@ class GreedyByteStrategy:
         return task
 
 
-def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
-    """Builds `model_name`'s training graph (no servers) and reports each variable, its bytes and its ps."""
+@dataclass(frozen=True)
+class PlacedVariable:
+    """One variable of a training graph and the ps task that holds it."""
+
+    name: str
+    shape: tuple[int, ...]
+    nbytes: int
+    ps: int
+    trainable: bool
+
+
+@dataclass(frozen=True)
+class PlacementReport:
+    """Where a model's training graph puts its variables (what `describe` prints)."""
+
+    model: str
+    num_ps: int
+    variables: tuple[PlacedVariable, ...]
+
+    @property
+    def trainable_parameters(self) -> int:
+        return sum(_elements(v.shape) for v in self.variables if v.trainable)
+
+    @property
+    def bytes_per_ps(self) -> list[int]:
+        loads = [0] * self.num_ps
+        for v in self.variables:
+            loads[v.ps] += v.nbytes
+        return loads
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _NoDataModel:
+    """A model whose training inputs are zeros: its training graph builds without data files."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def train_inputs(self, spec):
+        import tensorflow as tf
+
+        images = tf.zeros([spec.batch_size, *self._model.image_shape], tf.float32)
+        return images, tf.zeros([spec.batch_size], tf.int32)
+
+
+def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> PlacementReport:
+    """Builds `model_name`'s training graph as worker 0 of a between-graph cluster would (no servers, no data)
+    and reads where each variable landed.
+
+    The graph is the trainer's own (`trainer.build_train_graph`, async): the global step, the model's variables and
+    its moving averages (colocated with their variables), placed by `GreedyByteStrategy` in the trainer's order.
+    In-graph replication and towers create the variables in the same order, so they get the same placement.
+
+    Args:
+        model_name: a registered model.
+        num_ps: number of ps tasks.
+        batch_size: the (irrelevant) batch of the zero inputs.
+
+    Returns:
+        The variables in creation order, each with its shape, bytes, ps task and whether it is trainable.
+    """
     import tensorflow as tf
 
     from psworker import models
+    from psworker.spec import TrainConfig
+    from psworker.trainer import build_train_graph
 
-    model = models.get(model_name)
-    strategy = GreedyByteStrategy(num_ps)
+    if num_ps < 1:
+        raise ValueError(f"num_ps must be at least 1, got {num_ps}")
+    model = _NoDataModel(models.get(model_name))
     cluster = {"ps": [f"ps{i}:1" for i in range(num_ps)], "worker": ["worker0:1"]}
+    config = TrainConfig(model=model_name, batch_size=batch_size)
+    rows = []
     with tf.Graph().as_default():
-        setter = tf.compat.v1.train.replica_device_setter(
-            cluster=cluster, worker_device="/job:worker/task:0", ps_strategy=strategy
-        )
-        with tf.compat.v1.device(setter):
-            shape = _input_shape(model)
-            images = tf.compat.v1.placeholder(tf.float32, [batch_size, *shape])
-            model.inference(images, training=True)
-            params = sum(int(v.shape.num_elements()) for v in tf.compat.v1.trainable_variables())
-    lines = [f"model {model_name}: {params:,} trainable parameters, {len(strategy.assigned)} variables, {num_ps} ps"]
-    width = max((len(n) for n, _, _ in strategy.assigned), default=8)
-    lines.append(f"  {'variable':<{width}}  {'bytes':>12}  ps")
-    for name, size, task in strategy.assigned:
-        lines.append(f"  {name:<{width}}  {size:>12,}  ps:{task}")
-    total = sum(strategy.loads) or 1
-    for i, load in enumerate(strategy.loads):
-        lines.append(f"  ps:{i} holds {load:,} bytes ({100.0 * load / total:.1f}%)")
+        build_train_graph(model, config, cluster=cluster, task_index=0)
+        trainable = {id(v) for v in tf.compat.v1.trainable_variables()}
+        for var in tf.compat.v1.global_variables():
+            device = tf.DeviceSpec.from_string(var.device or "")
+            if device.job != "ps" or device.task is None:
+                raise RuntimeError(f"{var.op.name} is not on a ps task (device {var.device!r})")
+            shape = tuple(int(d) for d in var.shape)
+            rows.append(PlacedVariable(var.op.name, shape, _elements(shape) * var.dtype.base_dtype.size,
+                                       int(device.task), id(var) in trainable))
+    return PlacementReport(model_name, num_ps, tuple(rows))
+
+
+def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
+    """`psworker plan --model`: each variable of the training graph, its bytes and its ps; bytes per ps; totals.
+
+    Builds no servers and reads no data (see `placement_report`).
+    """
+    report = placement_report(model_name, num_ps, batch_size=batch_size)
+    rows = report.variables
+    name_w = max([len("variable")] + [len(v.name) for v in rows])
+    shape_w = max([len("shape")] + [len(_shape(v.shape)) for v in rows])
+    lines = [f"model {model_name}: {report.trainable_parameters:,} trainable parameters; "
+             f"{len(rows)} variables on {num_ps} ps (global step and moving averages included)",
+             f"  {'variable':<{name_w}}  {'shape':<{shape_w}}  {'bytes':>12}  ps"]
+    for v in rows:
+        lines.append(f"  {v.name:<{name_w}}  {_shape(v.shape):<{shape_w}}  {v.nbytes:>12,}  ps:{v.ps}"
+                     + ("" if v.trainable else "  (not trainable)"))
+    loads = report.bytes_per_ps
+    total = sum(loads)
+    for i, load in enumerate(loads):
+        lines.append(f"  ps:{i} holds {load:,} bytes ({100.0 * load / (total or 1):.1f}%)")
+    lines.append(f"  total: {report.trainable_parameters:,} trainable parameters, {total:,} bytes on the ps tasks")
     return "\n".join(lines)
 
 
-def _input_shape(model) -> tuple[int, ...]:
-    return tuple(getattr(model, "image_shape", (64,)))
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"

@@ -8,52 +8,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.cluster_utils import REPO, assert_no_processes, descendants, task_env, write_spec
+from tests.cluster_utils import REPO, assert_no_processes, checkpoint_step, run_launcher, task_env, write_spec
 
 pytestmark = pytest.mark.slow
 
 STEP_LINE = re.compile(r"step (\d+), loss = [0-9.]+ \([0-9.]+ examples/sec; [0-9.]+ sec/batch\)")
 PRECISION = re.compile(r"precision @ 1 = ([0-9.]+)")
-
-
-def checkpoint_step(train_dir: Path) -> int:
-    import tensorflow as tf
-
-    path = tf.train.latest_checkpoint(str(train_dir))
-    assert path, f"no checkpoint in {train_dir}: {sorted(p.name for p in train_dir.iterdir())}"
-    return int(tf.train.load_checkpoint(path).get_tensor("global_step"))
-
-
-def run_launcher(args, cwd: Path, timeout: float, on_line=None):
-    """Runs `psworker local ARGS`, collecting every descendant pid it ever had; returns (rc, output, pids)."""
-    proc = subprocess.Popen([sys.executable, "-m", "psworker", "local", *args], cwd=cwd, env=task_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    pids: set[int] = set()
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    import threading
-
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        while proc.poll() is None:
-            pids.update(descendants(proc.pid))
-            if on_line is not None and on_line(lines, proc):
-                on_line = None
-            if time.monotonic() > deadline:
-                raise AssertionError(f"launcher still running after {timeout:g} s:\n" + "".join(lines[-40:]))
-            time.sleep(0.2)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    return proc.returncode, "".join(lines), pids
 
 
 def test_start_scripts_train_a_cluster(tmp_path, cluster):
@@ -90,18 +53,18 @@ def test_start_scripts_train_a_cluster(tmp_path, cluster):
 def test_local_launcher_runs_the_default_job(tmp_path):
     """The README's first command: 1 ps + 2 workers on real digits data, evaluated at the end."""
     train_dir = tmp_path / "train"
-    rc, out, pids = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(train_dir)],
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(train_dir)],
                                  cwd=tmp_path, timeout=300)
-    assert rc == 0, out[-4000:]
-    precision = float(PRECISION.search(out).group(1))
-    assert precision >= 0.95, out[-2000:]
+    assert run.returncode == 0, run.output[-4000:]
+    precision = float(PRECISION.search(run.output).group(1))
+    assert precision >= 0.95, run.output[-2000:]
     assert checkpoint_step(train_dir) >= 2000
     for prefix in ("[ps:0] ", "[worker:0] ", "[worker:1] "):
-        assert prefix in out
+        assert prefix in run.output
     assert {p.name for p in (train_dir / "logs").iterdir()} >= {"ps-0.log", "worker-0.log", "worker-1.log"}
     assert (train_dir / "cluster.yaml").exists()
-    assert len(pids) >= 3
-    assert_no_processes(pids)
+    assert len(run.pids) >= 3
+    assert_no_processes(run.pids)
 
 
 def test_a_failing_task_tears_the_cluster_down(tmp_path):
@@ -114,14 +77,14 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
     spec.write_text(f"cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:{port}']\n"
                     "train:\n  max_steps: 100000\n")
     try:
-        rc, out, pids = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3"],
+        run = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3"],
                                      cwd=tmp_path, timeout=180)
     finally:
         blocker.close()
-    assert rc != 0
-    report = out[out.find("first failure"):] if "first failure" in out else out
-    assert "worker:1" in report, out[-3000:]
-    assert_no_processes(pids)
+    assert run.returncode != 0
+    assert re.search(r"psworker: run failed: worker:1 exit code 1 \(first failure", run.output), run.output[-3000:]
+    assert "could not start its server" in run.output   # the tail of worker:1's log is in the report
+    assert_no_processes(run.pids)
 
 
 def test_sigint_to_the_launcher_leaves_no_process(tmp_path):
@@ -131,10 +94,10 @@ def test_sigint_to_the_launcher_leaves_no_process(tmp_path):
             return True
         return False
 
-    rc, out, pids = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / "t"),
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / "t"),
                                   "--max_steps", "1000000", "--log_every_steps", "20", "--grace_period_secs", "5"],
                                  cwd=tmp_path, timeout=240, on_line=interrupt_once_training)
-    assert rc == 130, out[-3000:]
-    assert STEP_LINE.search(out)
-    assert len(pids) >= 3
-    assert_no_processes(pids)
+    assert run.returncode == 130, run.output[-3000:]
+    assert STEP_LINE.search(run.output)
+    assert len(run.pids) >= 3
+    assert_no_processes(run.pids)
