@@ -82,7 +82,7 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
     finally:
         blocker.close()
     assert run.returncode != 0
-    assert re.search(r"psworker: run failed: worker:1 exit code 1 \(first failure", run.output), run.output[-3000:]
+    assert re.search(r"psworker: run failed: worker:1 exited with exit code 1 \(first failure", run.output), run.output[-3000:]
     assert "could not start its server" in run.output   # the tail of worker:1's log is in the report
     assert_no_processes(run.pids)
 
