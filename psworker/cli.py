@@ -138,8 +138,30 @@ def cmd_local(args: argparse.Namespace) -> int:
     # No train_dir given: run_local makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
     spec = dataclasses.replace(spec, train=merge_train(spec.train, _train_overrides(args),
                                                        num_workers=len(spec.worker)))
+    _isolate_network(args.network, args.argv)
     from psworker.backends.local import run_local
     return run_local(spec, grace_period_secs=args.grace_period_secs)
+
+
+def _isolate_network(mode: str, argv: list[str]) -> None:
+    """`--network`: run the local cluster in a private network namespace (loopback only) where possible."""
+    from psworker import netns
+
+    if netns.inside():
+        netns.bring_up_loopback()
+        log.info("network: private namespace, interfaces %s: the cluster's ports are unreachable from outside",
+                 ", ".join(netns.interfaces()))
+        return
+    if mode == "host":
+        log.warning("network: host; TensorFlow's unauthenticated servers listen on every interface of this host")
+        return
+    if netns.available():
+        netns.reexec_isolated(argv)
+    if mode == "isolated":
+        raise UsageError("--network isolated: cannot create a network namespace here (needs Linux, util-linux "
+                         "'unshare' and user namespaces); use --network host on a firewalled machine")
+    log.warning("network: no private namespace available (unshare not permitted); TensorFlow's unauthenticated "
+                "servers listen on every interface of this host: firewall their ports")
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -201,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--grace_period_secs", type=float, default=10.0,
                    help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
+    p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
+                   help="isolated: run the cluster in a private network namespace where only loopback exists "
+                        "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
+                        "when this machine allows it; host: no isolation")
     _add_train_flags(p)
 
     p = add("data", cmd_data, "download or write a data set")
@@ -235,6 +261,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help or a usage error already printed by argparse
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     _configure_logging()
     try:
         return int(args.func(args) or 0)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,6 +34,11 @@ def test_start_scripts_train_a_cluster(tmp_path, cluster):
 
     classic = to_flags(load_spec(spec), "ps", 0)   # --ps_hosts=... --worker_hosts=... --job_name=ps --task_index=0
     ps = cluster.start("ps", 0, classic, via_script=True)
+    ps_port = load_spec(spec).ps[0].port
+    deadline = time.monotonic() + 120
+    while not _accepts(ps_port):   # started by hand, outside any namespace: reachable (the control for _accepts)
+        assert time.monotonic() < deadline and ps.proc.poll() is None, ps.tail()
+        time.sleep(0.2)
     chief = cluster.start("worker", 0, ["--task_index", "0"], via_script=True,
                           env=task_env(PSWORKER_SPEC=str(spec), PSWORKER_PYTHON=sys.executable))
     # TF_CONFIG carries only the cluster: training settings come as flags, as they would on a real host.
@@ -77,7 +83,9 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
     spec.write_text(f"cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:{port}']\n"
                     "train:\n  max_steps: 100000\n")
     try:
-        run = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3"],
+        # --network host: in a private namespace the port would not be taken
+        run = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3",
+                            "--network", "host"],
                                      cwd=tmp_path, timeout=180)
     finally:
         blocker.close()
@@ -88,16 +96,35 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
 
 
 def test_sigint_to_the_launcher_leaves_no_process(tmp_path):
-    def interrupt_once_training(lines, proc):
-        if any(STEP_LINE.search(line) for line in lines):
-            proc.send_signal(signal.SIGINT)
-            return True
-        return False
+    """Also: where the machine allows it, the cluster's ports are unreachable from outside its namespace."""
+    from psworker import netns
+    from psworker.spec import load_spec
 
-    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / "t"),
-                                  "--max_steps", "1000000", "--log_every_steps", "20", "--grace_period_secs", "5"],
-                                 cwd=tmp_path, timeout=240, on_line=interrupt_once_training)
+    train_dir = tmp_path / "t"
+    reachable: list[bool] = []
+
+    def interrupt_once_training(lines, proc):
+        if not any(STEP_LINE.search(line) for line in lines):
+            return False
+        spec = load_spec(train_dir / "cluster.yaml")
+        reachable.extend(_accepts(a.port) for a in (*spec.ps, *spec.worker))
+        proc.send_signal(signal.SIGINT)
+        return True
+
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(train_dir),
+                        "--max_steps", "1000000", "--log_every_steps", "20", "--grace_period_secs", "5"],
+                       cwd=tmp_path, timeout=240, on_line=interrupt_once_training)
     assert run.returncode == 130, run.output[-3000:]
     assert STEP_LINE.search(run.output)
     assert len(run.pids) >= 3
     assert_no_processes(run.pids)
+    assert len(reachable) == 3
+    if netns.available():
+        assert "network: private namespace" in run.output
+        assert not any(reachable), "a task's port answered from outside the cluster's network namespace"
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
