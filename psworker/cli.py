@@ -179,7 +179,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     checked = merge_train(TrainConfig(), {"model": args.model, "batch_size": args.batch_size,
                                           "train_dir": args.train_dir, "data_dir": args.data_dir})
     from psworker.evaluate import run_eval
-    return run_eval(train_dir=checked.train_dir, data_dir=args.data_dir, model_name=checked.model,
+    # --model not given: run_eval takes it from the cluster.yaml a local run leaves in the train dir.
+    return run_eval(train_dir=checked.train_dir, data_dir=args.data_dir, model_name=args.model and checked.model,
                     once=args.once, eval_interval_secs=args.eval_interval_secs,
                     batch_size=None if args.batch_size is None else checked.batch_size)
 
@@ -211,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("ps", cmd_ps, "run one parameter server task")
     _add_cluster_flags(p)
     p.add_argument("--keep_ps_running", action="store_true",
-                   help="keep serving after the workers finish (default: exit when the chief is done)")
+                   help="keep serving after the workers finish (default: exit once every worker is done)")
     p.add_argument("--startup_timeout_secs", default=None, metavar="FLOAT",
                    help="how long to wait for the cluster (default: the spec's train value)")
 
@@ -236,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("eval", cmd_eval, "evaluate checkpoints from a train_dir")
     p.add_argument("--train_dir", required=True)
     p.add_argument("--data_dir", default=None)
-    p.add_argument("--model", default=TrainConfig().model)
+    p.add_argument("--model", default=None,
+                   help="registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
     p.add_argument("--once", action="store_true", help="evaluate the latest checkpoint once and exit")
     p.add_argument("--eval_interval_secs", type=float, default=60.0)
     p.add_argument("--batch_size", default=None, metavar="INT", help="default: the evaluator's")

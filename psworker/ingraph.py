@@ -1,9 +1,9 @@
 """In-graph replication: worker 0 is the only client; it builds a tower on every worker task and drives them all.
 
-The other workers only start their servers and serve until the client tells them (a token in a queue on their
-own task) that training is over; then each tells the ps tasks that it is done, as a between-graph worker does. One update is applied per step from the gradients averaged over every tower of
-every worker, so in-graph training is synchronous by construction (`mode` and `replicas_to_aggregate` do not
-apply).
+One update is applied per step from the gradients averaged over every tower of every worker, so in-graph training
+is synchronous by construction (`mode` and `replicas_to_aggregate` do not apply). The other workers only start
+their servers and serve until the client puts a token in a queue on their own task; then each tells the ps tasks
+that it is done (`server.signal_done`, as a between-graph worker does) and exits.
 """
 
 from __future__ import annotations
@@ -268,12 +268,9 @@ def _run_client(server, spec: ClusterSpec, config: TrainConfig, *, emit=print) -
     if checkpoint:
         emit(evaluate.format_result(evaluate.evaluate_checkpoint(model, checkpoint, data_dir=config.data_dir)),
              flush=True)
-    if num_workers == 1:
-        # Nobody else can tell the ps; it exits right after this token, racing this process's exit.
-        srv.signal_done(server.target, CLIENT_INDEX, len(spec.ps), num_workers)
-    # Otherwise the client sends no token: once the other workers' tokens have arrived, a ps counts a worker
-    # whose server has gone away as done (`server.serve_until_workers_done`), so it exits ~2 s after this
-    # process, never before it (a ps that exits while a worker still runs fails a supervised run).
+    # Last: the ps tasks wait for every worker's process to be gone before exiting, so this cannot race them.
+    srv.signal_done(server.target, CLIENT_INDEX, len(spec.ps), num_workers)
+
 
 __all__ = [
     "build_in_graph_train_graph",

@@ -14,7 +14,7 @@ from psworker.spec import Address, ClusterSpec
 log = logging.getLogger(__name__)
 
 DONE_QUEUE_PREFIX = "psworker_done_ps"
-POLL_SECS = 1.0
+POLL_SECS = 0.05   # while some workers are done: how often to look for the others
 
 
 def check_bind_safety(address: Address, *, allow_public: bool) -> None:
@@ -128,13 +128,16 @@ def done_queue(ps_index: int, num_workers: int):
         )
 
 
-def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachable_grace_secs: float = 2.0) -> None:
+def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachable_grace_secs: float = 2.0,
+                             wait_for_exit: bool = True, exit_wait_secs: float = 10.0) -> None:
     """Serves until every worker has finished; returns so that the ps process can exit by itself.
 
     A worker counts as finished once it has put its index into this ps's done queue. Once any worker has finished,
     training is over (every worker stops at the same global step), so a worker whose server stays unreachable for
     `unreachable_grace_secs` also counts as finished: that covers workers that ended while this ps was down
-    and restarting.
+    and restarting. Then, with `wait_for_exit`, it waits (at most `exit_wait_secs`) until every worker's port is
+    closed: a worker sends its token just before it exits, and a ps that exits before the workers looks to a
+    supervisor like a ps that failed.
     """
     import tensorflow as tf
 
@@ -142,32 +145,56 @@ def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachab
     graph = tf.Graph()
     with graph.as_default():
         queue = done_queue(index, num_workers)
-        dequeue = queue.dequeue()
+        dequeue, size = queue.dequeue(), queue.size()
     config = tf.compat.v1.ConfigProto(device_filters=[f"/job:ps/task:{index}"])
-    options = tf.compat.v1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
     finished: set[int] = set()
     gone_since: dict[int, float] = {}
     with tf.compat.v1.Session(server.target, graph=graph, config=config) as sess:
         while len(finished) < num_workers:
-            try:
-                # Block until the first worker is done; after that, poll so that vanished workers can be counted.
-                worker = int(sess.run(dequeue, options=options if finished else None))
-            except tf.errors.DeadlineExceededError:
-                worker = None
-            if worker is not None:
-                if 0 <= worker < num_workers and worker not in finished:
-                    finished.add(worker)
-                    log.info("ps:%d: worker:%d is done (%d of %d)", index, worker, len(finished), num_workers)
-                continue
-            if finished:
+            # Block until the first worker is done; after that, poll so that vanished workers can be counted.
+            if finished and not sess.run(size):
                 _count_vanished_workers(spec, finished, gone_since, unreachable_grace_secs, index)
+                time.sleep(POLL_SECS)
+                continue
+            worker = int(sess.run(dequeue))
+            if 0 <= worker < num_workers and worker not in finished:
+                finished.add(worker)
+                log.info("ps:%d: worker:%d is done (%d of %d)", index, worker, len(finished), num_workers)
+    if wait_for_exit:
+        wait_until_closed({f"worker:{i}": str(a) for i, a in enumerate(spec.worker)}, timeout_secs=exit_wait_secs,
+                          who=f"ps:{index}")
+
+
+def port_open(address: str, timeout: float = 0.2) -> bool:
+    """Whether something accepts TCP connections at `host:port` (a refused connection answers at once)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until_closed(tasks: dict[str, str], *, timeout_secs: float, who: str, poll_secs: float = 0.02) -> bool:
+    """Waits until no task in `{name: "host:port"}` accepts connections; returns False (and logs) on timeout."""
+    deadline = time.monotonic() + timeout_secs
+    pending = dict(tasks)
+    while True:
+        pending = {n: a for n, a in pending.items() if port_open(a)}
+        if not pending:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("%s: %s still up %g s after saying it was done; exiting anyway", who,
+                        ", ".join(f"{n} at {a}" for n, a in pending.items()), timeout_secs)
+            return False
+        time.sleep(poll_secs)
 
 
 def _count_vanished_workers(spec: ClusterSpec, finished: set[int], gone_since: dict[int, float],
                             grace: float, index: int) -> None:
     now = time.monotonic()
     for worker in set(range(len(spec.worker))) - finished:
-        if is_reachable(str(spec.worker[worker]), timeout=0.2):
+        if port_open(str(spec.worker[worker])):
             gone_since.pop(worker, None)
             continue
         first = gone_since.setdefault(worker, now)

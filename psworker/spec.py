@@ -54,6 +54,7 @@ class TrainConfig:
     log_every_steps: int = 100
     replicas_to_aggregate: Optional[int] = None    # sync only; None: number of workers
     startup_timeout_secs: float = 120.0
+    step_timeout_secs: float = 300.0          # one training step (sync: waiting for the other workers) at most
     num_devices: int = 1                      # towers per worker
     replication: str = "between-graph"        # REPLICATIONS
     seed: Optional[int] = None
@@ -89,7 +90,7 @@ _SHELL_META = set(";&|$`'\"\\<>(){}*?!#~^=,%@")
 # Rules for TrainConfig fields beyond their types: minimums, strictly positive numbers, enumerations.
 _MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1, "num_devices": 1,
             "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0}
-_POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs")
+_POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs", "step_timeout_secs")
 _CHOICES = {"mode": MODES, "replication": REPLICATIONS, "model": BUILTIN_MODELS}
 _NONEMPTY = ("train_dir", "data_dir")
 

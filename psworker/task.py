@@ -39,8 +39,9 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, startup
     server = srv.start_server(spec, "ps", index)
     if keep_running:
         log.info("ps:%d: --keep_ps_running: serving until stopped", index)
-        server.join()
-        return 0
+        while True:   # drain each run's done tokens so that the queue never fills
+            srv.serve_until_workers_done(server, spec, index, wait_for_exit=False)
+            log.info("ps:%d: every worker is done; still serving (--keep_ps_running)", index)
     srv.serve_until_workers_done(server, spec, index)
     log.info("ps:%d: every worker is done; exiting", index)
     _exit_now(0)
@@ -48,7 +49,11 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, startup
 
 
 def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_public_bind: bool = False) -> int:
-    """Starts worker `index`'s server, trains, and (chief) evaluates; exits as soon as it is done."""
+    """Starts worker `index`'s server, trains, and (chief) evaluates; exits as soon as it is done.
+
+    Errors are printed as `psworker: error: ...` (as the CLI does) and the process leaves at once with the error's
+    exit code: a normal interpreter exit could wait on TensorFlow threads blocked on a dead peer.
+    """
     from psworker import server as srv
 
     if config.replication == "in-graph":
@@ -61,15 +66,34 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     import_started = time.time()
     import tensorflow as tf
 
-    from psworker import evaluate, models
-    from psworker.trainer import train
-
     tf.compat.v1.disable_eager_execution()
-    log.info("worker:%d: TensorFlow imported in %.1f s", index, time.time() - import_started)
+    log.info("worker:%d: TensorFlow imported in %.3f s", index, time.time() - import_started)
     name = f"worker:{index}"
-    is_chief = index == 0
     if config.train_dir is None:
         raise PsworkerError("no --train_dir given (nor train.train_dir in the spec)")
+    try:
+        _train_and_signal(spec, index, config, name)
+    except PsworkerError as exc:
+        print(f"psworker: error: {exc}", file=sys.stderr, flush=True)
+        _exit_now(exc.exit_code)
+    except KeyboardInterrupt:
+        print("psworker: interrupted", file=sys.stderr, flush=True)
+        _exit_now(130)
+    except Exception:  # noqa: BLE001 - reported with its traceback, then the same prompt exit
+        log.exception("%s failed", name)
+        _exit_now(1)
+    _exit_now(0)
+    return 0  # not reached
+
+
+def _train_and_signal(spec: ClusterSpec, index: int, config: TrainConfig, name: str) -> None:
+    import tensorflow as tf
+
+    from psworker import evaluate, models
+    from psworker import server as srv
+    from psworker.trainer import StepTimeout, StoppedEarly, train
+
+    is_chief = index == 0
     if is_chief:
         os.makedirs(config.train_dir, exist_ok=True)
     model = models.get(config.model)
@@ -90,6 +114,10 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
                        before_session=wait_for_ps)
     except tf.errors.DeadlineExceededError as exc:
         raise StartupTimeout(f"{name}: timed out: {exc.message.splitlines()[0]}") from None
+    except (StepTimeout, StoppedEarly):
+        # Training cannot go on, and this worker will not come back by itself: let the ps tasks count it as done.
+        srv.signal_done(server.target, index, len(spec.ps), len(spec.worker), timeout_secs=2.0)
+        raise
     log.info("%s: done at global step %d after %d local steps in %.1f s", name, result.global_step,
              result.local_steps, result.seconds)
     if is_chief:
@@ -98,5 +126,3 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
             print(evaluate.format_result(evaluate.evaluate_checkpoint(
                 model, checkpoint, data_dir=config.data_dir)), flush=True)
     srv.signal_done(server.target, index, len(spec.ps), len(spec.worker))
-    _exit_now(0)
-    return 0  # not reached

@@ -142,8 +142,9 @@ def build_tower_gradients(
 
     Each tower runs `model.inference` and `model.loss` on its slice under the caller's variable scope reopened
     with `reuse=AUTO_REUSE` (the first tower creates the variables, the others reuse them) and name scope
-    `tower_<i>`. Tower ops go to `device_prefix + devices[i]`; variables are left to the outer device scope
-    (a `replica_device_setter` puts them on the ps).
+    `tower_<i>`. Tower ops go to `device_prefix + devices[i]`; splitting the batch and averaging go to
+    `device_prefix + "/device:CPU:0"`; variables are left to the outer device scope (a `replica_device_setter`
+    puts them on the ps).
 
     Args:
         model: a `psworker.models.base.Model`.
@@ -170,8 +171,12 @@ def build_tower_gradients(
     batch = images.shape[0]
     if batch is not None and int(batch) % num_devices:
         raise ValueError(f"batch size {int(batch)} does not divide into {num_devices} towers")
-    image_parts = tf.split(images, num_devices, axis=0) if num_devices > 1 else [images]
-    label_parts = tf.split(labels, num_devices, axis=0) if num_devices > 1 else [labels]
+    # Splitting and averaging run on this worker's CPU (as in the tutorial), not wherever an outer scope points:
+    # an in-graph client builds every worker's towers under its own worker device.
+    host = _tower_device_function(device_prefix + "/device:CPU:0")
+    with v1.device(host):
+        image_parts = tf.split(images, num_devices, axis=0) if num_devices > 1 else [images]
+        label_parts = tf.split(labels, num_devices, axis=0) if num_devices > 1 else [labels]
 
     tower_grads, losses = [], []
     scope = v1.get_variable_scope()
@@ -183,7 +188,7 @@ def build_tower_gradients(
                 tower_grads.append(optimizer.compute_gradients(loss))
         losses.append(loss)
         log.debug("built tower %d on %s%s", i, device_prefix, device)
-    with tf.name_scope("tower_average"):
+    with tf.name_scope("tower_average"), v1.device(host):
         mean_loss = tf.math.divide(tf.add_n(losses), float(num_devices), name="mean_loss")
         return average_gradients(tower_grads), mean_loss
 

@@ -6,7 +6,9 @@ timeout whose message includes the tail of the task's log.
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +53,7 @@ class TaskProcess:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    started_at: float = 0.0   # time.time() just before the process was started
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -63,6 +66,24 @@ class TaskProcess:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{self.name} did not exit within {timeout:g} s; last lines:\n{self.tail()}") from None
+
+    def wait_for(self, pattern: str, timeout: float, *, count: int = 1) -> re.Match:
+        """Waits until the log has `count` matches of the regex `pattern`; returns the last of them.
+
+        Fails (with the log's tail) after `timeout` seconds, or as soon as the process exits without them.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            matches = list(re.finditer(pattern, self.log(), re.MULTILINE))
+            if len(matches) >= count:
+                return matches[count - 1]
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited ({self.proc.returncode}) before logging {pattern!r}; "
+                                     f"last lines:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} did not log {pattern!r} within {timeout:g} s; last lines:\n"
+                                     f"{self.tail()}")
+            time.sleep(0.1)
 
 
 @dataclass
@@ -82,11 +103,12 @@ class Cluster:
         else:
             argv = [sys.executable, "-m", "psworker", job, *args]
         log_path = self.workdir / f"{name.replace(':', '-')}.log"
+        started_at = time.time()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env or task_env(PSWORKER_PYTHON=sys.executable), cwd=self.workdir,
                                     start_new_session=True)
-        task = TaskProcess(name, proc, log_path)
+        task = TaskProcess(name, proc, log_path, started_at)
         self.tasks[name] = task
         self.all_pids.add(proc.pid)
         return task
@@ -94,6 +116,27 @@ class Cluster:
     def wait_all(self, timeout: float) -> dict[str, int]:
         deadline = time.monotonic() + timeout
         return {name: t.wait(max(0.1, deadline - time.monotonic())) for name, t in self.tasks.items()}
+
+    def wait_exits(self, timeout: float, names: Optional[Sequence[str]] = None) -> dict[str, tuple[int, float]]:
+        """Waits for the named tasks (default: all) to exit; returns `{name: (returncode, time.time() of exit)}`.
+
+        Exits are polled every 10 ms, so the times are good to about that. Fails with the tails of the logs of the
+        tasks still running after `timeout` seconds.
+        """
+        pending = list(names if names is not None else self.tasks)
+        seen: dict[str, tuple[int, float]] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            for name in list(pending):
+                code = self.tasks[name].proc.poll()
+                if code is not None:
+                    seen[name] = (code, time.time())
+                    pending.remove(name)
+            if pending and time.monotonic() > deadline:
+                tails = "\n".join(f"--- {n}:\n{self.tasks[n].tail()}" for n in pending)
+                raise AssertionError(f"still running after {timeout:g} s: {', '.join(pending)}\n{tails}")
+            time.sleep(0.01)
+        return seen
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         task = self.tasks[name]
@@ -108,6 +151,17 @@ class Cluster:
                 except ProcessLookupError:
                     pass
                 task.proc.wait(timeout=30)
+
+
+_LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def log_time(line: str) -> float:
+    """The `time.time()` of a task's log line (`2026-11-30 16:46:33,807 INFO ...`, local time, millisecond)."""
+    match = _LOG_TIME.search(line)
+    assert match, f"no timestamp in {line!r}"
+    stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")
+    return stamp.timestamp() + int(match.group(2)) / 1000.0
 
 
 def assert_no_processes(pids, timeout: float = 10.0) -> None:

@@ -48,7 +48,7 @@ BAD_CASES = {
     "string_learning_rate.yaml": ("train.learning_rate", "expected a number, got str 'fast'"),
     "bad_mode.yaml": ("train.mode", "'synch' is not one of async, sync; did you mean 'sync'?"),
     "bad_replication.yaml": ("train.replication", "'mirrored' is not one of between-graph, in-graph"),
-    "bad_model.yaml": ("train.model", "'resnet50' is not one of mlp, cifar10"),
+    "bad_model.yaml": ("train.model", "'resnet50' is not one of mlp, cifar10, linear"),
     "both_checkpoint_settings.yaml": ("train.save_checkpoint_secs", "not both"),
     "replicas_too_many.yaml": ("train.replicas_to_aggregate", "3 is not between 1 and the number of workers (2)"),
     "train_not_mapping.yaml": ("train", "expected a mapping of trainer settings, got str 'fast'"),

@@ -35,13 +35,15 @@ def get(name: str) -> Model:
     return factory()
 
 
-BUILTIN = ("mlp", "cifar10")
+BUILTIN = ("mlp", "cifar10", "linear")
 
 
 def _load_builtin() -> None:
     # Imported lazily so that `psworker validate` never imports TensorFlow.
     if "mlp" not in _FACTORIES:
         from psworker.models import mlp  # noqa: F401
+    if "linear" not in _FACTORIES:
+        from psworker.models import linear  # noqa: F401
     if "cifar10" not in _FACTORIES:
         try:
             from psworker.models import cifar10  # noqa: F401

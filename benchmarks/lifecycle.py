@@ -1,0 +1,151 @@
+"""Lifecycle benchmark: a local 1 ps + 2 worker cluster, async and sync, side by side with one process.
+
+Measures, from the task processes' own logs and their exit times (polled every 10 ms):
+- first step: from a worker process's start to its first finished step, minus its TensorFlow import time;
+- exit: from the final training step (the last worker's) to the exit of each process, ps included;
+- throughput: global steps/s and examples/s from the moment both workers train to the final step;
+- the same model and batch trained in this process without servers, and the ratios.
+
+Prints a table, then as its LAST line one JSON object (keys: first_step_s, exit_s, async_steps_per_s,
+sync_steps_per_s, inprocess_steps_per_s, ...).
+
+    python benchmarks/lifecycle.py [--max_steps 1500] [--batch_size 64] [--model mlp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.cluster_utils import Cluster, log_time, write_spec  # noqa: E402  (the one shared cluster helper)
+
+IMPORTED = re.compile(r"TensorFlow imported in ([0-9.]+) s")
+FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILINE)
+LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
+DONE = re.compile(r"done at global step (\d+) after (\d+) local steps")
+
+
+@dataclass
+class ClusterRun:
+    mode: str
+    first_step_s: dict[str, float]      # worker -> seconds from start to first step, minus TF import
+    import_s: dict[str, float]
+    exit_s: dict[str, float]            # process -> seconds from the final step to its exit
+    steps_per_s: float
+    examples_per_s: float
+    final_step: int
+    wall_s: float
+
+
+def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, model: str) -> ClusterRun:
+    """Starts ps:0, worker:0 and worker:1 together (as `psworker local` does) and measures them."""
+    workdir.mkdir(parents=True)
+    spec = write_spec(workdir / "cluster.yaml", model=model, mode=mode, max_steps=max_steps, batch_size=batch_size,
+                      log_every_steps=max(1, max_steps // 4), train_dir=str(workdir / "train"))
+    cluster = Cluster(workdir)
+    began = time.time()
+    try:
+        cluster.start("ps", 0, ["--spec", str(spec), "--task_index", "0"])
+        for i in range(2):
+            cluster.start("worker", i, ["--spec", str(spec), "--task_index", str(i)])
+        exits = cluster.wait_exits(600)
+    finally:
+        cluster.stop_all()
+    failed = {n: code for n, (code, _) in exits.items() if code != 0}
+    if failed:
+        tails = "\n".join(f"--- {n}\n{cluster.tasks[n].tail()}" for n in failed)
+        raise SystemExit(f"{mode} run failed: {failed}\n{tails}")
+
+    workers = {n: t.log() for n, t in cluster.tasks.items() if n.startswith("worker")}
+    imports = {n: float(IMPORTED.search(log).group(1)) for n, log in workers.items()}
+    firsts = {n: FIRST_STEP.search(log) for n, log in workers.items()}
+    first_at = {n: log_time(m.group(0)) for n, m in firsts.items()}
+    first_step_s = {n: round(first_at[n] - cluster.tasks[n].started_at - imports[n], 3) for n in workers}
+    final_at = max(log_time(LAST_STEP.search(log).group(0)) for log in workers.values())
+    exit_s = {n: round(at - final_at, 3) for n, (_, at) in exits.items()}
+    final_step = max(int(DONE.search(log).group(1)) for log in workers.values())
+    # Throughput once both workers train: from the later first step (and the global step it saw) to the final step.
+    later = max(first_at, key=first_at.get)
+    start_step = int(firsts[later].group(1))
+    steps_per_s = (final_step - start_step) / max(final_at - first_at[later], 1e-9)
+    per_step = batch_size * (2 if mode == "sync" else 1)   # sync: one global step averages 2 workers' batches
+    return ClusterRun(mode, first_step_s, imports, exit_s, steps_per_s, steps_per_s * per_step, final_step,
+                      time.time() - began)
+
+
+def run_in_process(*, steps: int, batch_size: int, model: str) -> float:
+    """Global steps/s of the same model and batch in this process, without servers."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    import tensorflow as tf
+
+    from psworker import models
+    from psworker.spec import TrainConfig
+    from psworker.trainer import train_in_process
+
+    tf.compat.v1.disable_eager_execution()
+    seconds, n = train_in_process(models.get(model), TrainConfig(model=model, batch_size=batch_size), steps=steps)
+    return n / seconds
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--max_steps", type=int, default=1500)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
+    args = p.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="psworker-lifecycle-"))
+
+    runs = [run_cluster(mode, workdir / mode, max_steps=args.max_steps, batch_size=args.batch_size, model=args.model)
+            for mode in ("async", "sync")]
+    inprocess = run_in_process(steps=args.max_steps, batch_size=args.batch_size, model=args.model)
+
+    print(f"psworker lifecycle benchmark: {args.model}, batch {args.batch_size}, {args.max_steps} steps, "
+          f"1 ps + 2 workers on {os.cpu_count()} cores; logs in {workdir}")
+    print(f"{'':<32}{'async':>10}{'sync':>10}")
+    rows = [("first step, worker:0 (s)", lambda r: r.first_step_s["worker:0"]),
+            ("first step, worker:1 (s)", lambda r: r.first_step_s["worker:1"]),
+            ("  (TF import, worker:0 (s))", lambda r: r.import_s["worker:0"]),
+            ("  (TF import, worker:1 (s))", lambda r: r.import_s["worker:1"]),
+            ("exit (s) after last step, worker:0", lambda r: r.exit_s["worker:0"]),
+            ("exit (s) after last step, worker:1", lambda r: r.exit_s["worker:1"]),
+            ("exit (s) after last step, ps:0", lambda r: r.exit_s["ps:0"]),
+            ("final global step", lambda r: r.final_step),
+            ("global steps/s", lambda r: round(r.steps_per_s, 1)),
+            ("examples/s", lambda r: round(r.examples_per_s)),
+            ("vs in-process steps/s", lambda r: f"{r.steps_per_s / inprocess:.2f}x"),
+            ("wall (s)", lambda r: round(r.wall_s, 1))]
+    for label, get in rows:
+        print(f"{label:<32}" + "".join(f"{get(r)!s:>10}" for r in runs))
+    print(f"{'in-process steps/s':<32}{inprocess:>10.1f}  ({inprocess * args.batch_size:.0f} examples/s)")
+    by_mode = {r.mode: r for r in runs}
+    summary = {
+        "first_step_s": max(v for r in runs for v in r.first_step_s.values()),
+        "exit_s": max(v for r in runs for v in r.exit_s.values()),
+        "async_steps_per_s": round(by_mode["async"].steps_per_s, 2),
+        "sync_steps_per_s": round(by_mode["sync"].steps_per_s, 2),
+        "inprocess_steps_per_s": round(inprocess, 2),
+        "async_examples_per_s": round(by_mode["async"].examples_per_s, 1),
+        "sync_examples_per_s": round(by_mode["sync"].examples_per_s, 1),
+        "async_vs_inprocess": round(by_mode["async"].steps_per_s / inprocess, 3),
+        "sync_vs_inprocess": round(by_mode["sync"].steps_per_s / inprocess, 3),
+        "first_step_s_by_mode": {r.mode: r.first_step_s for r in runs},
+        "exit_s_by_mode": {r.mode: r.exit_s for r in runs},
+        "model": args.model, "batch_size": args.batch_size, "max_steps": args.max_steps,
+    }
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""In-graph replication: the one-client graph (placement, no servers) and a real 1 ps + 2 worker run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.cluster_utils import REPO, assert_no_processes, checkpoint_step, run_launcher, task_env, write_spec
+
+SPEC = REPO / "cluster_specs" / "cifar10.yaml"
+STEP_LINE = re.compile(r"^\[(worker:\d)\] step (\d+), loss = ", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def cifar_dir(tmp_path_factory) -> Path:
+    from psworker.data.cifar10 import write_synthetic
+
+    path = tmp_path_factory.mktemp("cifar10")
+    write_synthetic(str(path), train_per_class=100, test_per_class=20)
+    return path
+
+
+@pytest.mark.parametrize("num_devices", [1, 2])
+def test_graph_puts_a_tower_on_every_worker_and_variables_on_the_ps(cifar_dir, num_devices):
+    import tensorflow as tf
+
+    from psworker import models
+    from psworker.ingraph import build_in_graph_train_graph
+    from psworker.placement import placement_report
+    from psworker.spec import TrainConfig
+
+    cluster = {"ps": ["p0:1", "p1:1"], "worker": ["w0:1", "w1:1", "w2:1"]}
+    config = TrainConfig(model="cifar10", batch_size=4, data_dir=str(cifar_dir), num_devices=num_devices)
+    with tf.Graph().as_default() as graph:
+        tg = build_in_graph_train_graph(models.get("cifar10"), config, cluster=cluster)
+        variables = tf.compat.v1.global_variables()
+        # one set of model variables (plus moving averages and the global step), all on the ps tasks
+        assert len(tf.compat.v1.trainable_variables()) == 10
+        assert all(tf.DeviceSpec.from_string(v.device).job == "ps" for v in variables)
+        expected = {v.name: v.ps for v in placement_report("cifar10", 2).variables}
+        assert {v.op.name: tf.DeviceSpec.from_string(v.device).task for v in variables} == expected
+        # each worker's input and towers run on that worker, one tower per device
+        for i in range(3):
+            # (variable reads carry no device: TF places them with their variable, on the ps)
+            ops = [op for op in graph.get_operations()
+                   if op.name.startswith(f"worker_{i}/") and op.type != "ReadVariableOp"]
+            assert ops and {tf.DeviceSpec.from_string(op.device).task for op in ops} == {i}
+            convs = [op for op in ops if op.type == "Conv2D" and "gradients" not in op.name]
+            assert len(convs) == 2 * num_devices
+            assert {tf.DeviceSpec.from_string(op.device).device_index for op in convs} == set(range(num_devices))
+        assert tg.sync_optimizer is None
+        # one update per step: a single apply op for the averaged gradients
+        applies = [op for op in graph.get_operations() if op.type.startswith("ResourceApplyGradientDescent")]
+        assert len(applies) == 10
+
+
+@pytest.mark.slow
+def test_in_graph_cluster_run(tmp_path, cifar_dir):
+    """worker:0 drives both workers' towers; worker:1 only serves and exits when told; so does the ps."""
+    train_dir = tmp_path / "train"
+    run = run_launcher([str(SPEC), "--train_dir", str(train_dir), "--data_dir", str(cifar_dir),
+                        "--replication", "in-graph", "--max_steps", "30", "--batch_size", "16",
+                        "--learning_rate", "0.05", "--log_every_steps", "10"], cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.output[-4000:]
+    assert checkpoint_step(train_dir) == 30   # synchronous by construction: exactly max_steps updates
+    steps = STEP_LINE.findall(run.output)
+    assert steps and {who for who, _ in steps} == {"worker:0"}, run.output[-3000:]   # one client
+    assert re.search(r"\[worker:0\] .*precision @ 1 = [0-9.]+", run.output), run.output[-3000:]
+    assert "[worker:1] " in run.output and "serving for the client" in run.output
+    assert len(run.pids) >= 3
+    assert_no_processes(run.pids)
+
+
+@pytest.mark.slow
+def test_serving_worker_gives_up_when_the_client_never_comes(tmp_path, cluster):
+    spec = write_spec(tmp_path / "cluster.yaml", num_workers=2, replication="in-graph", startup_timeout_secs=3,
+                      train_dir=str(tmp_path / "train"))
+    worker = cluster.start("worker", 1, ["--spec", str(spec), "--task_index", "1"],
+                           env=task_env())
+    assert worker.wait(120) == 1, worker.tail()
+    assert "client worker:0" in worker.log() and "unreachable" in worker.log()
+    assert_no_processes(cluster.all_pids)

@@ -1,0 +1,171 @@
+"""Sync mode: the update rule checked by hand, the exact final global step, backup workers, a dead worker."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.cluster_utils import Cluster, assert_no_processes, checkpoint_step, write_spec
+
+STEP_LINE = re.compile(r"^step (\d+), loss", re.MULTILINE)
+
+
+def spec_args(spec: Path, index: int) -> list[str]:
+    return ["--spec", str(spec), "--task_index", str(index)]
+
+
+def start_cluster(cluster: Cluster, spec: Path, num_ps: int, num_workers: int, **worker_flags) -> None:
+    extra = [x for k, v in worker_flags.items() for x in (f"--{k}", str(v))]
+    for i in range(num_ps):
+        cluster.start("ps", i, spec_args(spec, i))
+    for i in range(num_workers):
+        cluster.start("worker", i, spec_args(spec, i) + extra)
+
+
+# ------------------------------------------------------------------------------------------ no servers
+
+def test_capped_optimizer_stops_updating_at_the_last_step():
+    """The cap that makes sync training end at max_steps exactly: updates past it change nothing."""
+    import tensorflow as tf
+
+    from psworker.trainer import CappedOptimizer
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        var = v1.get_variable("v", initializer=tf.constant([1.0, 2.0]), use_resource=True)
+        opt = CappedOptimizer(v1.train.GradientDescentOptimizer(0.5), last_step=3)
+        update = opt.apply_gradients([(tf.constant([1.0, -1.0]), var)], global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for _ in range(5):
+                sess.run(update)
+            assert sess.run(step) == 3
+            np.testing.assert_allclose(sess.run(var), [1.0 - 3 * 0.5, 2.0 + 3 * 0.5])
+
+
+def test_step_watchdog_reports_a_long_step_then_every_interval():
+    from psworker.hooks import StepWatchdog
+
+    now = [0.0]
+    dog = StepWatchdog("worker:0", "is one down?", after_secs=10, every_secs=5, clock=lambda: now[0])
+    assert dog.check() is None
+    dog.step_started()
+    now[0] = 9.0
+    assert dog.check() is None
+    now[0] = 10.5
+    assert dog.check() == "worker:0: a training step has been running for 10 s; is one down?"
+    now[0] = 12.0
+    assert dog.check() is None
+    now[0] = 15.6
+    assert "running for 16 s" in dog.check()
+    dog.step_finished()
+    now[0] = 100.0
+    assert dog.check() is None
+
+
+# ----------------------------------------------------------------------------------------- real clusters
+
+def _gradients(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """d(mean softmax cross-entropy)/d(w, b) of the linear model, in float64."""
+    logits = x.astype(np.float64) @ w + b
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    return x.T @ p / len(y), p.mean(axis=0)
+
+
+def _two_batches(model_name: str, batch_size: int, shard_index: int, num_shards: int):
+    """Two consecutive training batches `(images, labels)` of a shard, from the model's own input function."""
+    import tensorflow as tf
+
+    from psworker import models
+    from psworker.models.base import InputSpec
+
+    with tf.Graph().as_default():
+        batch = models.get(model_name).train_inputs(InputSpec(None, batch_size, shard_index, num_shards))
+        with tf.compat.v1.Session() as sess:
+            return sess.run(batch), sess.run(batch)
+
+
+def _read(checkpoint: Path) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(checkpoint))
+    return {name: reader.get_tensor(name) for name in ("linear/weights", "linear/biases", "global_step")}
+
+
+@pytest.mark.slow
+def test_one_sync_step_applies_the_learning_rate_times_the_mean_gradient(tmp_path, cluster):
+    """2 workers, each with a batch that is its whole shard (so its gradient does not depend on the shuffle): the one
+    sync step must move the linear model's variables by exactly -lr * (g0 + g1) / 2, computed here in numpy."""
+    lr, train_dir, batch = 0.5, tmp_path / "train", 719
+    shards = []
+    for i in range(2):
+        (images, labels), (again, _) = _two_batches("linear", batch, i, 2)
+        assert len(labels) == batch
+        # the batch is the whole shard: the next one holds the same examples (reordered), so a worker's gradient at
+        # given variables does not depend on its shuffle
+        assert sorted(map(tuple, images.tolist())) == sorted(map(tuple, again.tolist()))
+        shards.append((images, labels))
+    spec = write_spec(tmp_path / "cluster.yaml", model="linear", mode="sync", max_steps=1, batch_size=batch,
+                      learning_rate=lr, save_checkpoint_steps=1, log_every_steps=1, train_dir=str(train_dir),
+                      step_timeout_secs=120.0)
+    start_cluster(cluster, spec, 1, 2)
+    exits = cluster.wait_exits(240)
+    assert {n: c for n, (c, _) in exits.items()} == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, \
+        "\n".join(t.tail() for t in cluster.tasks.values())
+
+    before, after = _read(train_dir / "model.ckpt-0"), _read(train_dir / "model.ckpt-1")
+    assert before["global_step"] == 0 and after["global_step"] == 1 == checkpoint_step(train_dir)
+    grads = [_gradients(before["linear/weights"], before["linear/biases"], *shard) for shard in shards]
+    for k, name in enumerate(("linear/weights", "linear/biases")):
+        expected = before[name] - lr * (grads[0][k] + grads[1][k]) / 2
+        np.testing.assert_allclose(after[name], expected, rtol=0, atol=2e-6, err_msg=name)
+        for g in grads:   # the check can tell the mean from either worker's gradient alone
+            assert np.abs(after[name] - (before[name] - lr * g[k])).max() > 1e-3
+    for i in range(2):
+        assert re.search(r"done at global step 1 after 1 local steps", cluster.tasks[f"worker:{i}"].log())
+    assert_no_processes(cluster.all_pids)
+
+
+@pytest.mark.slow
+def test_backup_worker_killed_the_others_finish_at_max_steps_exactly(tmp_path, cluster):
+    """3 workers, 2 gradients per step: worker:2 is killed mid-run; the other two go on to max_steps exactly, and the
+    ps exits by itself (it counts the dead worker as gone once the others are done)."""
+    max_steps, train_dir = 240, tmp_path / "train"
+    spec = write_spec(tmp_path / "cluster.yaml", num_workers=3, mode="sync", replicas_to_aggregate=2,
+                      max_steps=max_steps, batch_size=16, log_every_steps=20, save_checkpoint_steps=100,
+                      train_dir=str(train_dir), step_timeout_secs=60.0)
+    start_cluster(cluster, spec, 1, 3)
+    cluster.tasks["worker:2"].wait_for(r"^step \d+, loss", 180)
+    cluster.kill("worker:2")
+    exits = cluster.wait_exits(180, ["worker:0", "worker:1", "ps:0"])
+    assert all(code == 0 for code, _ in exits.values()), "\n".join(t.tail() for t in cluster.tasks.values())
+    assert checkpoint_step(train_dir) == max_steps
+    for i in (0, 1):
+        assert f"done at global step {max_steps} after" in cluster.tasks[f"worker:{i}"].log()
+    assert "counting it as done" in cluster.tasks["ps:0"].log()
+    assert_no_processes(cluster.all_pids)
+
+
+@pytest.mark.slow
+def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(tmp_path, cluster):
+    """2 workers, 2 gradients per step, worker:1 killed: the chief's step times out with a message saying why; it
+    still tells the ps that it is done, so the ps exits by itself too."""
+    spec = write_spec(tmp_path / "cluster.yaml", mode="sync", max_steps=100000, batch_size=16, log_every_steps=20,
+                      train_dir=str(tmp_path / "train"), step_timeout_secs=4.0)
+    start_cluster(cluster, spec, 1, 2)
+    cluster.tasks["worker:1"].wait_for(r"^step \d+, loss", 180)
+    cluster.kill("worker:1")
+    exits = cluster.wait_exits(60, ["worker:0", "ps:0"])
+    chief = cluster.tasks["worker:0"].log()
+    assert exits["worker:0"][0] == 1, chief[-3000:]
+    assert re.search(r"psworker: error: worker:0: a sync training step did not finish within 4 s "
+                     r"\(--step_timeout_secs\): each step needs gradients from all workers; is a worker down\?",
+                     chief), chief[-3000:]
+    assert exits["ps:0"][0] == 0
+    assert_no_processes(cluster.all_pids)
