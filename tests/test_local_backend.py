@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fake_tasks.fakes import HERE, kill_quietly, wait_for, wait_gone
+from tests.fake_tasks.fakes import HERE, kill_quietly, wait_for, wait_gone
 from psworker import backends
 from psworker.backends.local import default_train_dir, resolve_local_spec, run_local
 from psworker.errors import SpecError

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fake_tasks.fakes import HERE, FakeTask, fake, kill_quietly, wait_for, wait_gone
+from tests.fake_tasks.fakes import HERE, FakeTask, fake, kill_quietly, wait_for, wait_gone
 from psworker.supervisor import Supervisor, exit_status, format_report
 
 REPO = Path(__file__).resolve().parents[1]
