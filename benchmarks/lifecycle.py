@@ -112,7 +112,7 @@ def main(argv=None) -> int:
 
     print(f"psworker lifecycle benchmark: {args.model}, batch {args.batch_size}, {args.max_steps} steps, "
           f"1 ps + 2 workers on {os.cpu_count()} cores; logs in {workdir}")
-    print(f"{'':<32}{'async':>10}{'sync':>10}")
+    print(f"{'':<36}{'async':>10}{'sync':>10}")
     rows = [("first step, worker:0 (s)", lambda r: r.first_step_s["worker:0"]),
             ("first step, worker:1 (s)", lambda r: r.first_step_s["worker:1"]),
             ("  (TF import, worker:0 (s))", lambda r: r.import_s["worker:0"]),
@@ -126,8 +126,8 @@ def main(argv=None) -> int:
             ("vs in-process steps/s", lambda r: f"{r.steps_per_s / inprocess:.2f}x"),
             ("wall (s)", lambda r: round(r.wall_s, 1))]
     for label, get in rows:
-        print(f"{label:<32}" + "".join(f"{get(r)!s:>10}" for r in runs))
-    print(f"{'in-process steps/s':<32}{inprocess:>10.1f}  ({inprocess * args.batch_size:.0f} examples/s)")
+        print(f"{label:<36}" + "".join(f"{get(r)!s:>10}" for r in runs))
+    print(f"{'in-process steps/s':<36}{inprocess:>10.1f}  ({inprocess * args.batch_size:.0f} examples/s)")
     by_mode = {r.mode: r for r in runs}
     summary = {
         "first_step_s": max(v for r in runs for v in r.first_step_s.values()),

@@ -124,7 +124,7 @@ class StepWatchdog:
             return f"{self._who}: a training step has been running for {now - self._started:.0f} s; {self._why}"
 
     def _watch(self) -> None:
-        while not self._stop.wait(min(1.0, self._every)):
+        while not self._stop.wait(min(1.0, self._every / 4)):
             message = self.check()
             if message:
                 log.warning("%s", message)

@@ -74,7 +74,8 @@ class CappedOptimizer:
         if global_step is None:
             raise ValueError("CappedOptimizer needs the global step")
         grads_and_vars = list(grads_and_vars)
-        below = tf.less(global_step, tf.constant(self._last_step, global_step.dtype.base_dtype), name="below_max_steps")
+        last = tf.constant(self._last_step, global_step.dtype.base_dtype)
+        below = tf.less(global_step, last, name="below_max_steps")
 
         def apply():
             with tf.control_dependencies([self._opt.apply_gradients(grads_and_vars, global_step, name)]):
@@ -193,9 +194,11 @@ def train(target: str, spec: ClusterSpec, task_index: int, config: TrainConfig, 
             max_wait_secs=config.startup_timeout_secs, name=name, before_create=before_session,
         )
         started = time.monotonic()
+        watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
+        watchdog = StepWatchdog(name, _watchdog_hint(config, spec), after_secs=watch_secs, every_secs=watch_secs)
         with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess, \
-                StepWatchdog(name, _watchdog_hint(config, spec), after_secs=WATCHDOG_AFTER_SECS) as watchdog:
+                watchdog:
             try:
                 _run_steps(sess, tg, config, creator, watchdog, name)
             finally:
@@ -204,8 +207,10 @@ def train(target: str, spec: ClusterSpec, task_index: int, config: TrainConfig, 
             log.info("%s: last step done (%d local steps)", name, progress.local_steps)
     final = progress.final_global_step if progress.final_global_step is not None else progress.last_global_step
     if final < config.max_steps:
+        why = ("the chief closed the sync token queue (did it fail or stop early?)" if tg.sync_optimizer is not None
+               else "the input ran out")
         raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
-                           "the chief closed the sync token queue (did it fail or stop early?)")
+                           f"{why}")
     return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started,
                        first_step_at=progress.first_step_at, last_step_at=last_step_at)
 
@@ -216,7 +221,8 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
 
     steady = tf.compat.v1.RunOptions(timeout_in_ms=int(config.step_timeout_secs * 1000))
     # The first step of a (re-created) session may wait for other workers to start: allow for that as well.
-    first = tf.compat.v1.RunOptions(timeout_in_ms=int((config.step_timeout_secs + config.startup_timeout_secs) * 1000))
+    first = tf.compat.v1.RunOptions(
+        timeout_in_ms=int((config.step_timeout_secs + config.startup_timeout_secs) * 1000))
     seen_session = -1
     while not sess.should_stop():
         session_now = creator.sessions_created
@@ -226,8 +232,10 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         except tf.errors.DeadlineExceededError:
             raise StepTimeout(_timeout_message(name, config, tg.sync_optimizer is not None)) from None
         except tf.errors.OutOfRangeError:
-            # Sync mode: the chief closes the token queue when it stops; the checks after the loop tell why.
-            log.info("%s: the sync token queue was closed: the chief has stopped", name)
+            # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
+            # step read at the end tells whether training is complete.
+            log.info("%s: %s", name, "the sync token queue was closed: the chief has stopped"
+                     if tg.sync_optimizer is not None else "the input ran out (OutOfRangeError)")
             return
         finally:
             watchdog.step_finished()

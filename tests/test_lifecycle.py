@@ -117,8 +117,9 @@ def test_a_worker_without_its_ps_gives_up_after_the_startup_timeout(tmp_path, cl
     assert code == 1, log[-2000:]
     waiting = re.search(r"^.*worker:1: waiting for ps:0 at 127\.0\.0\.1:\d+.*$", log, re.MULTILINE)
     assert waiting, log[-2000:]
-    assert re.search(r"psworker: error: worker:1 gave up after 3 s \(--startup_timeout_secs\) waiting for ps:0 at "
-                     r"127\.0\.0\.1:\d+: is that task started, and is the address in the spec right\?", log), log[-2000:]
+    assert re.search(r"psworker: error: worker:1 gave up after 3 s \(--startup_timeout_secs\) waiting for ps:0 "
+                     r"at 127\.0\.0\.1:\d+: is that task started, and is the address in the spec right\?", log), \
+        log[-2000:]
     assert 2.0 < exited_at - log_time(waiting.group(0)) < 8.0, log[-2000:]
     assert_no_processes(cluster.all_pids)
 
@@ -126,7 +127,8 @@ def test_a_worker_without_its_ps_gives_up_after_the_startup_timeout(tmp_path, cl
 @pytest.mark.slow
 def test_local_launcher_sync_run_the_ps_exits_by_itself(tmp_path):
     run = run_launcher([str(REPO / "cluster_specs" / "local-sync.yaml"), "--train_dir", str(tmp_path / "t"),
-                        "--max_steps", "150", "--batch_size", "32", "--log_every_steps", "50"], cwd=tmp_path, timeout=240)
+                        "--max_steps", "150", "--batch_size", "32", "--log_every_steps", "50"],
+                       cwd=tmp_path, timeout=240)
     assert run.returncode == 0, run.output[-4000:]
     assert re.search(r"psworker\.supervisor: ps:0 \(pid \d+\) exited: exit code 0", run.output), run.output[-3000:]
     assert not re.search(r"stopping [^\n]*ps:0", run.output), run.output[-3000:]

@@ -55,7 +55,8 @@ def test_a_restarted_chief_continues_from_the_live_ps(tmp_path, cluster):
     assert_all_exited_0(cluster, ["worker:0#2", "worker:1", "ps:0"])
 
     training = before(chief2.log(), "last step done")
-    assert "the ps tasks already hold a model; continuing from it (no checkpoint restore)" in training, training[-3000:]
+    assert "the ps tasks already hold a model; continuing from it (no checkpoint restore)" in training, \
+        training[-3000:]
     assert "Restoring parameters from" not in training
     resumed_at = int(re.search(r"Saving checkpoints for (\d+) into", training).group(1))
     assert resumed_at >= reached, (resumed_at, reached)
@@ -74,7 +75,8 @@ def test_a_restarted_ps_workers_recover_and_the_chief_restores_the_latest_checkp
                       save_checkpoint_steps=100, train_dir=str(train_dir), step_timeout_secs=120.0)
     start(cluster, spec)
     chief = cluster.tasks["worker:0"]
-    saved = int(chief.wait_for(r"Saving checkpoints for (\d+) into", 180, count=2).group(1))
+    # "after saving": the checkpoint is complete (killing the ps during a save leaves only ckpt-N_temp)
+    saved = int(chief.wait_for(r"Calling checkpoint listeners after saving checkpoint (\d+)", 180, count=2).group(1))
     cluster.kill("ps:0")
     ps2 = cluster.start("ps", 0, spec_args(spec, 0), name="ps:0#2")
     assert_all_exited_0(cluster, ["worker:0", "worker:1", "ps:0#2"])

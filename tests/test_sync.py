@@ -47,6 +47,25 @@ def test_capped_optimizer_stops_updating_at_the_last_step():
             np.testing.assert_allclose(sess.run(var), [1.0 - 3 * 0.5, 2.0 + 3 * 0.5])
 
 
+def test_stale_gradients_are_dropped_by_the_accumulators_sync_mode_uses():
+    """SyncReplicasOptimizer's per-variable ConditionalAccumulator: a gradient computed for an older step than the
+    accumulator's is dropped (never applied late); take_grad averages the fresh ones."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        acc = v1.ConditionalAccumulator(tf.float32, shape=[2])
+        grad, local_step = v1.placeholder(tf.float32, [2]), v1.placeholder(tf.int64, [])
+        push = acc.apply_grad(grad, local_step=local_step)
+        with v1.Session() as sess:
+            sess.run(acc.set_global_step(5))
+            sess.run(push, {grad: [100.0, 100.0], local_step: 4})     # stale: for step 4
+            assert sess.run(acc.num_accumulated()) == 0
+            sess.run(push, {grad: [1.0, 2.0], local_step: 5})
+            sess.run(push, {grad: [3.0, 6.0], local_step: 5})
+            np.testing.assert_allclose(sess.run(acc.take_grad(2)), [2.0, 4.0])
+
+
 def test_step_watchdog_reports_a_long_step_then_every_interval():
     from psworker.hooks import StepWatchdog
 
@@ -167,5 +186,9 @@ def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(tmp_path, cl
     assert re.search(r"psworker: error: worker:0: a sync training step did not finish within 4 s "
                      r"\(--step_timeout_secs\): each step needs gradients from all workers; is a worker down\?",
                      chief), chief[-3000:]
+    # the wait was not silent: the watchdog said what the step waits for, half way to the timeout
+    assert re.search(r"worker:0: a training step has been running for [23] s; a sync step waits for gradients from "
+                     r"2 of 2 workers: is one down or slow\? \(gives up after --step_timeout_secs 4\)", chief), \
+        chief[-3000:]
     assert exits["ps:0"][0] == 0
     assert_no_processes(cluster.all_pids)
