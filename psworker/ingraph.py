@@ -219,7 +219,7 @@ def _run_client(server, spec: ClusterSpec, config: TrainConfig, *, emit=print) -
     from psworker import server as srv
     from psworker.hooks import ProgressHook
     from psworker.session import FastSessionCreator
-    from psworker.trainer import _chief_hooks
+    from psworker.trainer import chief_hooks
 
     v1 = tf.compat.v1
     name = f"worker:{CLIENT_INDEX}"
@@ -244,7 +244,7 @@ def _run_client(server, spec: ClusterSpec, config: TrainConfig, *, emit=print) -
         progress = ProgressHook(tg.loss, tg.global_step, every_steps=config.log_every_steps,
                                 examples_per_step=examples_per_step, emit=emit)
         hooks = [v1.train.StopAtStepHook(last_step=config.max_steps), v1.train.NanTensorHook(tg.loss), progress,
-                 *_chief_hooks(config, scaffold)]
+                 *chief_hooks(config, scaffold)]
         # No device filters: this client places ops on every worker task.
         creator = FastSessionCreator(
             scaffold, master=server.target, config=srv.session_config("worker", CLIENT_INDEX, filter_devices=False),

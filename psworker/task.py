@@ -56,11 +56,12 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     """
     from psworker import server as srv
 
+    name = f"worker:{index}"
     if config.replication == "in-graph":
         from psworker import ingraph
 
-        return ingraph.run_in_graph_worker(spec, index, config, allow_public_bind=allow_public_bind)
-
+        _run_and_exit(name, lambda: ingraph.run_in_graph_worker(spec, index, config,
+                                                                 allow_public_bind=allow_public_bind))
     srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
     _quiet_tensorflow()
     import_started = time.time()
@@ -68,11 +69,16 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
 
     tf.compat.v1.disable_eager_execution()
     log.info("worker:%d: TensorFlow imported in %.3f s", index, time.time() - import_started)
-    name = f"worker:{index}"
     if config.train_dir is None:
         raise PsworkerError("no --train_dir given (nor train.train_dir in the spec)")
+    _run_and_exit(name, lambda: _train_and_signal(spec, index, config, name))
+    return 0  # not reached
+
+
+def _run_and_exit(name: str, work) -> None:
+    """Runs `work()`, reports any failure, and leaves the process at once (TF threads can keep it alive)."""
     try:
-        _train_and_signal(spec, index, config, name)
+        work()
     except PsworkerError as exc:
         print(f"psworker: error: {exc}", file=sys.stderr, flush=True)
         _exit_now(exc.exit_code)
@@ -83,7 +89,6 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
         log.exception("%s failed", name)
         _exit_now(1)
     _exit_now(0)
-    return 0  # not reached
 
 
 def _train_and_signal(spec: ClusterSpec, index: int, config: TrainConfig, name: str) -> None:

@@ -187,7 +187,7 @@ def train(target: str, spec: ClusterSpec, task_index: int, config: TrainConfig, 
         if tg.sync_optimizer is not None:
             hooks.append(tg.sync_optimizer.make_session_run_hook(is_chief, num_tokens=SYNC_INIT_TOKENS))
         if is_chief:
-            hooks.extend(_chief_hooks(config, scaffold))
+            hooks.extend(chief_hooks(config, scaffold))
         creator = FastSessionCreator(
             scaffold, master=target, config=session_config, is_chief=is_chief,
             checkpoint_dir=config.train_dir if is_chief else None,
@@ -260,7 +260,7 @@ def _timeout_message(name: str, config: TrainConfig, sync: bool) -> str:
             "is a ps task overloaded or unreachable?")
 
 
-def _chief_hooks(config: TrainConfig, scaffold) -> list:
+def chief_hooks(config: TrainConfig, scaffold) -> list:
     import tensorflow as tf
 
     v1 = tf.compat.v1
