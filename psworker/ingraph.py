@@ -47,7 +47,7 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
 
     from psworker import towers
     from psworker.placement import GreedyByteStrategy
-    from psworker.trainer import TrainGraph
+    from psworker.trainer import TrainGraph, finish_train_op
 
     v1 = tf.compat.v1
     num_workers = len(cluster["worker"])
@@ -81,14 +81,10 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
             grads = towers.average_gradients(worker_grads)
             loss = tf.math.divide(tf.add_n(worker_losses), float(num_workers), name="mean_loss")
         apply_op = optimizer.apply_gradients(grads, global_step=global_step)
+        ema = None
         if model.moving_average_decay:
             ema = v1.train.ExponentialMovingAverage(model.moving_average_decay, global_step)
-            with tf.control_dependencies([apply_op]):
-                train_op = tf.group(apply_op, ema.apply(v1.trainable_variables()), name="train_op")
-        else:
-            train_op = apply_op
-        v1.summary.scalar("loss", loss)
-        v1.summary.scalar("learning_rate", lr)
+        train_op = finish_train_op(apply_op, ema, loss, lr)
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=None)
 
 

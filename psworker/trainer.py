@@ -144,14 +144,25 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             )
             optimizer = sync
         apply_op = optimizer.apply_gradients(grads, global_step=global_step)
-        if ema is not None and sync is None:
-            with tf.control_dependencies([apply_op]):
-                train_op = tf.group(apply_op, ema.apply(v1.trainable_variables()), name="train_op")
-        else:
-            train_op = apply_op
-        v1.summary.scalar("loss", loss)
-        v1.summary.scalar("learning_rate", lr)
+        # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
+        train_op = finish_train_op(apply_op, None if sync else ema, loss, lr)
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync)
+
+
+def finish_train_op(apply_op, ema, loss, learning_rate):
+    """The train op: `apply_op`, then the moving averages of the trainable variables when `ema` is given.
+
+    Also records the loss and learning-rate summaries the chief writes.
+    """
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    v1.summary.scalar("loss", loss)
+    v1.summary.scalar("learning_rate", learning_rate)
+    if ema is None:
+        return apply_op
+    with tf.control_dependencies([apply_op]):
+        return tf.group(apply_op, ema.apply(v1.trainable_variables()), name="train_op")
 
 
 def train(target: str, spec: ClusterSpec, task_index: int, config: TrainConfig, model: Model, *,

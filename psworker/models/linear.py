@@ -6,35 +6,15 @@ it trains in seconds (a quick demo: `--model linear`).
 
 from __future__ import annotations
 
-from typing import Optional
-
-from psworker.data import digits
 from psworker.models import register
-from psworker.models.base import InputSpec, Model
-
-INPUT_DIM = 64
+from psworker.models.digits_inputs import INPUT_DIM, DigitsModel
 
 
-class LinearModel(Model):
+class LinearModel(DigitsModel):
     """`logits = images @ weights + biases`; plain cross-entropy; constant learning rate."""
 
     name = "linear"
-    num_classes = 10
     default_learning_rate = 0.5
-    moving_average_decay = None
-    image_shape = (INPUT_DIM,)
-
-    def train_inputs(self, spec: InputSpec):
-        import tensorflow as tf
-
-        ds = digits.train_dataset(spec.batch_size, spec.shard_index, spec.num_shards, spec.seed)
-        return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-
-    def eval_dataset(self, data_dir: Optional[str], batch_size: int):
-        return digits.eval_dataset(batch_size)
-
-    def num_train_examples(self, data_dir: Optional[str]) -> int:
-        return len(digits.load_split()[1])
 
     def inference(self, images, *, training: bool):
         import tensorflow as tf

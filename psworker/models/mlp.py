@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
-from psworker.data import digits
 from psworker.models import register
-from psworker.models.base import InputSpec, Model
+from psworker.models.digits_inputs import INPUT_DIM, DigitsModel
 
 HIDDEN = (256,)
-INPUT_DIM = 64
 
 
-class MlpModel(Model):
+class MlpModel(DigitsModel):
     """Standardised 64 pixels -> 256 ReLU -> 10; plain cross-entropy; constant learning rate 0.1."""
 
     name = "mlp"
-    num_classes = 10
     default_learning_rate = 0.1
-    moving_average_decay = None
-    image_shape = (INPUT_DIM,)
-
-    def train_inputs(self, spec: InputSpec):
-        ds = digits.train_dataset(spec.batch_size, spec.shard_index, spec.num_shards, spec.seed)
-        return _one_shot(ds)
-
-    def eval_dataset(self, data_dir: Optional[str], batch_size: int):
-        return digits.eval_dataset(batch_size)
-
-    def num_train_examples(self, data_dir: Optional[str]) -> int:
-        return len(digits.load_split()[1])
 
     def inference(self, images, *, training: bool):
         import tensorflow as tf
@@ -53,12 +36,6 @@ class MlpModel(Model):
             )
             b = v1.get_variable("biases", [self.num_classes], tf.float32, v1.zeros_initializer())
             return tf.add(tf.matmul(x, w), b, name="logits")
-
-
-def _one_shot(ds):
-    import tensorflow as tf
-
-    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
 
 
 register("mlp", MlpModel)
