@@ -116,9 +116,11 @@ def cmd_tf_config(args: argparse.Namespace) -> int:
 def cmd_ps(args: argparse.Namespace) -> int:
     """`psworker ps ...`: runs one parameter server."""
     spec, index = _resolve("ps", args)
-    timeout = merge_train(spec.train, {"startup_timeout_secs": args.startup_timeout_secs}).startup_timeout_secs
+    if args.workers_gone_timeout_secs <= 0:
+        raise UsageError(f"--workers_gone_timeout_secs must be > 0, got {args.workers_gone_timeout_secs:g}")
     from psworker import task
-    return task.run_ps(spec, index, keep_running=args.keep_ps_running, startup_timeout_secs=timeout,
+    return task.run_ps(spec, index, keep_running=args.keep_ps_running,
+                       workers_gone_timeout_secs=args.workers_gone_timeout_secs,
                        allow_public_bind=args.allow_public_bind)
 
 
@@ -213,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_flags(p)
     p.add_argument("--keep_ps_running", action="store_true",
                    help="keep serving after the workers finish (default: exit once every worker is done)")
-    p.add_argument("--startup_timeout_secs", default=None, metavar="FLOAT",
-                   help="how long to wait for the cluster (default: the spec's train value)")
+    p.add_argument("--workers_gone_timeout_secs", type=float, default=300.0, metavar="FLOAT",
+                   help="when every worker has been seen and then all have gone away without saying they are done "
+                        "(crashed), exit with an error after this long instead of serving forever (default 300)")
 
     p = add("worker", cmd_worker, "run one worker task (worker 0 is the chief)")
     _add_cluster_flags(p)

@@ -230,6 +230,8 @@ def resolve_cluster(job: str, *, spec_path: Optional[str] = None, ps_hosts: Opti
     if index < 0:
         raise UsageError(f"{what} {index} must be >= 0")
     check_task(spec, job, index, what)
+    # A task started by itself cannot learn a port another task picked: only `psworker local` resolves `auto`.
+    _require_fixed_ports(spec, f"a {job} task started by itself")
     return spec, index
 
 

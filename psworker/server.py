@@ -129,7 +129,8 @@ def done_queue(ps_index: int, num_workers: int):
 
 
 def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachable_grace_secs: float = 2.0,
-                             wait_for_exit: bool = True, exit_wait_secs: float = 10.0) -> None:
+                             wait_for_exit: bool = True, exit_wait_secs: float = 10.0,
+                             gone_timeout_secs: Optional[float] = None) -> None:
     """Serves until every worker has finished; returns so that the ps process can exit by itself.
 
     A worker counts as finished once it has put its index into this ps's done queue. Once any worker has finished,
@@ -138,6 +139,10 @@ def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachab
     and restarting. Then, with `wait_for_exit`, it waits (at most `exit_wait_secs`) until every worker's port is
     closed: a worker sends its token just before it exits, and a ps that exits before the workers looks to a
     supervisor like a ps that failed.
+
+    Before any worker has finished: once every worker has been seen up and all of them have then been unreachable for
+    `gone_timeout_secs` (they crashed, or were killed, without saying they were done), it raises `PsworkerError`
+    instead of serving forever. None: no such bound.
     """
     import tensorflow as tf
 
@@ -149,11 +154,14 @@ def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachab
     config = tf.compat.v1.ConfigProto(device_filters=[f"/job:ps/task:{index}"])
     finished: set[int] = set()
     gone_since: dict[int, float] = {}
+    watch = _AbandonWatch(spec, gone_timeout_secs) if gone_timeout_secs else None
     with tf.compat.v1.Session(server.target, graph=graph, config=config) as sess:
         while len(finished) < num_workers:
-            # Block until the first worker is done; after that, poll so that vanished workers can be counted.
-            if finished and not sess.run(size):
-                _count_vanished_workers(spec, finished, gone_since, unreachable_grace_secs, index)
+            if not sess.run(size):
+                if finished:
+                    _count_vanished_workers(spec, finished, gone_since, unreachable_grace_secs, index)
+                elif watch is not None:
+                    watch.check(index)
                 time.sleep(POLL_SECS)
                 continue
             worker = int(sess.run(dequeue))
@@ -163,6 +171,35 @@ def serve_until_workers_done(server, spec: ClusterSpec, index: int, *, unreachab
     if wait_for_exit:
         wait_until_closed({f"worker:{i}": str(a) for i, a in enumerate(spec.worker)}, timeout_secs=exit_wait_secs,
                           who=f"ps:{index}")
+
+
+class _AbandonWatch:
+    """Notices when every worker has been up and all are now gone, none having said it was done."""
+
+    def __init__(self, spec: ClusterSpec, timeout_secs: float):
+        self._addresses = [str(a) for a in spec.worker]
+        self._seen: set[int] = set()
+        self._timeout = timeout_secs
+        self._all_gone_since: Optional[float] = None
+        self._next_check = 0.0
+
+    def check(self, index: int) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + 1.0
+        up = {i for i, a in enumerate(self._addresses) if port_open(a)}
+        self._seen |= up
+        if up or len(self._seen) < len(self._addresses):
+            self._all_gone_since = None
+            return
+        if self._all_gone_since is None:
+            self._all_gone_since = now
+            log.warning("ps:%d: every worker has gone away without saying it is done; waiting %g s for them to "
+                        "come back", index, self._timeout)
+        elif now - self._all_gone_since >= self._timeout:
+            raise PsworkerError(f"ps:{index}: every worker went away without saying it was done and none came back "
+                                f"within {self._timeout:g} s (--workers_gone_timeout_secs); exiting")
 
 
 def port_open(address: str, timeout: float = 0.2) -> bool:

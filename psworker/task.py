@@ -26,9 +26,12 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, startup_timeout_secs: float = 120.0,
+def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers_gone_timeout_secs: float = 300.0,
            allow_public_bind: bool = False) -> int:
-    """Starts ps `index` and serves; returns (exits) once every worker is done, unless `keep_running`."""
+    """Starts ps `index` and serves; exits once every worker is done, unless `keep_running`.
+
+    Exits 1 when every worker has gone away without saying it is done for `workers_gone_timeout_secs`.
+    """
     from psworker import server as srv
 
     srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
@@ -36,15 +39,19 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, startup
     import tensorflow as tf
 
     tf.compat.v1.disable_eager_execution()
+    name = f"ps:{index}"
     server = srv.start_server(spec, "ps", index)
-    if keep_running:
-        log.info("ps:%d: --keep_ps_running: serving until stopped", index)
-        while True:   # drain each run's done tokens so that the queue never fills
-            srv.serve_until_workers_done(server, spec, index, wait_for_exit=False)
-            log.info("ps:%d: every worker is done; still serving (--keep_ps_running)", index)
-    srv.serve_until_workers_done(server, spec, index)
-    log.info("ps:%d: every worker is done; exiting", index)
-    _exit_now(0)
+
+    def serve() -> None:
+        if keep_running:
+            log.info("%s: --keep_ps_running: serving until stopped", name)
+            while True:   # drain each run's done tokens so that the queue never fills
+                srv.serve_until_workers_done(server, spec, index, wait_for_exit=False, gone_timeout_secs=None)
+                log.info("%s: every worker is done; still serving (--keep_ps_running)", name)
+        srv.serve_until_workers_done(server, spec, index, gone_timeout_secs=workers_gone_timeout_secs)
+        log.info("%s: every worker is done; exiting", name)
+
+    _run_and_exit(name, serve)
     return 0  # not reached
 
 

@@ -88,7 +88,7 @@ def clean_env(monkeypatch):
 
 
 def test_worker_bad_flag_value_is_a_spec_error(clean_env, capsys):
-    rc = cli.main(["worker", "--spec", str(SPECS / "local.yaml"), "--task_index", "0", "--batch_size", "zero"])
+    rc = cli.main(["worker", "--spec", str(SPECS / "two-ps.yaml"), "--task_index", "0", "--batch_size", "zero"])
     assert rc == 2
     assert "psworker: error: --flags: --batch_size: expected an integer, got 'zero'" in capsys.readouterr().err
 

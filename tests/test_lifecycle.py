@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -135,3 +138,29 @@ def test_local_launcher_sync_run_the_ps_exits_by_itself(tmp_path):
     assert "psworker: all 2 workers finished" in run.output
     assert checkpoint_step(tmp_path / "t") == 150
     assert_no_processes(run.pids)
+
+
+@pytest.mark.slow
+def test_a_ps_whose_workers_all_crashed_exits_with_an_error(tmp_path, cluster):
+    """Workers killed with -9 never say they are done: the ps gives up after --workers_gone_timeout_secs."""
+    spec = write_spec(tmp_path / "cluster.yaml", num_workers=1, max_steps=1_000_000, log_every_steps=50,
+                      train_dir=str(tmp_path / "train"))
+    ps = cluster.start("ps", 0, [*spec_args(spec, 0), "--workers_gone_timeout_secs", "3"], via_script=True)
+    worker = cluster.start("worker", 0, spec_args(spec, 0), via_script=True)
+    worker.wait_for(r"step \d+, loss", 180)
+    cluster.kill("worker:0")
+    started = time.monotonic()
+    assert ps.wait(60) == 1, ps.tail()
+    assert 3.0 <= time.monotonic() - started < 30, ps.tail()
+    assert re.search(r"psworker: error: ps:0: every worker went away without saying it was done and none came back "
+                     r"within 3 s \(--workers_gone_timeout_secs\)", ps.log()), ps.tail()
+    assert_no_processes(cluster.all_pids)
+
+
+def test_a_task_started_by_itself_needs_fixed_ports(tmp_path):
+    """`auto` ports are for `psworker local` only: a hand-started task cannot learn the port another one picked."""
+    r = subprocess.run([str(REPO / "launch" / "start_ps.sh"), "--spec", str(REPO / "cluster_specs" / "local.yaml"),
+                        "--task_index", "0"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PSWORKER_PYTHON": sys.executable})
+    assert r.returncode == 2
+    assert "cluster.ps[0]: automatic port 'localhost:auto' cannot go into a ps task started by itself" in r.stderr
