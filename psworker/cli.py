@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from psworker.errors import PsworkerError, UsageError
@@ -63,17 +61,12 @@ def _resolve(job: str, args: argparse.Namespace) -> tuple[ClusterSpec, int]:
                            task_index=args.task_index, environ=os.environ)
 
 
-def default_train_dir(spec: ClusterSpec) -> str:
-    """Where checkpoints go when neither the spec nor a flag says: `<tmp>/psworker/<spec name>`."""
-    name = Path(spec.source).stem if spec.source and spec.source not in ("--flags", "TF_CONFIG") else "cluster"
-    return os.path.join(tempfile.gettempdir(), "psworker", name)
-
-
-def _train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
+def _train_config(spec: ClusterSpec, index: int, args: argparse.Namespace) -> TrainConfig:
     config = merge_train(spec.train, _train_overrides(args), num_workers=len(spec.worker))
-    if config.train_dir is None:
-        config = dataclasses.replace(config, train_dir=default_train_dir(spec))
-        log.info("train_dir not set in the spec or flags; using %s", config.train_dir)
+    if index == 0 and config.train_dir is None:
+        from psworker.task import CHIEF_NEEDS_TRAIN_DIR
+
+        raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
     return config
 
 
@@ -127,7 +120,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """`psworker worker ...`: runs one training worker (worker 0 is the chief)."""
     spec, index = _resolve("worker", args)
-    config = _train_config(spec, args)
+    config = _train_config(spec, index, args)
     from psworker import task
     return task.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
 
@@ -145,17 +138,22 @@ def cmd_local(args: argparse.Namespace) -> int:
     return run_local(spec, grace_period_secs=args.grace_period_secs)
 
 
-def _isolate_network(mode: str, argv: list[str]) -> None:
+def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
     """`--network`: run the local cluster in a private network namespace (loopback only) where possible."""
     from psworker import netns
 
-    if netns.inside():
+    if netns.inside() and netns.interfaces() == ["lo"]:
         netns.bring_up_loopback()
         log.info("network: private namespace, interfaces %s: the cluster's ports are unreachable from outside",
                  ", ".join(netns.interfaces()))
         return
     if mode == "host":
         log.warning("network: host; TensorFlow's unauthenticated servers listen on every interface of this host")
+        return
+    if argv is None:   # called as a library: replacing the caller's process is not ours to do
+        if mode == "isolated":
+            raise UsageError("--network isolated needs the psworker command itself (it re-executes in a namespace)")
+        log.warning("network: not isolated (psworker.cli.main called in-process)")
         return
     if netns.available():
         netns.reexec_isolated(argv)
@@ -266,7 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help or a usage error already printed by argparse
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = sys.argv[1:] if argv is None else None   # None: called in-process, never re-exec
     _configure_logging()
     try:
         return int(args.func(args) or 0)
@@ -278,4 +276,4 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 130
 
 
-__all__ = ["main", "build_parser", "default_train_dir", "DATASETS"]
+__all__ = ["main", "build_parser", "DATASETS"]

@@ -215,7 +215,7 @@ def _run_client(server, spec: ClusterSpec, config: TrainConfig, *, emit=print) -
     from psworker import server as srv
     from psworker.hooks import ProgressHook
     from psworker.session import FastSessionCreator
-    from psworker.trainer import chief_hooks
+    from psworker.trainer import chief_hooks, run_steps
 
     v1 = tf.compat.v1
     name = f"worker:{CLIENT_INDEX}"
@@ -252,8 +252,8 @@ def _run_client(server, spec: ClusterSpec, config: TrainConfig, *, emit=print) -
                  config.num_devices, examples_per_step)
         try:
             with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
-                while not sess.should_stop():
-                    sess.run(tg.train_op)
+                run_steps(sess, tg, config, creator, name, "each step needs every worker: is one down or slow? "
+                          f"(gives up after --step_timeout_secs {config.step_timeout_secs:g})", sync=False)
         except tf.errors.DeadlineExceededError as exc:
             raise StartupTimeout(f"{name}: timed out: {exc.message.splitlines()[0]}") from None
     log.info("%s: done after %d steps in %.1f s", name, progress.local_steps, time.monotonic() - started)

@@ -114,7 +114,7 @@ def from_tf_config(json_text: str) -> tuple[ClusterSpec, Optional[str], Optional
         raise SpecError(src, "task", f"expected an object with 'type' and 'index', got {task!r}")
     for key in task:
         if key not in _TASK_KEYS:
-            raise SpecError(src, f"task.{key}", f"unknown key {key!r} (valid keys: type, index)")
+            raise SpecError(src, f"task.{key}", f"unknown key {key!r} (valid keys: {', '.join(_TASK_KEYS)})")
     job, index = task.get("type"), task.get("index", 0)
     if job == "chief":
         raise SpecError(src, "task.type", "psworker has no 'chief' task; the chief is worker 0")

@@ -83,7 +83,7 @@ class ClusterSpec:
 
 AUTO_PORT = 0
 TOP_KEYS = ("cluster", "train")
-_PORT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_PORT_RE = re.compile(r"-?[0-9]+", re.ASCII)
 _HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?", re.ASCII)
 _SHELL_META = set(";&|$`'\"\\<>(){}*?!#~^=,%@")
 
@@ -234,7 +234,7 @@ def _parse_port(text: str, entry: str, field_path: str, source: str) -> int:
     if not _PORT_RE.fullmatch(text):
         raise SpecError(source, field_path, f"port {text!r} is not a number (use 1-65535, or 'auto')")
     port = int(text)
-    if port == AUTO_PORT:
+    if port == AUTO_PORT and text.isdigit():   # "0", not "-0"
         return AUTO_PORT
     if not 1 <= port <= 65535:
         raise SpecError(source, field_path, f"port {port} is out of range 1-65535")

@@ -7,10 +7,13 @@ import os
 import sys
 import time
 
-from psworker.errors import PsworkerError, StartupTimeout
+from psworker.errors import PsworkerError, StartupTimeout, UsageError
 from psworker.spec import ClusterSpec, TrainConfig
 
 log = logging.getLogger(__name__)
+
+CHIEF_NEEDS_TRAIN_DIR = ("worker 0 (the chief) needs --train_dir (or train.train_dir in the spec): where it writes "
+                         "checkpoints, and where a restarted chief resumes from")
 
 
 def _quiet_tensorflow() -> None:
@@ -76,8 +79,8 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
 
     tf.compat.v1.disable_eager_execution()
     log.info("worker:%d: TensorFlow imported in %.3f s", index, time.time() - import_started)
-    if config.train_dir is None:
-        raise PsworkerError("no --train_dir given (nor train.train_dir in the spec)")
+    if index == 0 and config.train_dir is None:
+        raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
     _run_and_exit(name, lambda: _train_and_signal(spec, index, config, name))
     return 0  # not reached
 

@@ -180,7 +180,7 @@ def train(target: str, spec: ClusterSpec, task_index: int, config: TrainConfig, 
     """
     import tensorflow as tf
 
-    from psworker.hooks import ProgressHook, StepWatchdog
+    from psworker.hooks import ProgressHook
     from psworker.session import FastSessionCreator
 
     v1 = tf.compat.v1
@@ -205,13 +205,11 @@ def train(target: str, spec: ClusterSpec, task_index: int, config: TrainConfig, 
             max_wait_secs=config.startup_timeout_secs, name=name, before_create=before_session,
         )
         started = time.monotonic()
-        watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
-        watchdog = StepWatchdog(name, _watchdog_hint(config, spec), after_secs=watch_secs, every_secs=watch_secs)
-        with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess, \
-                watchdog:
+        with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
             try:
-                _run_steps(sess, tg, config, creator, watchdog, name)
+                run_steps(sess, tg, config, creator, name, _watchdog_hint(config, spec),
+                          sync=tg.sync_optimizer is not None)
             finally:
                 creator.abandon_on_close()
             last_step_at = time.time()
@@ -226,7 +224,19 @@ def train(target: str, spec: ClusterSpec, task_index: int, config: TrainConfig, 
                        first_step_at=progress.first_step_at, last_step_at=last_step_at)
 
 
-def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str) -> None:
+def run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, name: str, hint: str, *, sync: bool) -> None:
+    """Runs `tg.train_op` until the session says stop, each step bounded by `--step_timeout_secs`.
+
+    A watchdog logs what a step that takes longer than 10 s (or half the timeout) waits for: `hint`.
+    """
+    from psworker.hooks import StepWatchdog
+
+    watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
+    with StepWatchdog(name, hint, after_secs=watch_secs, every_secs=watch_secs) as watchdog:
+        _run_steps(sess, tg, config, creator, watchdog, name, sync)
+
+
+def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, sync: bool) -> None:
     """The loop: one `train_op` per step, each bounded by a timeout; returns when the session says stop."""
     import tensorflow as tf
 
@@ -241,12 +251,12 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         try:
             sess.run(tg.train_op, options=first if session_now != seen_session else steady)
         except tf.errors.DeadlineExceededError:
-            raise StepTimeout(_timeout_message(name, config, tg.sync_optimizer is not None)) from None
+            raise StepTimeout(_timeout_message(name, config, sync)) from None
         except tf.errors.OutOfRangeError:
             # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
             # step read at the end tells whether training is complete.
             log.info("%s: %s", name, "the sync token queue was closed: the chief has stopped"
-                     if tg.sync_optimizer is not None else "the input ran out (OutOfRangeError)")
+                     if sync else "the input ran out (OutOfRangeError)")
             return
         finally:
             watchdog.step_finished()

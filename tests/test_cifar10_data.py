@@ -181,7 +181,7 @@ def _official_members(records_per_file=3) -> dict[str, bytes]:
     return members
 
 
-def _no_network(url):
+def _no_network(url, timeout=None):
     raise AssertionError(f"unexpected download of {url}")
 
 

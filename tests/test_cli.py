@@ -112,3 +112,9 @@ def test_data_writes_synthetic_cifar10_in_the_official_layout(tmp_path):
     files = sorted(p.name for p in (tmp_path / "cifar-10-batches-bin").iterdir() if p.suffix == ".bin")
     assert files == [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
     assert all((tmp_path / "cifar-10-batches-bin" / f).stat().st_size % 3073 == 0 for f in files)
+
+
+def test_the_chief_needs_a_train_dir(clean_env, capsys):
+    """No silent shared default: a rerun would resume from (or collide with) another run's checkpoints."""
+    assert cli.main(["worker", "--spec", str(SPECS / "two-ps.yaml"), "--task_index", "0"]) == 2
+    assert "worker 0 (the chief) needs --train_dir" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from psworker.errors import PsworkerError
 log = logging.getLogger(__name__)
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+DOWNLOAD_TIMEOUT_SECS = 60.0
 CIFAR10_SHA256 = "c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd"
 CIFAR10_MD5 = "c32a1d4ab5d03f1284b67883e8d87530"
 CIFAR10_ARCHIVE_BYTES = 170052171
@@ -315,7 +316,7 @@ def _already_present(folder: str, sha256: Optional[str]) -> bool:
 def _fetch(url: str, dest, opener: Callable) -> str:
     """Copies `url` into the open file `dest`; returns the sha256 hex digest of what was written."""
     digest = hashlib.sha256()
-    response = opener(url)
+    response = opener(url, timeout=DOWNLOAD_TIMEOUT_SECS)   # per blocking read, so a stalled server cannot hang us
     try:
         total = int(getattr(response, "headers", {}).get("Content-Length") or 0)
         done, next_report = 0, 0.0
