@@ -90,7 +90,8 @@ def format_plan(spec: ClusterSpec, tasks: list[Task]) -> str:
     lines = [header, ""]
     lines += ["  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows]
     if any(k.address.port == 0 for k in tasks):
-        lines += ["", "ports shown as 'auto' are chosen when `psworker local` starts the cluster"]
+        lines += ["", "ports shown as 'auto' are chosen when `psworker local` starts the cluster; tasks started "
+                      "by hand (below) need fixed ports in the spec"]
     lines += ["", "equivalent shell launchers (one per host):"]
     lines += [f"  {k.name:<{widths[0]}}  {shell_equivalent(k)}" for k in tasks]
     return "\n".join(lines)
