@@ -13,7 +13,7 @@ import os
 import time
 from typing import Optional
 
-from psworker.errors import PsworkerError, StartupTimeout
+from psworker.errors import StartupTimeout
 from psworker.models.base import InputSpec, Model
 from psworker.spec import ClusterSpec, TrainConfig
 
@@ -169,43 +169,23 @@ def serve_until_client_done(server, spec: ClusterSpec, index: int, *, client_gon
 # ---------------------------------------------------------------------------------------------- the processes
 
 
-def run_in_graph_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_public_bind: bool) -> int:
-    """Worker 0 trains the whole cluster in one graph; any other worker serves until it is told to exit.
+def run_in_graph(server, spec: ClusterSpec, index: int, config: TrainConfig) -> None:
+    """Worker 0 trains the whole cluster in one graph; any other worker serves until the client says it is done.
 
-    Returns (in fact exits through `task._exit_now`) 0 when done.
+    `server` is this worker's started server (see `task.run_worker`, which also makes the process exit after).
 
     Raises:
-        PsworkerError: no train_dir (client), bind-safety refusal, a server that cannot start.
         StartupTimeout: the cluster did not come up, or (serving worker) the client went away.
     """
     from psworker import server as srv
-    from psworker import task
 
-    srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
-    task._quiet_tensorflow()
-    import_started = time.time()
-    import tensorflow as tf
-
-    tf.compat.v1.disable_eager_execution()
-    log.info("worker:%d: TensorFlow imported in %.1f s", index, time.time() - import_started)
-    if index == CLIENT_INDEX and config.train_dir is None:
-        raise PsworkerError("no --train_dir given (nor train.train_dir in the spec)")
-    server_config = None
-    if config.num_devices > 1:
-        from psworker import towers
-
-        server_config = towers.session_config_for_towers(config.num_devices)
-    server = srv.start_server(spec, "worker", index, config=server_config)
     if index != CLIENT_INDEX:
         log.info("worker:%d: in-graph replication: serving for the client worker:%d", index, CLIENT_INDEX)
         serve_until_client_done(server, spec, index, client_gone_secs=config.startup_timeout_secs)
         log.info("worker:%d: the client is done; exiting", index)
         srv.signal_done(server.target, index, len(spec.ps), len(spec.worker))
-        task._exit_now(0)
-        return 0  # not reached
+        return
     _run_client(server, spec, config)
-    task._exit_now(0)
-    return 0  # not reached
 
 
 def _run_client(server, spec: ClusterSpec, config: TrainConfig, *, emit=print) -> None:
@@ -270,7 +250,7 @@ def _run_client(server, spec: ClusterSpec, config: TrainConfig, *, emit=print) -
 
 __all__ = [
     "build_in_graph_train_graph",
-    "run_in_graph_worker",
+    "run_in_graph",
     "serve_until_client_done",
     "release_workers",
     "worker_done_queue",

@@ -67,22 +67,35 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     from psworker import server as srv
 
     name = f"worker:{index}"
-    if config.replication == "in-graph":
-        from psworker import ingraph
-
-        _run_and_exit(name, lambda: ingraph.run_in_graph_worker(spec, index, config,
-                                                                 allow_public_bind=allow_public_bind))
     srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
+    if index == 0 and config.train_dir is None:
+        raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
     _quiet_tensorflow()
     import_started = time.time()
     import tensorflow as tf
 
     tf.compat.v1.disable_eager_execution()
-    log.info("worker:%d: TensorFlow imported in %.3f s", index, time.time() - import_started)
-    if index == 0 and config.train_dir is None:
-        raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
-    _run_and_exit(name, lambda: _train_and_signal(spec, index, config, name))
+    log.info("%s: TensorFlow imported in %.3f s", name, time.time() - import_started)
+    _run_and_exit(name, lambda: _work(spec, index, config, name))
     return 0  # not reached
+
+
+def _work(spec: ClusterSpec, index: int, config: TrainConfig, name: str) -> None:
+    """Starts this worker's server (with one CPU device per tower), then trains in the configured replication."""
+    from psworker import server as srv
+
+    server_config = None
+    if config.num_devices > 1:
+        from psworker import towers
+
+        server_config = towers.session_config_for_towers(config.num_devices)
+    server = srv.start_server(spec, "worker", index, config=server_config)
+    if config.replication == "in-graph":
+        from psworker import ingraph
+
+        ingraph.run_in_graph(server, spec, index, config)
+    else:
+        _train_and_signal(server, spec, index, config, name)
 
 
 def _run_and_exit(name: str, work) -> None:
@@ -101,7 +114,7 @@ def _run_and_exit(name: str, work) -> None:
     _exit_now(0)
 
 
-def _train_and_signal(spec: ClusterSpec, index: int, config: TrainConfig, name: str) -> None:
+def _train_and_signal(server, spec: ClusterSpec, index: int, config: TrainConfig, name: str) -> None:
     import tensorflow as tf
 
     from psworker import evaluate, models
@@ -112,12 +125,6 @@ def _train_and_signal(spec: ClusterSpec, index: int, config: TrainConfig, name: 
     if is_chief:
         os.makedirs(config.train_dir, exist_ok=True)
     model = models.get(config.model)
-    server_config = None
-    if config.num_devices > 1:
-        from psworker import towers
-
-        server_config = towers.session_config_for_towers(config.num_devices)
-    server = srv.start_server(spec, "worker", index, config=server_config)
     ps_tasks = srv.task_addresses(spec, ("ps",))
 
     def wait_for_ps() -> None:
