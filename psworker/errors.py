@@ -1,6 +1,25 @@
-"""Structured errors: each carries the process exit code the CLI returns for it."""
+"""Structured errors: each carries the process exit code the CLI returns for it.
+
+Exit codes of every psworker task process (the launcher's restart policy and Kubeflow's TFJob `ExitCode`
+policy both read them: 1-127 are permanent, 128-255 are retryable):
+
+| code | constant | meaning | retried |
+|---|---|---|---|
+| 0 | EXIT_OK | done | - |
+| 1 | EXIT_FAILED | an unexpected error (a bug, an unhandled exception) | no |
+| 2 | EXIT_USAGE | bad spec, flags or TF_CONFIG | no |
+| 3 | EXIT_TRAINING_FAILED | training itself failed: NaN loss, bad data dir, unusable checkpoint | no |
+| 170 | EXIT_PEER_GONE | a peer went away or did not answer in time (ps down, chief gone, step timeout) | yes |
+| 128+N | - | killed by signal N (130 SIGINT, 137 SIGKILL, 143 SIGTERM) | yes |
+"""
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_TRAINING_FAILED = 3
+EXIT_PEER_GONE = 170
 
 
 class PsworkerError(Exception):
@@ -56,4 +75,5 @@ class TaskFailed(PsworkerError):
     exit_code = 1
 
 
-__all__ = ["PsworkerError", "SpecError", "UsageError", "StartupTimeout", "TaskFailed"]
+__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",
+           "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "TaskFailed"]
