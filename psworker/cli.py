@@ -135,7 +135,7 @@ def cmd_local(args: argparse.Namespace) -> int:
                                                        num_workers=len(spec.worker)))
     _isolate_network(args.network, args.argv)
     from psworker.backends.local import run_local
-    return run_local(spec, grace_period_secs=args.grace_period_secs)
+    return run_local(spec, grace_period_secs=args.grace_period_secs, verbose=args.verbose)
 
 
 def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="isolated: run the cluster in a private network namespace where only loopback exists "
                         "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
                         "when this machine allows it; host: no isolation")
+    p.add_argument("--verbose", action="store_true",
+                   help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
+                        "errors; the full output is always in <train_dir>/logs/)")
     _add_train_flags(p)
 
     p = add("data", cmd_data, "download or write a data set")
@@ -246,8 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Task commands log with timestamps (their output is a log file); launchers talk to a person."""
+    if args.func is cmd_local:
+        from psworker.console import PeopleFormatter
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(PeopleFormatter())
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
+    else:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -265,7 +275,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as e:  # --help or a usage error already printed by argparse
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     args.argv = sys.argv[1:] if argv is None else None   # None: called in-process, never re-exec
-    _configure_logging()
+    _configure_logging(args)
     try:
         return int(args.func(args) or 0)
     except PsworkerError as e:

@@ -238,6 +238,7 @@ class Supervisor:
         log_dir: str | os.PathLike,
         *,
         console: Optional[TextIO] = None,
+        console_filter: Optional[Callable[[str], Optional[str]]] = None,
         grace_period_secs: float = 10.0,
         ps_exit_grace_secs: float = 15.0,
         popen: Callable[..., subprocess.Popen] = subprocess.Popen,
@@ -247,6 +248,7 @@ class Supervisor:
             tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
             log_dir: where `<job>-<index>.log` go; created on start.
             console: where the `[job:index] `-prefixed copy goes; None: sys.stdout at construction.
+            console_filter: maps a task's output line to what the console shows (None: nothing); None: all.
             grace_period_secs: between SIGTERM and SIGKILL when stopping.
             ps_exit_grace_secs: how long ps tasks may take to exit by themselves after the workers succeeded.
             popen: starts a process, with subprocess.Popen's signature (injected so tests may swap it).
@@ -259,6 +261,7 @@ class Supervisor:
         self._log_dir = Path(log_dir)
         self._slots = {t.name: _Slot(t, self._log_dir / f"{t.job}-{t.index}.log") for t in tasks}
         self._console = console if console is not None else sys.stdout
+        self._console_filter = console_filter
         self._console_lock = threading.Lock()
         self._grace = grace_period_secs
         self._ps_grace = ps_exit_grace_secs
@@ -464,7 +467,7 @@ class Supervisor:
             target=self._pump, args=(slot.name, popen.stdout, log, slot.tail),
             name=f"psworker-log-{slot.name}", daemon=True)
         slot.reader.start()
-        logger.info("started %s (pid %d): %s", slot.name, popen.pid, " ".join(task.argv))
+        logger.debug("started %s (pid %d): %s", slot.name, popen.pid, " ".join(task.argv))
 
     def _pump(self, name: str, stream: Any, log: Any, tail: collections.deque) -> None:
         """Reader thread: every line to the log file (flushed) and, prefixed, to the console."""
@@ -483,10 +486,11 @@ class Supervisor:
                     except Exception as err:    # keep draining the pipe so the task never blocks on it
                         log_ok = False
                         self._thread_error(name, err)
-                if console_ok:
+                shown = text if self._console_filter is None else self._console_filter(text)
+                if console_ok and shown is not None:
                     try:
                         with self._console_lock:
-                            self._console.write(prefix + text + "\n")
+                            self._console.write(prefix + shown + "\n")
                             self._console.flush()
                     except Exception as err:   # e.g. `psworker local ... | head`: not worth failing a run for
                         console_ok = False
@@ -534,7 +538,7 @@ class Supervisor:
         if workers_done:
             if self._drain_deadline is None:
                 self._drain_deadline = now + self._ps_grace
-                logger.info("all workers succeeded; giving ps tasks %.1f s to exit", self._ps_grace)
+                logger.debug("all workers succeeded; giving ps tasks %.1f s to exit", self._ps_grace)
             if not any(s.running for s in slots) or now >= self._drain_deadline:
                 return self._finish(True, "all workers exited 0")
         return None

@@ -8,9 +8,11 @@ import datetime
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional, TextIO
 
+from psworker.console import for_console
 from psworker.errors import SpecError
 from psworker.plan import plan
 from psworker.ports import pick_free_ports
@@ -90,6 +92,16 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def chief_result(log_dir: Path) -> Optional[str]:
+    """The chief's last `precision @ 1 = ...` report from its log file, or None (no evaluation ran)."""
+    try:
+        lines = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [line[line.index("precision @ 1"):] for line in lines if "precision @ 1 = " in line]
+    return found[-1] if found else None
+
+
 def run_local(
     spec: ClusterSpec,
     *,
@@ -98,6 +110,7 @@ def run_local(
     python: str = sys.executable,
     install_signal_handlers: bool = True,
     ps_exit_grace_secs: float = 15.0,
+    verbose: bool = False,
 ) -> int:
     """Runs the whole cluster on this machine and supervises it until the workers finish or one task fails.
 
@@ -112,6 +125,8 @@ def run_local(
         python: the interpreter that runs the tasks.
         install_signal_handlers: SIGINT/SIGTERM stop every task (handlers restored after).
         ps_exit_grace_secs: how long ps tasks may take to exit by themselves after the workers succeed.
+        verbose: show every line of the tasks' output on the console (default: psworker's own lines,
+            step lines, warnings and errors; TensorFlow's start-up chatter stays in the log files).
 
     Returns:
         0 on success; 130/143 after SIGINT/SIGTERM; else the failing task's exit status (128+N for
@@ -129,17 +144,18 @@ def run_local(
         print(f"psworker: train_dir is {train_dir}", file=console, flush=True)
     resolved = resolve_local_spec(spec, train_dir)
     for line in _mapping_lines(spec, resolved):
-        logger.info("local address: %s", line)
+        logger.debug("local address: %s", line)
     spec_path = train_dir / SPEC_FILE
     _write_atomically(spec_path, dump_spec(resolved))
     tasks = plan(resolved, spec_path, python=python)
     log_dir = train_dir / LOG_SUBDIR
     where = ", ".join(f"{t.name}={t.address}" for t in tasks)
     print(f"psworker: starting {len(resolved.ps)} ps and {len(resolved.worker)} workers on {LOCAL_HOST} "
-          f"({where}); logs in {log_dir}", file=console, flush=True)
+          f"({where}); logs in {log_dir} (TensorFlow's import takes a few seconds)", file=console, flush=True)
 
-    sup = Supervisor(tasks, log_dir, console=console, grace_period_secs=grace_period_secs,
-                     ps_exit_grace_secs=ps_exit_grace_secs)
+    started = time.monotonic()
+    sup = Supervisor(tasks, log_dir, console=console, console_filter=None if verbose else for_console,
+                     grace_period_secs=grace_period_secs, ps_exit_grace_secs=ps_exit_grace_secs)
     signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
     with signals as caught, sup:
         result = sup.wait()
@@ -150,8 +166,13 @@ def run_local(
               file=sys.stderr, flush=True)
         return 128 + caught.signum
     if result.ok:
-        print(f"psworker: all {len(resolved.worker)} workers finished; train_dir {train_dir}",
+        print(f"psworker: all {len(resolved.worker)} workers finished in {time.monotonic() - started:.1f} s",
               file=console, flush=True)
+        print(f"psworker: checkpoints and summaries in {train_dir}/, task logs in {log_dir}/", file=console,
+              flush=True)
+        result_line = chief_result(log_dir)
+        if result_line:
+            print(f"psworker: {result_line}", file=console, flush=True)
         return 0
     print(format_report(result), file=sys.stderr, flush=True)
     return exit_status(result.failure.returncode) if result.failure is not None else 1
