@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from psworker.errors import PsworkerError, UsageError
-from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, load_spec,
+from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, load_spec,
                            merge_train)
 
 log = logging.getLogger(__name__)
@@ -77,20 +77,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.specs:
         try:
-            spec = load_spec(path)
+            spec = load_spec(path, allow_counts=True)
         except PsworkerError as e:
             print(f"psworker: error: {e}", file=sys.stderr)
             failed += 1
             continue
-        print(f"OK {path} ({len(spec.ps)} ps, {len(spec.worker)} workers)")
+        from psworker.plan import task_counts
+        n = task_counts(spec)
+        print(f"OK {path} ({n['ps']} ps, {n['worker']} workers)")
     return 2 if failed else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """`psworker plan SPEC [--model NAME]`: prints the task table (and the model's placement)."""
-    from psworker.plan import format_plan, plan
-    spec = load_spec(args.spec)
-    print(format_plan(spec, plan(spec, args.spec)))
+    """`psworker plan SPEC [--model NAME] [--hosts H,..]`: prints the task table (and the model's placement)."""
+    from psworker import plan as planning
+    spec = load_spec(args.spec, allow_counts=True)
+    if isinstance(spec, CountSpec):
+        hosts = (planning.placeholder_hosts(planning.nodes_needed(spec, args.tasks_per_node)) if args.hosts is None
+                 else [h.strip() for h in args.hosts.split(",")])
+        laid_out = planning.layout(spec, hosts, args.tasks_per_node)
+        print(planning.format_layout(spec, laid_out, hosts, args.tasks_per_node, args.spec))
+        spec = laid_out
+    elif args.hosts is not None:
+        raise UsageError("--hosts lays out task counts (`ps: 2`); this spec lists addresses already")
+    else:
+        print(planning.format_plan(spec, planning.plan(spec, args.spec)))
     if args.model is not None:
         model = merge_train(spec.train, {"model": args.model}).model
         from psworker import placement
@@ -203,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--model", help="also show how this model's variables are placed on the ps tasks")
+    p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
+                                                       "(default: placeholders node0, node1, ...)")
+    p.add_argument("--tasks_per_node", type=int, default=1, metavar="INT",
+                   help="a count spec: tasks on each host (default 1)")
 
     p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
     p.add_argument("spec", metavar="SPEC")
