@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def check_options(options: K8sOptions) -> None:
 
 def run_name(spec_path: str) -> str:
     """A run name from a spec file name: `cluster_specs/two_ps.yaml` -> `two-ps`."""
-    stem = re.sub(r"\.ya?ml$", "", spec_path.rsplit("/", 1)[-1]).lower()
+    stem = re.sub(r"\.ya?ml$", "", os.path.basename(spec_path).lower())
     name = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[:MAX_NAME].rstrip("-")
     return name if name[:1].isalpha() else f"run-{name}"[:MAX_NAME].rstrip("-")
 
