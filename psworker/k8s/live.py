@@ -6,6 +6,7 @@ command runs. Objects are found by the `psworker.dev/run` label that `manifests`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,10 +68,21 @@ def connect(context: Optional[str] = None) -> Any:
         except ConfigException:
             raise UsageError(f"no Kubernetes cluster configured (KUBECONFIG, ~/.kube/config or in-cluster): {e}") \
                 from None
-    try:
+    with _api_errors("discovering the cluster's API"):   # DynamicClient asks the server what it serves
         return DynamicClient(kubernetes.client.ApiClient())
-    except Exception as e:  # the client raises urllib3 and API errors alike when the server is unreachable
-        raise ClusterError(f"cannot reach the Kubernetes API server: {e}") from None
+
+
+@contextlib.contextmanager
+def _api_errors(what: str) -> Iterator[None]:
+    """Turns the client's API and connection errors into a ClusterError naming `what`."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+    try:
+        yield
+    except ApiException as e:
+        raise ClusterError(f"{what}: {e.status} {e.reason}: {e.body}") from None
+    except (HTTPError, OSError) as e:   # connection refused, timeouts, TLS
+        raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {e}") from None
 
 
 def _resource(client: Any, api_version: str, kind: str) -> Any:
@@ -90,28 +102,27 @@ def apply(client: Any, objects: list[dict]) -> list[str]:
     Raises:
         ClusterError: a kind the cluster does not serve (e.g. TFJob without the training operator), or a refusal.
     """
-    from kubernetes.client.exceptions import ApiException
     done = []
     for obj in objects:
         api_version, kind, meta = obj["apiVersion"], obj["kind"], obj["metadata"]
-        resource = _resource(client, api_version, kind)
-        if resource is None:
-            raise ClusterError(f"this cluster does not serve {kind} ({api_version}); install its operator or "
-                               f"write the manifests with another --flavor")
-        try:
+        with _api_errors(f"{kind}/{meta['name']}"):
+            resource = _resource(client, api_version, kind)
+            if resource is None:
+                raise ClusterError(f"this cluster does not serve {kind} ({api_version}); install its operator or "
+                                   f"write the manifests with another --flavor")
             client.server_side_apply(resource, body=obj, namespace=meta.get("namespace"), field_manager="psworker",
                                      force_conflicts=True)
-        except ApiException as e:
-            raise ClusterError(f"{kind}/{meta['name']}: {e.reason}: {e.body}") from None
         done.append(f"{kind}/{meta['name']}")
     return done
 
 
 def status(client: Any, name: str, namespace: str) -> list[PodStatus]:
     """The run's pods (by label), sorted by job and index."""
-    pods = client.resources.get(api_version="v1", kind="Pod")
+    with _api_errors(f"pods of run {name}"):
+        found = client.resources.get(api_version="v1", kind="Pod").get(
+            namespace=namespace, label_selector=f"{LABEL_RUN}={name}").items
     rows = []
-    for pod in pods.get(namespace=namespace, label_selector=f"{LABEL_RUN}={name}").items:
+    for pod in found:
         labels = dict(pod.metadata.labels or {})
         index = next((labels[k] for k in INDEX_LABELS if k in labels), "?")
         statuses = (pod.status.containerStatuses or []) if pod.status else []
@@ -143,7 +154,9 @@ def logs(client: Any, name: str, namespace: str, job: Optional[str] = None, inde
     for row in status(client, name, namespace):
         if (job is None or row.job == job) and (index is None or row.index == str(index)):
             kwargs = {"tail_lines": tail_lines} if tail_lines else {}
-            yield f"{row.job}:{row.index}", core.read_namespaced_pod_log(row.pod, namespace, **kwargs)
+            with _api_errors(f"log of pod {row.pod}"):
+                text = core.read_namespaced_pod_log(row.pod, namespace, **kwargs)
+            yield f"{row.job}:{row.index}", text
 
 
 def delete(client: Any, name: str, namespace: str) -> list[str]:
@@ -154,13 +167,13 @@ def delete(client: Any, name: str, namespace: str) -> list[str]:
     """
     gone = []
     for api_version, kind in reversed(KINDS):
-        resource = _resource(client, api_version, kind)
-        if resource is None:
-            continue
-        for obj in resource.get(namespace=namespace, label_selector=f"{LABEL_RUN}={name}").items:
-            resource.delete(name=obj.metadata.name, namespace=namespace,
-                            body={"propagationPolicy": "Background"})
-            gone.append(f"{kind}/{obj.metadata.name}")
+        with _api_errors(f"deleting {kind} objects of run {name}"):
+            resource = _resource(client, api_version, kind)
+            if resource is None:   # e.g. no JobSet CRD here: the run cannot have one
+                continue
+            for obj in client.get(resource, namespace=namespace, label_selector=f"{LABEL_RUN}={name}").items:
+                client.delete(resource, name=obj.metadata.name, namespace=namespace, propagation_policy="Background")
+                gone.append(f"{kind}/{obj.metadata.name}")
     return gone
 
 
