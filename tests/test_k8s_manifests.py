@@ -327,3 +327,11 @@ def test_cli_errors_exit_2_with_the_field():
     assert r.returncode == 2 and "--max_steps: must be >= 1" in r.stderr
     r = run(ROOT / "cluster_specs" / "two-ps.yaml", "--image", "i", "--name", "Bad_Name")
     assert r.returncode == 2 and "--name 'Bad_Name'" in r.stderr
+
+
+def test_dockerfile_installs_psworker_as_the_user_the_pods_run_as():
+    from psworker.k8s.manifests import RUN_AS
+    lines = [line.split() for line in (ROOT / "Dockerfile").read_text().splitlines() if line and line[0] != "#"]
+    assert lines[0] == ["FROM", "python:3.11-slim"]
+    assert ["RUN", "pip", "install", ".", "&&", "rm", "-rf", "/src"] in lines
+    assert ["USER", str(RUN_AS)] in lines and f"--uid {RUN_AS}" in (ROOT / "Dockerfile").read_text()

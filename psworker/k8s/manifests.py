@@ -36,6 +36,7 @@ PORT_NAME = "tfjob-port"          # TFJob reads the port of this name into TF_CO
 INDEX_ENV = "PSWORKER_TASK_INDEX"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 DEFAULT_TRAIN_DIR = "/psworker/train"
+RUN_AS = 1000                     # the Dockerfile's unprivileged user
 PERMANENT_EXIT_CODES = list(range(1, 128))   # errors.py: 1-127 permanent; 128-255 (incl. 170) retried
 assert EXIT_PEER_GONE not in PERMANENT_EXIT_CODES
 
@@ -147,12 +148,16 @@ def _pod_spec(spec: Spec, job: str, options: K8sOptions, env: list[Obj], restart
         "args": task_argv(job, train)[1:],
         "env": [*env, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": PORT_NAME, "containerPort": _port(spec, options), "protocol": "TCP"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if options.cpu or options.memory:
         requests = {k: v for k, v in (("cpu", options.cpu), ("memory", options.memory)) if v}
         container["resources"] = {"requests": requests, **({"limits": {"memory": options.memory}}
                                                            if options.memory else {})}
-    pod: Obj = {"automountServiceAccountToken": False}   # tasks never talk to the API server
+    pod: Obj = {"automountServiceAccountToken": False,   # tasks never talk to the API server
+                # the Dockerfile's user; fsGroup makes a train_dir volume writable for it (restricted PSS)
+                "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                                    "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}}
     if restart_policy:
         pod["restartPolicy"] = restart_policy
     if subdomain:
