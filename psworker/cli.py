@@ -207,7 +207,7 @@ def cmd_k8s_manifest(args: argparse.Namespace) -> int:
     options = k8s.K8sOptions(
         name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
         port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
-        retries=args.retries)
+        retries=args.retries, cluster_domain=args.cluster_domain)
     text = k8s.to_yaml(k8s.manifests(dataclasses.replace(spec, train=train), options))
     if args.output in (None, "-"):
         sys.stdout.write(text)
@@ -281,6 +281,8 @@ def _add_k8s_parsers(sub: Any) -> None:
                         "with the pod)")
     p.add_argument("--retries", type=int, default=3,
                    help="restarts of a task after a retryable exit (128-255) before the run fails (default 3)")
+    p.add_argument("--cluster_domain", default="cluster.local",
+                   help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     _add_train_flags(p)
 

@@ -177,9 +177,11 @@ def _expand(value: str, env: dict) -> str:
 
 
 def _pod_dns(flavor, obj, job, i, pod_spec, ns):
+    """The FQDN kubelet writes into the pod's /etc/hosts: <hostname>.<subdomain>.<ns>.svc.cluster.local."""
     if flavor == "plain":   # Indexed Job pods are named <job-name>-<index>; the Service is their subdomain
-        return f"{obj['metadata']['name']}-{i}.{pod_spec['subdomain']}.{ns}.svc"
-    return f"{obj['metadata']['name']}-{job}-0-{i}.{obj['spec']['network']['subdomain']}"
+        return f"{obj['metadata']['name']}-{i}.{pod_spec['subdomain']}.{ns}.svc.cluster.local"
+    # JobSet: <jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>
+    return f"{obj['metadata']['name']}-{job}-0-{i}.{obj['spec']['network']['subdomain']}.{ns}.svc.cluster.local"
 
 
 @pytest.mark.parametrize("stem", CASES)
@@ -283,6 +285,7 @@ def test_labels_tie_everything_to_the_run_and_the_policy_admits_only_its_pods(st
     (dict(flavor="helm"), "--flavor 'helm' is not one of tfjob, plain, jobset"),
     (dict(port=0), "--port 0 is out of range"),
     (dict(retries=-1), "--retries must be >= 0"),
+    (dict(cluster_domain="cluster local"), "--cluster_domain 'cluster local'"),
 ])
 def test_bad_options_are_usage_errors(options, fragment):
     with pytest.raises(UsageError, match=re.escape(fragment)):

@@ -1,7 +1,8 @@
 """Kubernetes manifests for a psworker run: pure functions from a spec to a list of objects (dicts).
 
 Three flavors, one registry (`FLAVORS`): `tfjob` (Kubeflow's v1 training operator injects TF_CONFIG), `plain`
-(a headless Service and an Indexed Job per psworker job; nothing to install) and `jobset` (JobSet). Every flavor
+(a headless Service and an Indexed Job per psworker job; nothing to install) and `jobset` (JobSet). In the last
+two, TF_CONFIG names each task by its pod's stable DNS name. Every flavor
 adds a NetworkPolicy that admits the gRPC port only from the run's own pods, and labels every object and pod
 with `psworker.dev/run` (and pods with `psworker.dev/job`); the controllers label each pod's task index
 (`batch.kubernetes.io/job-completion-index`, `training.kubeflow.org/replica-index`).
@@ -61,6 +62,7 @@ class K8sOptions:
     memory: Optional[str] = None            # requests.memory and limits.memory, e.g. "4Gi"
     train_dir_volume: Optional[str] = None  # a PersistentVolumeClaim mounted at train_dir; None: emptyDir
     retries: int = 3                        # per task (backoffLimitPerIndex, TFJob backoffLimit, JobSet maxRestarts)
+    cluster_domain: str = "cluster.local"   # kubelet's clusterDomain: pod FQDNs are in each pod's /etc/hosts
 
 
 def check_options(options: K8sOptions) -> None:
@@ -79,6 +81,8 @@ def check_options(options: K8sOptions) -> None:
         raise UsageError(f"--flavor {options.flavor!r} is not one of {', '.join(FLAVORS)}")
     if options.port is not None and not 1 <= options.port <= 65535:
         raise UsageError(f"--port {options.port} is out of range 1-65535")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", options.cluster_domain):
+        raise UsageError(f"--cluster_domain {options.cluster_domain!r} is not a DNS name")
     if options.retries < 0:
         raise UsageError(f"--retries must be >= 0, got {options.retries}")
 
@@ -190,6 +194,12 @@ def _indexed_job_spec(spec: Spec, job: str, n: int, options: K8sOptions, cluster
     }
 
 
+def _fqdn(hostname: str, subdomain: str, options: K8sOptions) -> str:
+    """A pod's full DNS name. Fully qualified because kubelet writes exactly this name into the pod's /etc/hosts,
+    so a task resolves its own address (psworker's bind check) before cluster DNS has caught up."""
+    return f"{hostname}.{subdomain}.{options.namespace}.svc.{options.cluster_domain}"
+
+
 def _cluster(spec: Spec, host: Callable[[str, int], str], port: int) -> ClusterSpec:
     """The run's cluster with each task at its stable pod DNS name `host(job, index)`."""
     addresses = {job: [f"{host(job, i)}:{port}" for i in range(n)] for job, n in task_counts(spec).items()}
@@ -223,9 +233,8 @@ def tfjob_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
 
 def plain_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
     """A headless Service (stable pod DNS names) and one Indexed Job per psworker job."""
-    name, ns = options.name, options.namespace
-    port = _port(spec, options)
-    cluster = _cluster(spec, lambda job, i: f"{name}-{job}-{i}.{name}.{ns}.svc", port)
+    name, port = options.name, _port(spec, options)
+    cluster = _cluster(spec, lambda job, i: _fqdn(f"{name}-{job}-{i}", name, options), port)
     service = {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(name, options),
                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                         "selector": {LABEL_RUN: name},
@@ -239,7 +248,7 @@ def plain_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
 def jobset_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
     """A JobSet (jobset.x-k8s.io/v1alpha2): one replicatedJob per psworker job, done when the workers are."""
     name = options.name
-    cluster = _cluster(spec, lambda job, i: f"{name}-{job}-0-{i}.{name}", _port(spec, options))
+    cluster = _cluster(spec, lambda job, i: _fqdn(f"{name}-{job}-0-{i}", name, options), _port(spec, options))
     counts = task_counts(spec)
     replicated = [{"name": job, "replicas": 1,
                    "template": {"metadata": {"labels": _labels(options, job)},
