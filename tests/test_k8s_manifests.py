@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -71,6 +72,11 @@ def _structural(schema):
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def crd_validator(kind: str, version: str) -> jsonschema.Draft4Validator:
+    return jsonschema.Draft4Validator(crd_schema(kind, version))
+
+
 def crd_schema(kind: str, version: str) -> dict:
     crd = yaml.safe_load((CRDS / CRD_FILES[kind]).read_text())
     assert crd["spec"]["names"]["kind"] == kind
@@ -85,7 +91,7 @@ def validate(obj: dict) -> None:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         return
     group_version = obj["apiVersion"].split("/")[1]
-    jsonschema.Draft4Validator(crd_schema(kind, group_version)).validate(obj)
+    crd_validator(kind, group_version).validate(obj)
     # the embedded templates, against the core schemas too
     meta = {"name": obj["metadata"]["name"]}
     if kind == "TFJob":
