@@ -185,8 +185,8 @@ def task_of_rank(spec: CountSpec, rank: int) -> tuple[str, int]:
     raise SpecError("SLURM_PROCID", "", f"rank {rank} is not between 0 and {start - 1}")
 
 
-def format_layout(spec: CountSpec, cluster: ClusterSpec, hosts: Sequence[str], tasks_per_node: Union[int, Sequence[int]],
-                  spec_path: str) -> str:
+def format_layout(spec: CountSpec, cluster: ClusterSpec, hosts: Sequence[str],
+                  tasks_per_node: Union[int, Sequence[int]], spec_path: str) -> str:
     """Renders a count spec laid out on hosts: the rules used, the task table, and the laid-out spec."""
     from psworker.spec import dump_spec
     laid_out = f"{os.path.splitext(os.path.basename(spec_path))[0]}.layout.yaml"

@@ -318,10 +318,11 @@ def test_golden_files(stem, flavor):
 
 def test_cli_writes_the_golden_manifest(tmp_path):
     out = tmp_path / "run.yaml"
-    r = subprocess.run([sys.executable, "-m", "psworker", "k8s", "manifest", str(ROOT / "cluster_specs" / "scheduled.yaml"),
-                        "--image", "registry.example/psworker:0.1.0", "--namespace", "ml", "--cpu", "2", "--memory",
-                        "4Gi", "--train_dir_volume", "psworker-train", "--retries", "5", "--flavor", "jobset", "-o",
-                        str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    args = [ROOT / "cluster_specs" / "scheduled.yaml", "--image", "registry.example/psworker:0.1.0", "--namespace",
+            "ml", "--cpu", "2", "--memory", "4Gi", "--train_dir_volume", "psworker-train", "--retries", "5",
+            "--flavor", "jobset", "-o", out]
+    r = subprocess.run([sys.executable, "-m", "psworker", "k8s", "manifest", *map(str, args)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == (GOLDEN / "scheduled-jobset.yaml").read_text()
 
