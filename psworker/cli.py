@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from psworker.errors import PsworkerError, UsageError
-from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, load_spec,
+from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, load_spec,
                            merge_train)
 
 log = logging.getLogger(__name__)
@@ -77,20 +77,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.specs:
         try:
-            spec = load_spec(path)
+            spec = load_spec(path, allow_counts=True)
         except PsworkerError as e:
             print(f"psworker: error: {e}", file=sys.stderr)
             failed += 1
             continue
-        print(f"OK {path} ({len(spec.ps)} ps, {len(spec.worker)} workers)")
+        from psworker.plan import task_counts
+        n = task_counts(spec)
+        print(f"OK {path} ({n['ps']} ps, {n['worker']} workers)")
     return 2 if failed else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """`psworker plan SPEC [--model NAME]`: prints the task table (and the model's placement)."""
-    from psworker.plan import format_plan, plan
-    spec = load_spec(args.spec)
-    print(format_plan(spec, plan(spec, args.spec)))
+    """`psworker plan SPEC [--model NAME] [--hosts H,..]`: prints the task table (and the model's placement)."""
+    from psworker import plan as planning
+    spec = load_spec(args.spec, allow_counts=True)
+    if isinstance(spec, CountSpec):
+        hosts = (planning.placeholder_hosts(planning.nodes_needed(spec, args.tasks_per_node)) if args.hosts is None
+                 else [h.strip() for h in args.hosts.split(",")])
+        laid_out = planning.layout(spec, hosts, args.tasks_per_node)
+        print(planning.format_layout(spec, laid_out, hosts, args.tasks_per_node, args.spec))
+        spec = laid_out
+    elif args.hosts is not None:
+        raise UsageError("--hosts lays out task counts (`ps: 2`); this spec lists addresses already")
+    else:
+        print(planning.format_plan(spec, planning.plan(spec, args.spec)))
     if args.model is not None:
         model = merge_train(spec.train, {"model": args.model}).model
         from psworker import placement
@@ -185,6 +196,114 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     batch_size=None if args.batch_size is None else checked.batch_size)
 
 
+# ------------------------------------------------------------------------------------------ k8s commands
+
+def cmd_k8s_manifest(args: argparse.Namespace) -> int:
+    """`psworker k8s manifest SPEC --image IMAGE ...`: writes the run's Kubernetes objects as YAML."""
+    from psworker.k8s import manifests as k8s
+    from psworker.plan import task_counts
+    spec = load_spec(args.spec, allow_counts=True)
+    train = merge_train(spec.train, _train_overrides(args), num_workers=task_counts(spec)["worker"])
+    options = k8s.K8sOptions(
+        name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
+        port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
+        retries=args.retries, cluster_domain=args.cluster_domain)
+    text = k8s.to_yaml(k8s.manifests(dataclasses.replace(spec, train=train), options))
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        log.info("wrote %s (%s flavor, run %s)", args.output, options.flavor, options.name)
+    return 0
+
+
+def cmd_k8s_apply(args: argparse.Namespace) -> int:
+    """`psworker k8s apply FILE`: creates or updates the objects of a manifest file."""
+    import yaml
+
+    from psworker.k8s import live
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            objects = [o for o in yaml.safe_load_all(f) if o]
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"{args.file}: cannot read the manifest: {e}") from None
+    for applied in live.apply(live.connect(args.context), objects):
+        print(f"applied {applied}")
+    return 0
+
+
+def cmd_k8s_status(args: argparse.Namespace) -> int:
+    """`psworker k8s status NAME`: one line per task pod."""
+    from psworker.k8s import live
+    print(live.format_status(live.status(live.connect(args.context), args.name, args.namespace)))
+    return 0
+
+
+def cmd_k8s_logs(args: argparse.Namespace) -> int:
+    """`psworker k8s logs NAME [--job J] [--task_index I]`: each pod's log, prefixed `[worker:1] `."""
+    from psworker.k8s import live
+    for task, text in live.logs(live.connect(args.context), args.name, args.namespace, args.job, args.task_index,
+                                args.tail):
+        for line in text.splitlines():
+            print(f"[{task}] {line}")
+    return 0
+
+
+def cmd_k8s_delete(args: argparse.Namespace) -> int:
+    """`psworker k8s delete NAME`: deletes every object labelled with the run."""
+    from psworker.k8s import live
+    for gone in live.delete(live.connect(args.context), args.name, args.namespace):
+        print(f"deleted {gone}")
+    return 0
+
+
+def _add_k8s_parsers(sub: Any) -> None:
+    """The `psworker k8s ...` command group."""
+    from psworker.k8s.manifests import FLAVORS
+    group = sub.add_parser("k8s", help="run on Kubernetes: write manifests, apply, status, logs, delete",
+                           description="run on Kubernetes: write manifests, apply, status, logs, delete")
+    k8s_sub = group.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
+
+    p = k8s_sub.add_parser("manifest", help="write a spec's Kubernetes objects as YAML")
+    p.set_defaults(func=cmd_k8s_manifest)
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--image", required=True, help="a container image with psworker installed (see Dockerfile)")
+    p.add_argument("--name", help="the run's name (default: from the spec file name)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--flavor", choices=list(FLAVORS), default="plain",
+                   help="tfjob: Kubeflow TFJob; plain: Service + Indexed Jobs (default); jobset: JobSet")
+    p.add_argument("--port", type=int, help="every task's gRPC port (default: the spec's port, else 2222)")
+    p.add_argument("--cpu", help="CPU request per task, e.g. 2")
+    p.add_argument("--memory", help="memory request and limit per task, e.g. 4Gi")
+    p.add_argument("--train_dir_volume", metavar="CLAIM",
+                   help="PersistentVolumeClaim mounted at --train_dir on workers (default: an emptyDir, lost "
+                        "with the pod)")
+    p.add_argument("--retries", type=int, default=3,
+                   help="restarts of a task after a retryable exit (128-255) before the run fails (default 3)")
+    p.add_argument("--cluster_domain", default="cluster.local",
+                   help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    _add_train_flags(p)
+
+    p = k8s_sub.add_parser("apply", help="create or update a manifest file's objects")
+    p.set_defaults(func=cmd_k8s_apply)
+    p.add_argument("file", metavar="FILE")
+    for name, func, help_ in (("status", cmd_k8s_status, "show each task pod of a run"),
+                              ("logs", cmd_k8s_logs, "print a run's task logs"),
+                              ("delete", cmd_k8s_delete, "delete every object of a run")):
+        p = k8s_sub.add_parser(name, help=help_)
+        p.set_defaults(func=func)
+        p.add_argument("name", metavar="NAME", help="the run's name")
+        p.add_argument("--namespace", default="default")
+        if name == "logs":
+            p.add_argument("--job", choices=JOBS)
+            p.add_argument("--task_index", type=int)
+            p.add_argument("--tail", type=int, metavar="LINES")
+    for p in k8s_sub.choices.values():
+        p.add_argument("--context", help="kubeconfig context (default: the current one)")
+
+
 # ---------------------------------------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--model", help="also show how this model's variables are placed on the ps tasks")
+    p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
+                                                       "(default: placeholders node0, node1, ...)")
+    p.add_argument("--tasks_per_node", type=int, default=1, metavar="INT",
+                   help="a count spec: tasks on each host (default 1)")
 
     p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
     p.add_argument("spec", metavar="SPEC")
@@ -246,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="evaluate the latest checkpoint once and exit")
     p.add_argument("--eval_interval_secs", type=float, default=60.0)
     p.add_argument("--batch_size", default=None, metavar="INT", help="default: the evaluator's")
+
+    _add_k8s_parsers(sub)
     return parser
 
 
