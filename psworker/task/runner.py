@@ -131,7 +131,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         if tg.sync_optimizer is not None:
             hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
         if replication.is_chief:
-            hooks.extend(chief_hooks(config, scaffold))
+            hooks.extend(chief_hooks(config, scaffold, name))
 
         def wait_for_peers() -> None:
             srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name)
@@ -190,18 +190,17 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         seen_session = creator.sessions_created
 
 
-def chief_hooks(config: TrainConfig, scaffold) -> list:
+def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
     """The chief's checkpoint and summary hooks, writing into `config.train_dir`."""
     import tensorflow as tf
 
+    from psworker.train.hooks import CheckpointLogger
+
     v1 = tf.compat.v1
-    if config.save_checkpoint_steps:
-        saver = v1.train.CheckpointSaverHook(config.train_dir, save_steps=config.save_checkpoint_steps,
-                                             scaffold=scaffold)
-    else:
-        saver = v1.train.CheckpointSaverHook(
-            config.train_dir, save_secs=config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS, scaffold=scaffold
-        )
+    every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
+             else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
+    saver = v1.train.CheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)],
+                                         **every)
     summaries = v1.train.SummarySaverHook(save_steps=max(1, config.log_every_steps), output_dir=config.train_dir,
                                           scaffold=scaffold)
     return [saver, summaries]

@@ -125,3 +125,19 @@ class StepWatchdog:
             message = self.check()
             if message:
                 log.warning("%s", message)
+
+
+def _listener_base():
+    import tensorflow as tf
+
+    return tf.compat.v1.train.CheckpointSaverListener
+
+
+class CheckpointLogger(_listener_base()):
+    """Logs `worker:0: checkpoint of global step N saved` once a checkpoint is complete on disk."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def after_save(self, session, global_step_value):
+        log.info("%s: checkpoint of global step %d saved", self._name, int(global_step_value))
