@@ -61,13 +61,8 @@ def _resolve(job: str, args: argparse.Namespace) -> tuple[ClusterSpec, int]:
                            task_index=args.task_index, environ=os.environ)
 
 
-def _train_config(spec: ClusterSpec, index: int, args: argparse.Namespace) -> TrainConfig:
-    config = merge_train(spec.train, _train_overrides(args), num_workers=len(spec.worker))
-    if index == 0 and config.train_dir is None:
-        from psworker.task.main import CHIEF_NEEDS_TRAIN_DIR
-
-        raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
-    return config
+def _train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
+    return merge_train(spec.train, _train_overrides(args), num_workers=len(spec.worker))
 
 
 # -------------------------------------------------------------------------------------------- commands
@@ -120,7 +115,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """`psworker worker ...`: runs one training worker (worker 0 is the chief)."""
     spec, index = _resolve("worker", args)
-    config = _train_config(spec, index, args)
+    config = _train_config(spec, args)
     from psworker.task import main
     return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
 

@@ -80,6 +80,7 @@ class LocalCluster:
                  argv: Optional[Callable[[Task, Sequence[str]], Sequence[str]]] = None,
                  env: Optional[Mapping[str, str]] = None, start: bool = True) -> None:
         self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         if spec is None:
             settings = {"train_dir": str(self.workdir / "train"), **dict(train or {})}
             spec = write_spec(self.workdir / "cluster.yaml", num_ps=num_ps, num_workers=num_workers, **settings)

@@ -1,15 +1,21 @@
 """The model registry: workloads looked up by name (`--model`, `train.model` in a spec).
 
 The built-in models are listed by import path, so that listing names never imports TensorFlow or a model module,
-and a model module never imports the registry back.
+and a model module never imports the registry back. Your own models: a module that calls `register()` when
+imported, named in the environment variable `PSWORKER_MODELS` (comma-separated modules), which every task process
+(and spec validation) imports first.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Callable
 
+from psworker.errors import UsageError
 from psworker.models.base import Model
+
+PLUGINS_ENV = "PSWORKER_MODELS"
 
 BUILTIN = {
     "mlp": "psworker.models.mlp:MlpModel",
@@ -17,6 +23,19 @@ BUILTIN = {
     "linear": "psworker.models.linear:LinearModel",
 }
 _FACTORIES: dict[str, Callable[[], Model]] = {}
+_imported: set[str] = set()
+
+
+def _import_plugins() -> None:
+    """Imports the modules named in `PSWORKER_MODELS` (once each); they register their models."""
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        if module in _imported:
+            continue
+        _imported.add(module)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(f"{PLUGINS_ENV}: cannot import the model module {module!r}: {exc}") from None
 
 
 def register(name: str, factory: Callable[[], Model]) -> None:
@@ -31,7 +50,8 @@ def register(name: str, factory: Callable[[], Model]) -> None:
 
 
 def names() -> tuple[str, ...]:
-    """Every registered model name: the built-in ones, then the others sorted (imports no model)."""
+    """Every registered model name: the built-in ones, then the others sorted (imports no built-in model)."""
+    _import_plugins()
     return (*BUILTIN, *sorted(_FACTORIES))
 
 
@@ -41,6 +61,7 @@ def get(name: str) -> Model:
     Raises:
         KeyError: no such model; the message lists the registered names.
     """
+    _import_plugins()
     if name in BUILTIN:
         module, _, attr = BUILTIN[name].partition(":")
         return getattr(importlib.import_module(module), attr)()
@@ -51,4 +72,4 @@ def get(name: str) -> Model:
     return factory()
 
 
-__all__ = ["BUILTIN", "register", "names", "get"]
+__all__ = ["BUILTIN", "PLUGINS_ENV", "register", "names", "get"]
