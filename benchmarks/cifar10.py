@@ -89,7 +89,7 @@ def single_process_rates(data_dir: str, batch_size: int, steps: int, warmup: int
 
     from psworker.models.cifar10 import Cifar10Model
     from psworker.spec import TrainConfig
-    from psworker.trainer import build_train_graph
+    from psworker.train.graph import build_train_graph
 
     v1 = tf.compat.v1
     config = TrainConfig(model="cifar10", batch_size=batch_size, learning_rate=learning_rate, data_dir=data_dir)
@@ -152,7 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         workdir = Path(tmp)
         data_dir = args.data_dir
         if data_dir is None:
-            from psworker.data.cifar10 import write_synthetic
+            from psworker.data.cifar10_files import write_synthetic
 
             data_dir = str(workdir / "data")
             write_synthetic(data_dir)

@@ -4,7 +4,12 @@ Measures, from the task processes' own logs and their exit times (polled every 1
 - first step: from a worker process's start to its first finished step, minus its TensorFlow import time;
 - exit: from the final training step (the last worker's) to the exit of each process, ps included;
 - throughput: global steps/s and examples/s from the moment both workers train to the final step;
-- the same model and batch trained in this process without servers, and the ratios.
+- the same model and batch trained in this process without servers, and the ratios;
+- timeouts: how long after its start (minus TF import) a worker without its ps exits (`--startup_timeout_secs 3`),
+  and how long after its only worker was killed a ps exits (`--workers_gone_timeout_secs 3`).
+
+Goals (printed as OK/OVER, never asserted by the tests): a worker exits within `WORKER_EXIT_GOAL_S` of the last
+step, a ps within `PS_EXIT_GOAL_S`; a timeout of T s ends the task within T + `TIMEOUT_SLACK_S`.
 
 Prints a table, then as its LAST line one JSON object (keys: first_step_s, exit_s, async_steps_per_s,
 sync_steps_per_s, inprocess_steps_per_s, ...).
@@ -25,9 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))   # run from a checkout without installing
 
-from tests.cluster_utils import Cluster, log_time, write_spec  # noqa: E402  (the one shared cluster helper)
+from psworker.testing import LocalCluster, log_time  # noqa: E402
+
+WORKER_EXIT_GOAL_S = 1.0
+PS_EXIT_GOAL_S = 2.0
+TIMEOUT_SLACK_S = 3.0
 
 IMPORTED = re.compile(r"TensorFlow imported in ([0-9.]+) s")
 FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILINE)
@@ -50,29 +59,23 @@ class ClusterRun:
 def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, model: str) -> ClusterRun:
     """Starts ps:0, worker:0 and worker:1 together (as `psworker local` does) and measures them."""
     workdir.mkdir(parents=True)
-    spec = write_spec(workdir / "cluster.yaml", model=model, mode=mode, max_steps=max_steps, batch_size=batch_size,
-                      log_every_steps=max(1, max_steps // 4), train_dir=str(workdir / "train"))
-    cluster = Cluster(workdir)
+    train = dict(model=model, mode=mode, max_steps=max_steps, batch_size=batch_size,
+                 log_every_steps=max(1, max_steps // 4))
     began = time.time()
-    try:
-        cluster.start("ps", 0, ["--spec", str(spec), "--task_index", "0"])
-        for i in range(2):
-            cluster.start("worker", i, ["--spec", str(spec), "--task_index", str(i)])
-        exits = cluster.wait_exits(600)
-    finally:
-        cluster.stop_all()
-    failed = {n: code for n, (code, _) in exits.items() if code != 0}
-    if failed:
-        tails = "\n".join(f"--- {n}\n{cluster.tasks[n].tail()}" for n in failed)
-        raise SystemExit(f"{mode} run failed: {failed}\n{tails}")
+    with LocalCluster(workdir, train=train) as cluster:
+        codes = cluster.wait_exits(600)
+        failed = {n: code for n, code in codes.items() if code != 0}
+        if failed:
+            raise SystemExit(f"{mode} run failed: {failed}\n{cluster.tails(failed)}")
+        workers = {n: cluster.log(n) for n in cluster.names if n.startswith("worker")}
+        started_at, exited_at = dict(cluster.started_at), dict(cluster.exited_at)
 
-    workers = {n: t.log() for n, t in cluster.tasks.items() if n.startswith("worker")}
     imports = {n: float(IMPORTED.search(log).group(1)) for n, log in workers.items()}
     firsts = {n: FIRST_STEP.search(log) for n, log in workers.items()}
     first_at = {n: log_time(m.group(0)) for n, m in firsts.items()}
-    first_step_s = {n: round(first_at[n] - cluster.tasks[n].started_at - imports[n], 3) for n in workers}
+    first_step_s = {n: round(first_at[n] - started_at[n] - imports[n], 3) for n in workers}
     final_at = max(log_time(LAST_STEP.search(log).group(0)) for log in workers.values())
-    exit_s = {n: round(at - final_at, 3) for n, (_, at) in exits.items()}
+    exit_s = {n: round(at - final_at, 3) for n, at in exited_at.items()}
     final_step = max(int(DONE.search(log).group(1)) for log in workers.values())
     # Throughput once both workers train: from the later first step (and the global step it saw) to the final step.
     later = max(first_at, key=first_at.get)
@@ -83,6 +86,30 @@ def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, mo
                       time.time() - began)
 
 
+def run_timeouts(workdir: Path) -> dict[str, float]:
+    """Seconds from start to exit of a worker whose ps never comes (startup timeout 3 s), and seconds from killing
+    the only worker to the exit of its ps (workers-gone timeout 3 s)."""
+    out = {}
+    with LocalCluster(workdir / "startup", args={"worker:1": ["--startup_timeout_secs", "3"]}, start=False) as c:
+        c.start("worker:1")
+        c.wait_exit("worker:1", 120)
+        took = c.exited_at["worker:1"] - c.started_at["worker:1"] - _import_s(c, "worker:1")
+        out["startup_timeout_3s"] = round(took, 3)
+    with LocalCluster(workdir / "gone", num_workers=1, train=dict(max_steps=1_000_000, log_every_steps=50),
+                      args={"ps:0": ["--workers_gone_timeout_secs", "3"]}) as c:
+        c.wait_for_log("worker:0", r"^step \d+, loss", 180)
+        c.kill("worker:0")
+        killed = c.exited_at["worker:0"]
+        c.wait_exit("ps:0", 120)
+        out["workers_gone_timeout_3s"] = round(c.exited_at["ps:0"] - killed, 3)
+    return out
+
+
+def _import_s(cluster: LocalCluster, name: str) -> float:
+    match = IMPORTED.search(cluster.log(name))
+    return float(match.group(1)) if match else 0.0
+
+
 def run_in_process(*, steps: int, batch_size: int, model: str) -> float:
     """Global steps/s of the same model and batch in this process, without servers."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -90,7 +117,7 @@ def run_in_process(*, steps: int, batch_size: int, model: str) -> float:
 
     from psworker import models
     from psworker.spec import TrainConfig
-    from psworker.trainer import train_in_process
+    from psworker.train.graph import train_in_process
 
     tf.compat.v1.disable_eager_execution()
     seconds, n = train_in_process(models.get(model), TrainConfig(model=model, batch_size=batch_size), steps=steps)
@@ -109,6 +136,7 @@ def main(argv=None) -> int:
     runs = [run_cluster(mode, workdir / mode, max_steps=args.max_steps, batch_size=args.batch_size, model=args.model)
             for mode in ("async", "sync")]
     inprocess = run_in_process(steps=args.max_steps, batch_size=args.batch_size, model=args.model)
+    timeouts = run_timeouts(workdir / "timeouts")
 
     print(f"psworker lifecycle benchmark: {args.model}, batch {args.batch_size}, {args.max_steps} steps, "
           f"1 ps + 2 workers on {os.cpu_count()} cores; logs in {workdir}")
@@ -128,6 +156,13 @@ def main(argv=None) -> int:
     for label, get in rows:
         print(f"{label:<36}" + "".join(f"{get(r)!s:>10}" for r in runs))
     print(f"{'in-process steps/s':<36}{inprocess:>10.1f}  ({inprocess * args.batch_size:.0f} examples/s)")
+    for r in runs:
+        for name, secs in sorted(r.exit_s.items()):
+            goal = PS_EXIT_GOAL_S if name.startswith("ps") else WORKER_EXIT_GOAL_S
+            print(f"goal {r.mode} exit {name} <= {goal:g} s: {secs:.3f} s {'OK' if secs <= goal else 'OVER'}")
+    for name, secs in timeouts.items():
+        print(f"goal {name} <= {3 + TIMEOUT_SLACK_S:g} s: {secs:.3f} s "
+              f"{'OK' if 3 <= secs <= 3 + TIMEOUT_SLACK_S else 'OVER'}")
     by_mode = {r.mode: r for r in runs}
     summary = {
         "first_step_s": max(v for r in runs for v in r.first_step_s.values()),
@@ -141,6 +176,7 @@ def main(argv=None) -> int:
         "sync_vs_inprocess": round(by_mode["sync"].steps_per_s / inprocess, 3),
         "first_step_s_by_mode": {r.mode: r.first_step_s for r in runs},
         "exit_s_by_mode": {r.mode: r.exit_s for r in runs},
+        "timeouts_s": timeouts,
         "model": args.model, "batch_size": args.batch_size, "max_steps": args.max_steps,
     }
     print(json.dumps(summary, sort_keys=True))

@@ -14,14 +14,14 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from psworker.errors import PsworkerError, UsageError
+from psworker.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, load_spec,
                            merge_train)
 
 log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# `psworker data NAME`: NAME -> function in psworker.data.cifar10 taking (data_dir). One registry.
+# `psworker data NAME`: NAME -> function in psworker.data.cifar10_files taking (data_dir). One registry.
 DATASETS = {"cifar10": "download_and_extract", "cifar10-synthetic": "write_synthetic"}
 
 
@@ -61,13 +61,8 @@ def _resolve(job: str, args: argparse.Namespace) -> tuple[ClusterSpec, int]:
                            task_index=args.task_index, environ=os.environ)
 
 
-def _train_config(spec: ClusterSpec, index: int, args: argparse.Namespace) -> TrainConfig:
-    config = merge_train(spec.train, _train_overrides(args), num_workers=len(spec.worker))
-    if index == 0 and config.train_dir is None:
-        from psworker.task import CHIEF_NEEDS_TRAIN_DIR
-
-        raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
-    return config
+def _train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
+    return merge_train(spec.train, _train_overrides(args), num_workers=len(spec.worker))
 
 
 # -------------------------------------------------------------------------------------------- commands
@@ -79,13 +74,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         try:
             spec = load_spec(path, allow_counts=True)
         except PsworkerError as e:
-            print(f"psworker: error: {e}", file=sys.stderr)
+            _print_error(e)
             failed += 1
             continue
         from psworker.plan import task_counts
         n = task_counts(spec)
         print(f"OK {path} ({n['ps']} ps, {n['worker']} workers)")
-    return 2 if failed else 0
+    return EXIT_USAGE if failed else EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -104,9 +99,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(planning.format_plan(spec, planning.plan(spec, args.spec)))
     if args.model is not None:
         model = merge_train(spec.train, {"model": args.model}).model
-        from psworker import placement
+        from psworker.train import report
         print()
-        print(placement.describe(model, len(spec.ps)))
+        print(report.describe(model, len(spec.ps)))
     return 0
 
 
@@ -122,8 +117,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     spec, index = _resolve("ps", args)
     if args.workers_gone_timeout_secs <= 0:
         raise UsageError(f"--workers_gone_timeout_secs must be > 0, got {args.workers_gone_timeout_secs:g}")
-    from psworker import task
-    return task.run_ps(spec, index, keep_running=args.keep_ps_running,
+    from psworker.task import main
+    return main.run_ps(spec, index, keep_running=args.keep_ps_running,
                        workers_gone_timeout_secs=args.workers_gone_timeout_secs,
                        allow_public_bind=args.allow_public_bind)
 
@@ -131,9 +126,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """`psworker worker ...`: runs one training worker (worker 0 is the chief)."""
     spec, index = _resolve("worker", args)
-    config = _train_config(spec, index, args)
-    from psworker import task
-    return task.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
+    config = _train_config(spec, args)
+    from psworker.task import main
+    return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -177,8 +172,8 @@ def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
 
 def cmd_data(args: argparse.Namespace) -> int:
     """`psworker data NAME --data_dir D`: downloads or writes a data set."""
-    from psworker.data import cifar10
-    getattr(cifar10, DATASETS[args.name])(args.data_dir)
+    from psworker.data import cifar10_files
+    getattr(cifar10_files, DATASETS[args.name])(args.data_dir)
     log.info("%s ready in %s", args.name, args.data_dir)
     return 0
 
@@ -189,7 +184,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"--eval_interval_secs must be > 0, got {args.eval_interval_secs:g}")
     checked = merge_train(TrainConfig(), {"model": args.model, "batch_size": args.batch_size,
                                           "train_dir": args.train_dir, "data_dir": args.data_dir})
-    from psworker.evaluate import run_eval
+    from psworker.train.evaluate import run_eval
     # --model not given: run_eval takes it from the cluster.yaml a local run leaves in the train dir.
     return run_eval(train_dir=checked.train_dir, data_dir=args.data_dir, model_name=args.model and checked.model,
                     once=args.once, eval_interval_secs=args.eval_interval_secs,
@@ -333,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task_index", required=True, type=int)
 
     p = add("ps", cmd_ps, "run one parameter server task")
+    p.set_defaults(task_process=True)
     _add_cluster_flags(p)
     p.add_argument("--keep_ps_running", action="store_true",
                    help="keep serving after the workers finish (default: exit once every worker is done)")
@@ -341,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(crashed), exit with an error after this long instead of serving forever (default 300)")
 
     p = add("worker", cmd_worker, "run one worker task (worker 0 is the chief)")
+    p.set_defaults(task_process=True)
     _add_cluster_flags(p)
     _add_train_flags(p)
 
@@ -385,14 +382,22 @@ def _configure_logging(args: argparse.Namespace) -> None:
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
 
 
+def _print_error(exc: BaseException) -> None:
+    """The one place that reports an error to a person: `psworker: error: MESSAGE` on stderr."""
+    print(f"psworker: error: {exc}", file=sys.stderr, flush=True)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Runs the `psworker` command line.
+
+    A task process (`psworker ps|worker` run as a command) leaves through `task.main.exit_now` right here, after
+    flushing: TensorFlow's threads can keep a normal interpreter exit waiting on a dead peer.
 
     Args:
         argv: arguments without the program name (default: `sys.argv[1:]`).
 
     Returns:
-        The exit status: 0 on success, the error's `exit_code` (2 for spec/usage errors), 130 on Ctrl-C.
+        The exit status: 0 on success, the error's `exit_code` (see `psworker.errors`), 130 on Ctrl-C.
     """
     parser = build_parser()
     try:
@@ -400,15 +405,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as e:  # --help or a usage error already printed by argparse
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     args.argv = sys.argv[1:] if argv is None else None   # None: called in-process, never re-exec
+    task_process = getattr(args, "task_process", False)
     _configure_logging(args)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except PsworkerError as e:
-        print(f"psworker: error: {e}", file=sys.stderr)
-        return e.exit_code
+        _print_error(e)
+        code = e.exit_code
     except KeyboardInterrupt:
-        print("psworker: interrupted", file=sys.stderr)
-        return 130
+        print("psworker: interrupted", file=sys.stderr, flush=True)
+        code = 130
+    except Exception:  # noqa: BLE001 - a bug: its traceback, then the same prompt exit for a task process
+        if not task_process:
+            raise
+        log.exception("psworker %s failed", args.command)
+        code = EXIT_FAILED
+    if task_process and args.argv is not None:
+        from psworker.task.main import exit_now
+
+        exit_now(code)
+    return code
 
 
 __all__ = ["main", "build_parser", "DATASETS"]

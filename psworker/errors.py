@@ -25,7 +25,7 @@ EXIT_PEER_GONE = 170
 class PsworkerError(Exception):
     """Base class of every error psworker reports to a person (no traceback, just the message)."""
 
-    exit_code: int = 1
+    exit_code: int = EXIT_FAILED
 
 
 class SpecError(PsworkerError):
@@ -41,7 +41,7 @@ class SpecError(PsworkerError):
         message: what is wrong, naming the bad value.
     """
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
     def __init__(self, source: str, field_path: str, message: str) -> None:
         self.source = str(source)
@@ -60,20 +60,46 @@ class SpecError(PsworkerError):
 class UsageError(PsworkerError):
     """The command line is inconsistent (conflicting flags, missing cluster source, index out of range)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class StartupTimeout(PsworkerError):
-    """The cluster (or one task's server) did not come up within the startup timeout."""
+    """A task this one needs (a ps, or every task for the in-graph client) did not answer within the startup
+    timeout; retried, since it may simply be late."""
 
-    exit_code = 1
+    exit_code = EXIT_PEER_GONE
 
 
-class TaskFailed(PsworkerError):
-    """A task process exited unexpectedly or with a non-zero status."""
+class PeerGone(PsworkerError):
+    """A peer went away: the in-graph client vanished, or every worker left a ps without saying it was done."""
 
-    exit_code = 1
+    exit_code = EXIT_PEER_GONE
+
+
+class StepTimeout(PsworkerError):
+    """One training step did not finish within `--step_timeout_secs` (a peer is down or overloaded)."""
+
+    exit_code = EXIT_PEER_GONE
+
+
+class StoppedEarly(PsworkerError):
+    """The training loop ended before the global step reached `--max_steps` (the chief closed the sync queue)."""
+
+    exit_code = EXIT_PEER_GONE
+
+
+class TrainingFailed(PsworkerError):
+    """Training itself cannot succeed: NaN loss, an unusable data dir or checkpoint, an empty evaluation split."""
+
+    exit_code = EXIT_TRAINING_FAILED
+
+
+class ServerError(PsworkerError):
+    """This task cannot serve: its address is public, unresolvable, or its port is taken."""
+
+    exit_code = EXIT_FAILED
 
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",
-           "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "TaskFailed"]
+           "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "StoppedEarly",
+           "TrainingFailed", "ServerError"]

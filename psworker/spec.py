@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from psworker.errors import SpecError
-from psworker.models import BUILTIN as BUILTIN_MODELS
+from psworker.models import registry as model_registry
 
 JOBS = ("ps", "worker")
 MODES = ("async", "sync")
@@ -107,7 +107,8 @@ _SHELL_META = set(";&|$`'\"\\<>(){}*?!#~^=,%@")
 _MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1, "num_devices": 1,
             "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0}
 _POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs", "step_timeout_secs")
-_CHOICES = {"mode": MODES, "replication": REPLICATIONS, "model": BUILTIN_MODELS}
+# Enumerations, read when a value is checked: the model registry is live (`models.register` extends it).
+_CHOICES = {"mode": lambda: MODES, "replication": lambda: REPLICATIONS, "model": model_registry.names}
 _NONEMPTY = ("train_dir", "data_dir")
 
 
@@ -359,10 +360,11 @@ def _check_value(name: str, value: Any, path: str, source: str) -> None:
         raise SpecError(source, path, f"must be > 0, got {value}")
     if name in _NONEMPTY and not value.strip():
         raise SpecError(source, path, f"must not be empty, got {value!r}")
-    if name in _CHOICES and value not in _CHOICES[name]:
-        close = difflib.get_close_matches(value, _CHOICES[name], n=1, cutoff=0.5)
+    choices = _CHOICES[name]() if name in _CHOICES else ()
+    if choices and value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise SpecError(source, path, f"{value!r} is not one of {', '.join(_CHOICES[name])}{hint}")
+        raise SpecError(source, path, f"{value!r} is not one of {', '.join(choices)}{hint}")
 
 
 def _check_train_rules(config: TrainConfig, source: str, prefix: str,

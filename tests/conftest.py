@@ -1,16 +1,47 @@
-"""Shared fixtures: a real-process cluster that is always torn down."""
+"""Shared fixtures: real local clusters (always torn down) and synthetic CIFAR-10 folders."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.cluster_utils import Cluster
+from psworker.testing import LocalCluster
+
+# Synthetic CIFAR-10 examples per class (train, test) when a test module does not set CIFAR_PER_CLASS.
+DEFAULT_CIFAR_PER_CLASS = (100, 20)
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
+def make_cluster(tmp_path):
+    """`make_cluster(**LocalCluster kwargs)`: a `LocalCluster` in `tmp_path`, closed when the test ends."""
+    made: list[LocalCluster] = []
+
+    def make(**kwargs) -> LocalCluster:
+        cluster = LocalCluster(tmp_path, **kwargs)
+        made.append(cluster)
+        return cluster
+
     try:
-        yield c
+        yield make
     finally:
-        c.stop_all()
+        for cluster in made:
+            cluster.close()
+
+
+@pytest.fixture(scope="session")
+def _cifar_dirs(tmp_path_factory):
+    return {}
+
+
+@pytest.fixture
+def cifar_dir(request, _cifar_dirs, tmp_path_factory) -> Path:
+    """A synthetic CIFAR-10 folder, `CIFAR_PER_CLASS = (train, test)` examples per class (set in the module)."""
+    from psworker.data.cifar10_files import write_synthetic
+
+    sizes = getattr(request.module, "CIFAR_PER_CLASS", DEFAULT_CIFAR_PER_CLASS)
+    if sizes not in _cifar_dirs:
+        path = tmp_path_factory.mktemp("cifar10")
+        write_synthetic(str(path), train_per_class=sizes[0], test_per_class=sizes[1])
+        _cifar_dirs[sizes] = path
+    return _cifar_dirs[sizes]

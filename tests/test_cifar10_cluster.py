@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster_utils import REPO, assert_no_processes, checkpoint_step, run_launcher, task_env
+from psworker.testing import assert_processes_gone, checkpoint_step
+from tests.cluster_utils import REPO, run_launcher, task_env
 
 SPEC = REPO / "cluster_specs" / "cifar10.yaml"
 PRECISION = re.compile(r"precision @ 1 = ([0-9.]+)")
@@ -19,13 +20,7 @@ NUM_PARAMS = 1_068_298
 SHORT = ["--batch_size", "32", "--learning_rate", "0.05", "--log_every_steps", "50"]
 
 
-@pytest.fixture(scope="module")
-def cifar_dir(tmp_path_factory) -> Path:
-    from psworker.data.cifar10 import write_synthetic
-
-    path = tmp_path_factory.mktemp("cifar10")
-    write_synthetic(str(path), train_per_class=300, test_per_class=50)
-    return path
+CIFAR_PER_CLASS = (300, 50)   # synthetic examples per class (train, test) for the cifar_dir fixture
 
 
 def _psworker(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -49,7 +44,7 @@ def test_cluster_trains_cifar10_and_eval_is_well_above_chance(tmp_path, cifar_di
     assert "[worker:0] step " in run.output and "[worker:1] step " in run.output
     assert 200 <= checkpoint_step(train_dir) <= 202   # async: each worker may finish the step it was running
     assert len(run.pids) >= 3
-    assert_no_processes(run.pids)
+    assert_processes_gone(run.pids)
 
     evaluated = _psworker("eval", "--train_dir", str(train_dir), "--data_dir", str(cifar_dir), "--model", "cifar10",
                           "--once", cwd=tmp_path, timeout=120)
@@ -72,7 +67,7 @@ def test_towers_cluster_run(tmp_path, cifar_dir):
     assert {"conv1/weights", "local3/weights", "local3/weights/ExponentialMovingAverage"} <= names
     assert not [n for n in names if "tower" in n], names   # one shared set of variables, not one per tower
     assert PRECISION.search(run.output), run.output[-3000:]
-    assert_no_processes(run.pids)
+    assert_processes_gone(run.pids)
 
 
 def test_plan_reports_the_cifar10_placement():
@@ -95,7 +90,7 @@ def test_plan_reports_the_cifar10_placement():
 
 def test_placement_report_on_two_ps_matches_the_trainer():
     """The report reads the trainer's own graph: bytes per ps add up, moving averages sit with their variables."""
-    from psworker.placement import placement_report
+    from psworker.train.report import placement_report
 
     report = placement_report("cifar10", 2)
     assert report.trainable_parameters == NUM_PARAMS

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from psworker.data import cifar10 as data
+from psworker.data import cifar10_files as files
 from psworker.errors import PsworkerError
 
 
@@ -189,7 +190,7 @@ def test_download_extracts_verifies_and_skips_when_present(tmp_path):
     members = _official_members()
     url, sha = _archive(tmp_path, members)
     dest = tmp_path / "data"
-    folder = data.download_and_extract(str(dest), url, sha256=sha)
+    folder = files.download_and_extract(str(dest), url, sha256=sha)
     assert folder == str(dest / data.BATCHES_DIR)
     for name, payload in members.items():
         assert (dest / name).read_bytes() == payload
@@ -197,11 +198,11 @@ def test_download_extracts_verifies_and_skips_when_present(tmp_path):
     labels, _ = data.read_records(os.path.join(folder, data.TEST_FILE))
     assert len(labels) == 3
     # second call: files present with the recorded sizes, nothing fetched
-    assert data.download_and_extract(str(dest), url, sha256=sha, opener=_no_network) == folder
+    assert files.download_and_extract(str(dest), url, sha256=sha, opener=_no_network) == folder
     # a truncated file is noticed and the archive fetched again
     with open(os.path.join(folder, data.TRAIN_FILES[0]), "r+b") as f:
         f.truncate(10)
-    data.download_and_extract(str(dest), url, sha256=sha)
+    files.download_and_extract(str(dest), url, sha256=sha)
     assert (dest / data.BATCHES_DIR / data.TRAIN_FILES[0]).read_bytes() == members[
         f"{data.BATCHES_DIR}/{data.TRAIN_FILES[0]}"]
 
@@ -212,14 +213,14 @@ def test_download_skipped_for_official_sizes(tmp_path):
     for name in data.TRAIN_FILES + (data.TEST_FILE,):
         with open(folder / name, "wb") as f:
             f.truncate(10000 * data.RECORD_BYTES)  # sparse: official size, no disk used
-    assert data.download_and_extract(str(tmp_path), opener=_no_network) == str(folder)
+    assert files.download_and_extract(str(tmp_path), opener=_no_network) == str(folder)
 
 
 def test_download_checksum_mismatch(tmp_path):
     url, sha = _archive(tmp_path, _official_members())
     dest = tmp_path / "data"
     with pytest.raises(PsworkerError, match="checksum mismatch") as err:
-        data.download_and_extract(str(dest), url, sha256="0" * 64)
+        files.download_and_extract(str(dest), url, sha256="0" * 64)
     assert sha in str(err.value)
     assert list(dest.iterdir()) == []  # nothing extracted, temp file removed
 
@@ -233,10 +234,10 @@ def test_download_corrupted_archive(tmp_path):
     path.write_bytes(bytes(raw))
     sha = hashlib.sha256(bytes(raw)).hexdigest()
     with pytest.raises(PsworkerError, match="cannot extract"):
-        data.download_and_extract(str(tmp_path / "data"), path.as_uri(), sha256=sha)
+        files.download_and_extract(str(tmp_path / "data"), path.as_uri(), sha256=sha)
     path.write_bytes(b"not an archive at all")
     with pytest.raises(PsworkerError, match="cannot extract"):
-        data.download_and_extract(str(tmp_path / "data"), path.as_uri(), sha256=None)
+        files.download_and_extract(str(tmp_path / "data"), path.as_uri(), sha256=None)
 
 
 @pytest.mark.parametrize("bad_name", ["../escaped.bin", "/tmp/psworker-absolute-escape.bin",
@@ -247,7 +248,7 @@ def test_download_rejects_unsafe_members(tmp_path, bad_name):
     url, sha = _archive(tmp_path, members)
     dest = tmp_path / "a" / "b"
     with pytest.raises(PsworkerError, match="unsafe path"):
-        data.download_and_extract(str(dest), url, sha256=sha)
+        files.download_and_extract(str(dest), url, sha256=sha)
     assert not (tmp_path / "a" / "escaped.bin").exists() and not (tmp_path / "escaped.bin").exists()
     assert not os.path.exists("/tmp/psworker-absolute-escape.bin")
     assert not (dest / data.BATCHES_DIR).exists()  # checked before anything is extracted
@@ -260,25 +261,25 @@ def test_download_rejects_links(tmp_path):
         info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(info)
     with pytest.raises(PsworkerError, match="not a regular file"):
-        data.download_and_extract(str(tmp_path / "d"), path.as_uri(), sha256=None)
+        files.download_and_extract(str(tmp_path / "d"), path.as_uri(), sha256=None)
 
 
 def test_download_archive_without_the_files(tmp_path):
     url, sha = _archive(tmp_path, {"readme.txt": b"hi"})
     with pytest.raises(PsworkerError, match="lacks"):
-        data.download_and_extract(str(tmp_path / "d"), url, sha256=sha)
+        files.download_and_extract(str(tmp_path / "d"), url, sha256=sha)
 
 
 def test_download_network_error_is_reported(tmp_path):
     with pytest.raises(PsworkerError, match="cannot download"):
-        data.download_and_extract(str(tmp_path / "d"), (tmp_path / "nope.tar.gz").as_uri())
+        files.download_and_extract(str(tmp_path / "d"), (tmp_path / "nope.tar.gz").as_uri())
 
 
 # ------------------------------------------------------------------------------------------- synthetic
 
 
 def test_write_synthetic_layout_sizes_and_labels(tmp_path):
-    folder = data.write_synthetic(str(tmp_path), train_per_class=20, test_per_class=5, seed=1)
+    folder = files.write_synthetic(str(tmp_path), train_per_class=20, test_per_class=5, seed=1)
     assert folder == str(tmp_path / data.BATCHES_DIR)
     sizes = [os.path.getsize(os.path.join(folder, n)) for n in data.TRAIN_FILES]
     assert sizes == [40 * data.RECORD_BYTES] * 5
@@ -288,7 +289,7 @@ def test_write_synthetic_layout_sizes_and_labels(tmp_path):
     test_labels, test_images = data.read_records(os.path.join(folder, data.TEST_FILE))
     assert np.bincount(test_labels).tolist() == [5] * 10
     assert test_images.std() > 10  # not blank
-    again = data.write_synthetic(str(tmp_path / "again"), train_per_class=20, test_per_class=5, seed=1)
+    again = files.write_synthetic(str(tmp_path / "again"), train_per_class=20, test_per_class=5, seed=1)
     assert open(os.path.join(again, data.TEST_FILE), "rb").read() == open(
         os.path.join(folder, data.TEST_FILE), "rb").read()
 
@@ -296,7 +297,7 @@ def test_write_synthetic_layout_sizes_and_labels(tmp_path):
 def test_write_synthetic_defaults_are_small():
     import inspect
 
-    params = inspect.signature(data.write_synthetic).parameters
+    params = inspect.signature(files.write_synthetic).parameters
     total = 10 * (params["train_per_class"].default + params["test_per_class"].default)
     assert total * data.RECORD_BYTES < 30 * 2**20
 
@@ -314,7 +315,7 @@ def test_synthetic_classes_are_learnable_after_distortions(tmp_path):
     """A nearest-centroid classifier on distorted training images separates the classes of distorted test ones."""
     import tensorflow as tf
 
-    folder = data.write_synthetic(str(tmp_path), train_per_class=30, test_per_class=10, seed=2)
+    folder = files.write_synthetic(str(tmp_path), train_per_class=30, test_per_class=10, seed=2)
 
     def distorted(name, seed):
         labels, images = data.read_records(os.path.join(folder, name))

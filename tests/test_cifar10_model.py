@@ -7,7 +7,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from psworker.data import cifar10 as data  # noqa: E402
+from psworker.data import cifar10_files as files  # noqa: E402
 from psworker.models.base import InputSpec  # noqa: E402
 from psworker.models.cifar10 import WEIGHT_DECAY, Cifar10Model  # noqa: E402
 
@@ -96,7 +96,7 @@ def test_learning_rate_schedule(tmp_path):
     assert model.default_learning_rate == 0.1 and model.moving_average_decay == 0.9999
     assert model.image_shape == (24, 24, 3)
     assert model.num_train_examples(None) == 50000
-    data.write_synthetic(str(tmp_path), train_per_class=10, test_per_class=1)
+    files.write_synthetic(str(tmp_path), train_per_class=10, test_per_class=1)
     assert model.num_train_examples(str(tmp_path)) == 100
     with tf.Graph().as_default():
         step = v1.placeholder(tf.int64, [])
@@ -113,7 +113,7 @@ def test_learning_rate_schedule(tmp_path):
 
 
 def test_train_inputs_and_a_training_step_lowers_the_loss(tmp_path):
-    data.write_synthetic(str(tmp_path), train_per_class=4, test_per_class=1)
+    files.write_synthetic(str(tmp_path), train_per_class=4, test_per_class=1)
     model = Cifar10Model()
     with tf.Graph().as_default():
         v1.set_random_seed(0)
@@ -133,7 +133,7 @@ def test_train_inputs_and_a_training_step_lowers_the_loss(tmp_path):
 
 
 def test_eval_dataset_from_model(tmp_path):
-    data.write_synthetic(str(tmp_path), train_per_class=1, test_per_class=3)
+    files.write_synthetic(str(tmp_path), train_per_class=1, test_per_class=3)
     ds = Cifar10Model().eval_dataset(str(tmp_path), 16)
     assert ds.element_spec[0].shape.as_list() == [None, 24, 24, 3]
 

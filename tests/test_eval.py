@@ -14,21 +14,17 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from psworker.data.cifar10 import write_synthetic  # noqa: E402
 from psworker.errors import PsworkerError  # noqa: E402
-from psworker.evaluate import evaluate_checkpoint, run_eval  # noqa: E402
+from psworker.train.evaluate import evaluate_checkpoint, run_eval  # noqa: E402
 from psworker.models.cifar10 import Cifar10Model  # noqa: E402
-from tests.cluster_utils import assert_no_processes, task_env  # noqa: E402
+from psworker.testing import assert_processes_gone  # noqa: E402
+from tests.cluster_utils import task_env  # noqa: E402
 
 v1 = tf.compat.v1
 PRECISION_LINE = re.compile(r"precision @ 1 = ([0-9.]+) \((\d+) examples, global step (\d+)\)")
 
 
-@pytest.fixture(scope="module")
-def cifar_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("cifar10")
-    write_synthetic(str(path), train_per_class=10, test_per_class=20)   # 200 test images, 20 per class
-    return path
+CIFAR_PER_CLASS = (10, 20)   # synthetic examples per class (train, test): 200 test images
 
 
 def write_checkpoint(train_dir: Path, step: int, *, favoured_class: int = 3, raw_value: float = 0.0) -> str:
@@ -124,4 +120,4 @@ def test_eval_command_in_continuous_mode_writes_a_summary(tmp_path, cifar_dir):
     events = glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
     assert [(e.step, v.tag) for e in v1.train.summary_iterator(events[0]) for v in e.summary.value] == [
         (12, "precision_at_1")]
-    assert_no_processes([proc.pid])
+    assert_processes_gone([proc.pid])

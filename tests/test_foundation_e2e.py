@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.cluster_utils import REPO, assert_no_processes, checkpoint_step, run_launcher, task_env, write_spec
+from psworker.testing import assert_processes_gone, checkpoint_step, write_spec
+from tests.cluster_utils import LAUNCH, REPO, run_launcher, task_env
 
 pytestmark = pytest.mark.slow
 
@@ -20,40 +21,43 @@ STEP_LINE = re.compile(r"step (\d+), loss = [0-9.]+ \([0-9.]+ examples/sec; [0-9
 PRECISION = re.compile(r"precision @ 1 = ([0-9.]+)")
 
 
-def test_start_scripts_train_a_cluster(tmp_path, cluster):
+def test_start_scripts_train_a_cluster(tmp_path, make_cluster):
     """ps and workers started by hand, as on real hosts: through the classic flags, PSWORKER_SPEC and TF_CONFIG."""
-    train_dir = tmp_path / "train"
-    spec = write_spec(tmp_path / "cluster.yaml", max_steps=300, batch_size=32, log_every_steps=50,
-                      save_checkpoint_steps=100, train_dir=str(train_dir))
-    tf_config = subprocess.run([sys.executable, "-m", "psworker", "tf-config", str(spec), "--job", "worker",
-                                "--task_index", "1"], capture_output=True, text=True, env=task_env(), check=True)
-    assert json.loads(tf_config.stdout)["task"] == {"type": "worker", "index": 1}
-
     from psworker.interop import to_flags
     from psworker.spec import load_spec
 
-    classic = to_flags(load_spec(spec), "ps", 0)   # --ps_hosts=... --worker_hosts=... --job_name=ps --task_index=0
-    ps = cluster.start("ps", 0, classic, via_script=True)
-    ps_port = load_spec(spec).ps[0].port
+    train_dir = tmp_path / "train"
+    spec_path = write_spec(tmp_path / "cluster.yaml", max_steps=300, batch_size=32, log_every_steps=50,
+                           save_checkpoint_steps=100, train_dir=str(train_dir))
+    tf_config = subprocess.run([sys.executable, "-m", "psworker", "tf-config", str(spec_path), "--job", "worker",
+                                "--task_index", "1"], capture_output=True, text=True, env=task_env(), check=True)
+    assert json.loads(tf_config.stdout)["task"] == {"type": "worker", "index": 1}
+    spec = load_spec(spec_path)
+
+    def by_hand(task, extra):   # `env` (not a shell) sets each host's own environment
+        script = str(LAUNCH / f"start_{task.job}.sh")
+        if task.name == "ps:0":   # --ps_hosts=... --worker_hosts=... --job_name=ps --task_index=0
+            return [script, *to_flags(spec, "ps", 0)]
+        if task.name == "worker:0":
+            return ["env", f"PSWORKER_SPEC={spec_path}", script, "--task_index", "0"]
+        # TF_CONFIG carries only the cluster: training settings come as flags, as they would on a real host.
+        return ["env", f"TF_CONFIG={tf_config.stdout.strip()}", script, "--max_steps", "300", "--batch_size", "32",
+                "--log_every_steps", "50", "--train_dir", str(train_dir)]
+
+    cluster = make_cluster(spec=spec_path, argv=by_hand, start=False)
+    cluster.start("ps:0")
     deadline = time.monotonic() + 120
-    while not _accepts(ps_port):   # started by hand, outside any namespace: reachable (the control for _accepts)
-        assert time.monotonic() < deadline and ps.proc.poll() is None, ps.tail()
+    while not _accepts(spec.ps[0].port):   # started by hand, outside any namespace: reachable (the control)
+        assert time.monotonic() < deadline and not cluster.exit_codes(), cluster.tail("ps:0")
         time.sleep(0.2)
-    chief = cluster.start("worker", 0, ["--task_index", "0"], via_script=True,
-                          env=task_env(PSWORKER_SPEC=str(spec), PSWORKER_PYTHON=sys.executable))
-    # TF_CONFIG carries only the cluster: training settings come as flags, as they would on a real host.
-    other = cluster.start("worker", 1, ["--max_steps", "300", "--batch_size", "32", "--log_every_steps", "50",
-                                        "--train_dir", str(train_dir)], via_script=True,
-                          env=task_env(TF_CONFIG=tf_config.stdout, PSWORKER_PYTHON=sys.executable))
-    assert chief.wait(240) == 0, chief.tail()
-    assert other.wait(60) == 0, other.tail()
-    assert ps.wait(60) == 0, ps.tail()
+    cluster.start("worker:0", "worker:1")
+    assert cluster.wait_exits(300) == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, cluster.tails()
     assert checkpoint_step(train_dir) >= 300
-    for worker in (chief, other):
-        steps = [int(m.group(1)) for m in STEP_LINE.finditer(worker.log())]
-        assert steps and steps == sorted(steps) and max(steps) <= 300 + 2, worker.tail()
-    assert PRECISION.search(chief.log()), chief.tail()
-    assert_no_processes(cluster.all_pids)
+    for worker in ("worker:0", "worker:1"):
+        steps = cluster.steps(worker)
+        assert steps and steps == sorted(steps) and max(steps) <= 300 + 2, cluster.tail(worker)
+    assert PRECISION.search(cluster.log("worker:0")), cluster.tail("worker:0")
+    assert_processes_gone(cluster.pids)
 
 
 def test_local_launcher_runs_the_default_job(tmp_path):
@@ -70,7 +74,7 @@ def test_local_launcher_runs_the_default_job(tmp_path):
     assert {p.name for p in (train_dir / "logs").iterdir()} >= {"ps-0.log", "worker-0.log", "worker-1.log"}
     assert (train_dir / "cluster.yaml").exists()
     assert len(run.pids) >= 3
-    assert_no_processes(run.pids)
+    assert_processes_gone(run.pids)
 
 
 def test_a_failing_task_tears_the_cluster_down(tmp_path):
@@ -92,7 +96,7 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
     assert run.returncode != 0
     assert re.search(r"psworker: run failed: worker:1 exited with exit code 1 \(first failure", run.output), run.output[-3000:]
     assert "could not start its server" in run.output   # the tail of worker:1's log is in the report
-    assert_no_processes(run.pids)
+    assert_processes_gone(run.pids)
 
 
 def test_sigint_to_the_launcher_leaves_no_process(tmp_path):
@@ -117,7 +121,7 @@ def test_sigint_to_the_launcher_leaves_no_process(tmp_path):
     assert run.returncode == 130, run.output[-3000:]
     assert STEP_LINE.search(run.output)
     assert len(run.pids) >= 3
-    assert_no_processes(run.pids)
+    assert_processes_gone(run.pids)
     assert len(reachable) == 3
     if netns.available():
         assert "network: private namespace" in run.output

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.cluster_utils import REPO, assert_no_processes, checkpoint_step, run_launcher, task_env, write_spec
+from psworker.errors import EXIT_PEER_GONE
+from psworker.testing import assert_processes_gone, checkpoint_step
+from tests.cluster_utils import REPO, run_launcher
 
 SPEC = REPO / "cluster_specs" / "cifar10.yaml"
 STEP_LINE = re.compile(r"^\[(worker:\d)\] step (\d+), loss = ", re.MULTILINE)
 
 
-@pytest.fixture(scope="module")
-def cifar_dir(tmp_path_factory) -> Path:
-    from psworker.data.cifar10 import write_synthetic
-
-    path = tmp_path_factory.mktemp("cifar10")
-    write_synthetic(str(path), train_per_class=100, test_per_class=20)
-    return path
+CIFAR_PER_CLASS = (100, 20)   # synthetic examples per class (train, test) for the cifar_dir fixture
 
 
 @pytest.mark.parametrize("num_devices", [1, 2])
@@ -27,8 +22,8 @@ def test_graph_puts_a_tower_on_every_worker_and_variables_on_the_ps(cifar_dir, n
     import tensorflow as tf
 
     from psworker import models
-    from psworker.ingraph import build_in_graph_train_graph
-    from psworker.placement import placement_report
+    from psworker.train.ingraph import build_in_graph_train_graph
+    from psworker.train.report import placement_report
     from psworker.spec import TrainConfig
 
     cluster = {"ps": ["p0:1", "p1:1"], "worker": ["w0:1", "w1:1", "w2:1"]}
@@ -70,15 +65,14 @@ def test_in_graph_cluster_run(tmp_path, cifar_dir):
     assert re.search(r"\[worker:0\] .*precision @ 1 = [0-9.]+", run.output), run.output[-3000:]
     assert "[worker:1] " in run.output and "serving for the client" in run.output
     assert len(run.pids) >= 3
-    assert_no_processes(run.pids)
+    assert_processes_gone(run.pids)
 
 
 @pytest.mark.slow
-def test_serving_worker_gives_up_when_the_client_never_comes(tmp_path, cluster):
-    spec = write_spec(tmp_path / "cluster.yaml", num_workers=2, replication="in-graph", startup_timeout_secs=3,
-                      train_dir=str(tmp_path / "train"))
-    worker = cluster.start("worker", 1, ["--spec", str(spec), "--task_index", "1"],
-                           env=task_env())
-    assert worker.wait(120) == 1, worker.tail()
-    assert "client worker:0" in worker.log() and "unreachable" in worker.log()
-    assert_no_processes(cluster.all_pids)
+def test_serving_worker_gives_up_when_the_client_never_comes(make_cluster):
+    cluster = make_cluster(train=dict(replication="in-graph", startup_timeout_secs=3), start=False)
+    cluster.start("worker:1")
+    assert cluster.wait_exit("worker:1", 120) == EXIT_PEER_GONE, cluster.tail("worker:1")
+    assert re.search(r"psworker: error: worker:1: the in-graph client worker:0 at \S+ has been unreachable for 3 s",
+                     cluster.log("worker:1")), cluster.tail("worker:1")
+    assert_processes_gone(cluster.pids)

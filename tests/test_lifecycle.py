@@ -1,4 +1,4 @@
-"""Tasks started by hand (the start scripts) start in any order, end on their own, and end promptly, in both modes."""
+"""Tasks started by hand (the start scripts) start in any order, end on their own, and say why, in both modes."""
 
 from __future__ import annotations
 
@@ -7,37 +7,22 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.cluster_utils import (REPO, Cluster, assert_no_processes, checkpoint_step, log_time, run_launcher,
-                                 write_spec)
+from psworker.errors import EXIT_PEER_GONE
+from psworker.testing import STEP_LINE, assert_processes_gone, checkpoint_step
+from tests.cluster_utils import REPO, launch_script, run_launcher
 
-LAST_STEP = r"^(.*)worker:\d+: last step done"
-# Goal: under 1 s from a worker's last step to its exit. Asserted with room for the 2 shared, loaded cores; the
-# measured values are in the assertion messages and the benchmark prints them.
-WORKER_EXIT_SECS = 2.5
-PS_EXIT_SECS = 3.5
-
-
-def spec_args(spec: Path, index: int) -> list[str]:
-    return ["--spec", str(spec), "--task_index", str(index)]
-
-
-def exit_delays(cluster: Cluster, exits: dict[str, tuple[int, float]]) -> dict[str, float]:
-    """Seconds from each worker's last step (its log line) to its exit, and from the last of them to each ps's."""
-    last_step = {name: log_time(t.wait_for(LAST_STEP, 1).group(0)) for name, t in cluster.tasks.items()
-                 if name.startswith("worker")}
-    final = max(last_step.values())
-    return {name: round(at - (last_step[name] if name in last_step else final), 3) for name, (_, at) in exits.items()}
+# How promptly tasks exit (goal: under 1 s from a worker's last step) is measured by benchmarks/lifecycle.py; these
+# tests check that each task says why it ends and exits by itself with the right code.
 
 
 def test_port_open_and_wait_until_closed():
     """What the ps uses to see that a worker process has exited: a closed port answers at once."""
     import socket
 
-    from psworker.server import port_open, wait_until_closed
+    from psworker.task.shutdown import port_open, wait_until_closed
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -46,7 +31,7 @@ def test_port_open_and_wait_until_closed():
     assert port_open(address)
     started = time.monotonic()
     assert not wait_until_closed({"worker:0": address}, timeout_secs=0.3, who="ps:0")
-    assert 0.3 <= time.monotonic() - started < 2.0
+    assert time.monotonic() - started >= 0.3
     listener.close()
     assert not port_open(address)
     assert wait_until_closed({"worker:0": address}, timeout_secs=5, who="ps:0")
@@ -63,68 +48,52 @@ def test_step_timeout_is_a_validated_train_setting():
 
 
 @pytest.mark.slow
-def test_async_workers_started_before_the_ps_wait_then_everything_exits_promptly(tmp_path, cluster):
-    train_dir = tmp_path / "train"
-    spec = write_spec(tmp_path / "cluster.yaml", max_steps=300, batch_size=32, log_every_steps=100,
-                      save_checkpoint_steps=150, train_dir=str(train_dir))
-    workers = [cluster.start("worker", i, spec_args(spec, i), via_script=True) for i in range(2)]
-    for w in workers:
-        w.wait_for(r"waiting for ps:0 at 127\.0\.0\.1:\d+", 120)
-    cluster.start("ps", 0, spec_args(spec, 0), via_script=True)
-    exits = cluster.wait_exits(180)
-    assert {n: c for n, (c, _) in exits.items()} == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, \
-        "\n".join(t.tail() for t in cluster.tasks.values())
-    delays = exit_delays(cluster, exits)
-    assert all(delays[f"worker:{i}"] < WORKER_EXIT_SECS for i in range(2)), delays
-    assert delays["ps:0"] < PS_EXIT_SECS, delays
-    assert "ps:0: every worker is done; exiting" in cluster.tasks["ps:0"].log()
-    assert checkpoint_step(train_dir) >= 300
-    assert_no_processes(cluster.all_pids)
-    print("async exit delays (s):", delays)
+def test_async_workers_started_before_the_ps_wait_then_everything_exits(tmp_path, make_cluster):
+    cluster = make_cluster(train=dict(max_steps=300, batch_size=32, log_every_steps=100, save_checkpoint_steps=150),
+                           argv=launch_script, start=False)
+    cluster.start("worker:0", "worker:1")
+    for name in ("worker:0", "worker:1"):
+        cluster.wait_for_log(name, r"waiting for ps:0 at 127\.0\.0\.1:\d+", 120)
+    cluster.start("ps:0")
+    assert cluster.wait_exits(180) == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, cluster.tails()
+    for name in ("worker:0", "worker:1"):
+        assert re.search(rf"{name}: done at global step \d+ after \d+ local steps", cluster.log(name))
+    assert "ps:0: every worker is done; exiting" in cluster.log("ps:0")
+    assert checkpoint_step(cluster.train_dir) >= 300
+    assert_processes_gone(cluster.pids)
 
 
 @pytest.mark.slow
-def test_sync_with_two_ps_one_kept_running(tmp_path, cluster):
-    """Sync, 2 ps: every worker ends at max_steps exactly and exits promptly; ps:0 exits by itself, ps:1 (started with
+def test_sync_with_two_ps_one_kept_running(tmp_path, make_cluster):
+    """Sync, 2 ps: every worker ends at max_steps exactly; ps:0 exits by itself, ps:1 (started with
     --keep_ps_running) keeps serving."""
-    from psworker.server import port_open
+    from psworker.task.shutdown import port_open
 
-    train_dir, max_steps = tmp_path / "train", 150
-    spec = write_spec(tmp_path / "cluster.yaml", num_ps=2, mode="sync", max_steps=max_steps, batch_size=32,
-                      log_every_steps=50, save_checkpoint_steps=100, train_dir=str(train_dir))
-    cluster.start("ps", 0, spec_args(spec, 0), via_script=True)
-    kept = cluster.start("ps", 1, spec_args(spec, 1) + ["--keep_ps_running"], via_script=True)
+    max_steps = 150
+    cluster = make_cluster(num_ps=2, train=dict(mode="sync", max_steps=max_steps, batch_size=32, log_every_steps=50,
+                                                save_checkpoint_steps=100),
+                           args={"ps:1": ["--keep_ps_running"]}, argv=launch_script)
+    assert cluster.wait_exits(180, ["worker:0", "worker:1", "ps:0"]) == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, \
+        cluster.tails()
+    assert checkpoint_step(cluster.train_dir) == max_steps
     for i in range(2):
-        cluster.start("worker", i, spec_args(spec, i), via_script=True)
-    exits = cluster.wait_exits(180, ["worker:0", "worker:1", "ps:0"])
-    assert {n: c for n, (c, _) in exits.items()} == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, \
-        "\n".join(t.tail() for t in cluster.tasks.values())
-    delays = exit_delays(cluster, exits)
-    assert all(delays[f"worker:{i}"] < WORKER_EXIT_SECS for i in range(2)), delays
-    assert delays["ps:0"] < PS_EXIT_SECS, delays
-    assert checkpoint_step(train_dir) == max_steps
-    for i in range(2):
-        assert f"done at global step {max_steps} after" in cluster.tasks[f"worker:{i}"].log()
-    kept.wait_for(r"ps:1: every worker is done; still serving \(--keep_ps_running\)", 30)
-    time.sleep(1.0)
-    assert kept.proc.poll() is None and port_open(re.search(r"serving at grpc://(\S+)", kept.log()).group(1))
-    print("sync exit delays (s):", delays)
+        assert f"done at global step {max_steps} after" in cluster.log(f"worker:{i}")
+    assert "ps:0: every worker is done; exiting" in cluster.log("ps:0")
+    cluster.wait_for_log("ps:1", r"ps:1: every worker is done; still serving \(--keep_ps_running\)", 30)
+    assert cluster.exit_codes().get("ps:1") is None and port_open(str(cluster.spec.ps[1]))
 
 
 @pytest.mark.slow
-def test_a_worker_without_its_ps_gives_up_after_the_startup_timeout(tmp_path, cluster):
-    spec = write_spec(tmp_path / "cluster.yaml", train_dir=str(tmp_path / "train"))
-    worker = cluster.start("worker", 1, spec_args(spec, 1) + ["--startup_timeout_secs", "3"], via_script=True)
-    (code, exited_at), = cluster.wait_exits(120).values()
-    log = worker.log()
-    assert code == 1, log[-2000:]
-    waiting = re.search(r"^.*worker:1: waiting for ps:0 at 127\.0\.0\.1:\d+.*$", log, re.MULTILINE)
-    assert waiting, log[-2000:]
+def test_a_worker_without_its_ps_gives_up_after_the_startup_timeout(tmp_path, make_cluster):
+    cluster = make_cluster(args={"worker:1": ["--startup_timeout_secs", "3"]}, argv=launch_script, start=False)
+    cluster.start("worker:1")
+    assert cluster.wait_exit("worker:1", 120) == EXIT_PEER_GONE, cluster.tail("worker:1")
+    log = cluster.log("worker:1")
+    assert re.search(r"worker:1: waiting for ps:0 at 127\.0\.0\.1:\d+", log), log[-2000:]
     assert re.search(r"psworker: error: worker:1 gave up after 3 s \(--startup_timeout_secs\) waiting for ps:0 "
                      r"at 127\.0\.0\.1:\d+: is that task started, and is the address in the spec right\?", log), \
         log[-2000:]
-    assert 2.0 < exited_at - log_time(waiting.group(0)) < 8.0, log[-2000:]
-    assert_no_processes(cluster.all_pids)
+    assert_processes_gone(cluster.pids)
 
 
 @pytest.mark.slow
@@ -137,24 +106,22 @@ def test_local_launcher_sync_run_the_ps_exits_by_itself(tmp_path):
     assert not re.search(r"stopping [^\n]*ps:0", run.output), run.output[-3000:]
     assert "psworker: all 2 workers finished" in run.output
     assert checkpoint_step(tmp_path / "t") == 150
-    assert_no_processes(run.pids)
+    assert_processes_gone(run.pids)
 
 
 @pytest.mark.slow
-def test_a_ps_whose_workers_all_crashed_exits_with_an_error(tmp_path, cluster):
+def test_a_ps_whose_workers_all_crashed_exits_with_an_error(tmp_path, make_cluster):
     """Workers killed with -9 never say they are done: the ps gives up after --workers_gone_timeout_secs."""
-    spec = write_spec(tmp_path / "cluster.yaml", num_workers=1, max_steps=1_000_000, log_every_steps=50,
-                      train_dir=str(tmp_path / "train"))
-    ps = cluster.start("ps", 0, [*spec_args(spec, 0), "--workers_gone_timeout_secs", "3"], via_script=True)
-    worker = cluster.start("worker", 0, spec_args(spec, 0), via_script=True)
-    worker.wait_for(r"step \d+, loss", 180)
+    cluster = make_cluster(num_workers=1, train=dict(max_steps=1_000_000, log_every_steps=50),
+                           args={"ps:0": ["--workers_gone_timeout_secs", "3"]}, argv=launch_script)
+    cluster.wait_for_log("worker:0", STEP_LINE, 180)
     cluster.kill("worker:0")
-    started = time.monotonic()
-    assert ps.wait(60) == 1, ps.tail()
-    assert 3.0 <= time.monotonic() - started < 30, ps.tail()
+    assert cluster.wait_exit("ps:0", 60) == EXIT_PEER_GONE, cluster.tail("ps:0")
+    log = cluster.log("ps:0")
+    assert "ps:0: every worker has gone away without saying it is done; waiting 3 s for them to come back" in log
     assert re.search(r"psworker: error: ps:0: every worker went away without saying it was done and none came back "
-                     r"within 3 s \(--workers_gone_timeout_secs\)", ps.log()), ps.tail()
-    assert_no_processes(cluster.all_pids)
+                     r"within 3 s \(--workers_gone_timeout_secs\)", log), cluster.tail("ps:0")
+    assert_processes_gone(cluster.pids)
 
 
 def test_a_task_started_by_itself_needs_fixed_ports(tmp_path):

@@ -8,21 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cluster_utils import Cluster, assert_no_processes, checkpoint_step, write_spec
-
-STEP_LINE = re.compile(r"^step (\d+), loss", re.MULTILINE)
-
-
-def spec_args(spec: Path, index: int) -> list[str]:
-    return ["--spec", str(spec), "--task_index", str(index)]
-
-
-def start_cluster(cluster: Cluster, spec: Path, num_ps: int, num_workers: int, **worker_flags) -> None:
-    extra = [x for k, v in worker_flags.items() for x in (f"--{k}", str(v))]
-    for i in range(num_ps):
-        cluster.start("ps", i, spec_args(spec, i))
-    for i in range(num_workers):
-        cluster.start("worker", i, spec_args(spec, i) + extra)
+from psworker.errors import EXIT_PEER_GONE
+from psworker.testing import STEP_LINE, assert_processes_gone, checkpoint_step
 
 
 # ------------------------------------------------------------------------------------------ no servers
@@ -31,7 +18,7 @@ def test_capped_optimizer_stops_updating_at_the_last_step():
     """The cap that makes sync training end at max_steps exactly: updates past it change nothing."""
     import tensorflow as tf
 
-    from psworker.trainer import CappedOptimizer
+    from psworker.train.graph import CappedOptimizer
 
     v1 = tf.compat.v1
     with tf.Graph().as_default():
@@ -67,7 +54,7 @@ def test_stale_gradients_are_dropped_by_the_accumulators_sync_mode_uses():
 
 
 def test_step_watchdog_reports_a_long_step_then_every_interval():
-    from psworker.hooks import StepWatchdog
+    from psworker.train.hooks import StepWatchdog
 
     now = [0.0]
     dog = StepWatchdog("worker:0", "is one down?", after_secs=10, every_secs=5, clock=lambda: now[0])
@@ -118,10 +105,10 @@ def _read(checkpoint: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_one_sync_step_applies_the_learning_rate_times_the_mean_gradient(tmp_path, cluster):
+def test_one_sync_step_applies_the_learning_rate_times_the_mean_gradient(make_cluster):
     """2 workers, each with a batch that is its whole shard (so its gradient does not depend on the shuffle): the one
     sync step must move the linear model's variables by exactly -lr * (g0 + g1) / 2, computed here in numpy."""
-    lr, train_dir, batch = 0.5, tmp_path / "train", 719
+    lr, batch = 0.5, 719
     shards = []
     for i in range(2):
         (images, labels), (again, _) = _two_batches("linear", batch, i, 2)
@@ -130,13 +117,10 @@ def test_one_sync_step_applies_the_learning_rate_times_the_mean_gradient(tmp_pat
         # given variables does not depend on its shuffle
         assert sorted(map(tuple, images.tolist())) == sorted(map(tuple, again.tolist()))
         shards.append((images, labels))
-    spec = write_spec(tmp_path / "cluster.yaml", model="linear", mode="sync", max_steps=1, batch_size=batch,
-                      learning_rate=lr, save_checkpoint_steps=1, log_every_steps=1, train_dir=str(train_dir),
-                      step_timeout_secs=120.0)
-    start_cluster(cluster, spec, 1, 2)
-    exits = cluster.wait_exits(240)
-    assert {n: c for n, (c, _) in exits.items()} == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, \
-        "\n".join(t.tail() for t in cluster.tasks.values())
+    cluster = make_cluster(train=dict(model="linear", mode="sync", max_steps=1, batch_size=batch, learning_rate=lr,
+                                      save_checkpoint_steps=1, log_every_steps=1, step_timeout_secs=120.0))
+    train_dir = cluster.train_dir
+    assert cluster.wait_exits(240) == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, cluster.tails()
 
     before, after = _read(train_dir / "model.ckpt-0"), _read(train_dir / "model.ckpt-1")
     assert before["global_step"] == 0 and after["global_step"] == 1 == checkpoint_step(train_dir)
@@ -147,48 +131,46 @@ def test_one_sync_step_applies_the_learning_rate_times_the_mean_gradient(tmp_pat
         for g in grads:   # the check can tell the mean from either worker's gradient alone
             assert np.abs(after[name] - (before[name] - lr * g[k])).max() > 1e-3
     for i in range(2):
-        assert re.search(r"done at global step 1 after 1 local steps", cluster.tasks[f"worker:{i}"].log())
-    assert_no_processes(cluster.all_pids)
+        assert re.search(r"done at global step 1 after 1 local steps", cluster.log(f"worker:{i}"))
+    assert_processes_gone(cluster.pids)
 
 
 @pytest.mark.slow
-def test_backup_worker_killed_the_others_finish_at_max_steps_exactly(tmp_path, cluster):
+def test_backup_worker_killed_the_others_finish_at_max_steps_exactly(make_cluster):
     """3 workers, 2 gradients per step: worker:2 is killed mid-run; the other two go on to max_steps exactly, and the
     ps exits by itself (it counts the dead worker as gone once the others are done)."""
-    max_steps, train_dir = 240, tmp_path / "train"
-    spec = write_spec(tmp_path / "cluster.yaml", num_workers=3, mode="sync", replicas_to_aggregate=2,
-                      max_steps=max_steps, batch_size=16, log_every_steps=20, save_checkpoint_steps=100,
-                      train_dir=str(train_dir), step_timeout_secs=60.0)
-    start_cluster(cluster, spec, 1, 3)
-    cluster.tasks["worker:2"].wait_for(r"^step \d+, loss", 180)
+    max_steps = 240
+    cluster = make_cluster(num_workers=3, train=dict(mode="sync", replicas_to_aggregate=2, max_steps=max_steps,
+                                                     batch_size=16, log_every_steps=20, save_checkpoint_steps=100,
+                                                     step_timeout_secs=60.0))
+    cluster.wait_for_log("worker:2", STEP_LINE, 180)
     cluster.kill("worker:2")
-    exits = cluster.wait_exits(180, ["worker:0", "worker:1", "ps:0"])
-    assert all(code == 0 for code, _ in exits.values()), "\n".join(t.tail() for t in cluster.tasks.values())
-    assert checkpoint_step(train_dir) == max_steps
+    codes = cluster.wait_exits(180, ["worker:0", "worker:1", "ps:0"])
+    assert all(code == 0 for code in codes.values()), (codes, cluster.tails())
+    assert checkpoint_step(cluster.train_dir) == max_steps
     for i in (0, 1):
-        assert f"done at global step {max_steps} after" in cluster.tasks[f"worker:{i}"].log()
-    assert "counting it as done" in cluster.tasks["ps:0"].log()
-    assert_no_processes(cluster.all_pids)
+        assert f"done at global step {max_steps} after" in cluster.log(f"worker:{i}")
+    assert "ps:0: worker:2 has gone away after training ended; counting it as done" in cluster.log("ps:0")
+    assert_processes_gone(cluster.pids)
 
 
 @pytest.mark.slow
-def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(tmp_path, cluster):
-    """2 workers, 2 gradients per step, worker:1 killed: the chief's step times out with a message saying why; it
-    still tells the ps that it is done, so the ps exits by itself too."""
-    spec = write_spec(tmp_path / "cluster.yaml", mode="sync", max_steps=100000, batch_size=16, log_every_steps=20,
-                      train_dir=str(tmp_path / "train"), step_timeout_secs=4.0)
-    start_cluster(cluster, spec, 1, 2)
-    cluster.tasks["worker:1"].wait_for(r"^step \d+, loss", 180)
+def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(make_cluster):
+    """2 workers, 2 gradients per step, worker:1 killed: the chief's step times out with a message saying why (exit
+    code: a peer is gone); it still tells the ps that it is done, so the ps exits by itself too."""
+    cluster = make_cluster(train=dict(mode="sync", max_steps=100000, batch_size=16, log_every_steps=20,
+                                      step_timeout_secs=4.0))
+    cluster.wait_for_log("worker:1", STEP_LINE, 180)
     cluster.kill("worker:1")
-    exits = cluster.wait_exits(60, ["worker:0", "ps:0"])
-    chief = cluster.tasks["worker:0"].log()
-    assert exits["worker:0"][0] == 1, chief[-3000:]
+    codes = cluster.wait_exits(60, ["worker:0", "ps:0"])
+    chief = cluster.log("worker:0")
+    assert codes["worker:0"] == EXIT_PEER_GONE, chief[-3000:]
     assert re.search(r"psworker: error: worker:0: a sync training step did not finish within 4 s "
                      r"\(--step_timeout_secs\): each step needs gradients from all workers; is a worker down\?",
                      chief), chief[-3000:]
     # the wait was not silent: the watchdog said what the step waits for, half way to the timeout
-    assert re.search(r"worker:0: a training step has been running for [23] s; a sync step waits for gradients from "
+    assert re.search(r"worker:0: a training step has been running for \d+ s; a sync step waits for gradients from "
                      r"2 of 2 workers: is one down or slow\? \(gives up after --step_timeout_secs 4\)", chief), \
         chief[-3000:]
-    assert exits["ps:0"][0] == 0
-    assert_no_processes(cluster.all_pids)
+    assert codes["ps:0"] == 0
+    assert_processes_gone(cluster.pids)

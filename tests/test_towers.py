@@ -7,7 +7,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from psworker import towers  # noqa: E402
+from psworker.train import towers  # noqa: E402
 from psworker.models.cifar10 import Cifar10Model  # noqa: E402
 
 v1 = tf.compat.v1

@@ -6,7 +6,6 @@ import logging
 import weakref
 from typing import Optional
 
-from psworker.models import register
 from psworker.models.base import InputSpec, Model
 
 log = logging.getLogger(__name__)
@@ -14,7 +13,6 @@ log = logging.getLogger(__name__)
 WEIGHT_DECAY = 0.004  # on local3 and local4 weights
 NUM_EPOCHS_PER_DECAY = 350.0
 LEARNING_RATE_DECAY_FACTOR = 0.1
-_DECAYED_LAYERS = ("local3", "local4")
 
 
 def _variable(name: str, shape, initializer):
@@ -173,7 +171,5 @@ class Cifar10Model(Model):
 
         return tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
 
-
-register("cifar10", Cifar10Model)
 
 __all__ = ["Cifar10Model", "WEIGHT_DECAY"]

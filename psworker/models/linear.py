@@ -6,7 +6,6 @@ it trains in seconds (a quick demo: `--model linear`).
 
 from __future__ import annotations
 
-from psworker.models import register
 from psworker.models.digits_inputs import INPUT_DIM, DigitsModel
 
 
@@ -25,6 +24,3 @@ class LinearModel(DigitsModel):
             w = v1.get_variable("weights", [INPUT_DIM, self.num_classes], tf.float32, v1.zeros_initializer())
             b = v1.get_variable("biases", [self.num_classes], tf.float32, v1.zeros_initializer())
         return tf.add(tf.matmul(x, w), b, name="logits")
-
-
-register("linear", LinearModel)

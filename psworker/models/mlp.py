@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from psworker.models import register
 from psworker.models.digits_inputs import INPUT_DIM, DigitsModel
 
 HIDDEN = (256,)
@@ -36,6 +35,3 @@ class MlpModel(DigitsModel):
             )
             b = v1.get_variable("biases", [self.num_classes], tf.float32, v1.zeros_initializer())
             return tf.add(tf.matmul(x, w), b, name="logits")
-
-
-register("mlp", MlpModel)

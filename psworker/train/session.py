@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,11 @@ class FastSessionCreator(_base_creator()):
         if sess is not None:
             log.info("%s: the ps tasks already hold a model; continuing from it (no checkpoint restore)", self._name)
             return sess
+        checkpoint = tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+        if checkpoint:
+            log.info("%s: restoring the checkpoint %s", self._name, os.path.basename(checkpoint))
+        else:
+            log.info("%s: no checkpoint to restore; initialising the model", self._name)
         return manager.prepare_session(
             self._master,
             saver=self._scaffold.saver,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
-from psworker.errors import PsworkerError
+from psworker.errors import TrainingFailed, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def evaluate_checkpoint(model, checkpoint: str, *, data_dir: Optional[str], batc
                 correct += int(h)
                 total += int(n)
     if total == 0:
-        raise PsworkerError("the evaluation split is empty")
+        raise TrainingFailed("the evaluation split is empty")
     return EvalResult(precision=correct / total, examples=total, global_step=step, checkpoint=checkpoint)
 
 
@@ -92,14 +92,15 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
         0.
 
     Raises:
-        PsworkerError: no train_dir, or (`once`) no checkpoint in it; missing data.
+        UsageError: no train_dir.
+        TrainingFailed: (`once`) no checkpoint in it, or it cannot be read; missing data.
     """
     import tensorflow as tf
 
     from psworker import models
 
     if not os.path.isdir(train_dir):
-        raise PsworkerError(f"--train_dir {train_dir} does not exist")
+        raise UsageError(f"--train_dir {train_dir} does not exist")
     recorded = _train_settings(train_dir)
     model = models.get(model_name or (recorded.model if recorded else "mlp"))
     if data_dir is None and recorded is not None:
@@ -113,13 +114,13 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
         while True:
             checkpoint = latest_checkpoint(train_dir)
             if checkpoint is None and once:
-                raise PsworkerError(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
+                raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
             if checkpoint is not None and checkpoint != seen:
                 try:
                     result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
                 except tf.errors.NotFoundError as exc:
                     if once:
-                        raise PsworkerError(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
+                        raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
                     # The chief keeps only the last few checkpoints: this one was deleted while we looked.
                     log.warning("%s vanished before it could be read; looking again in %g s", checkpoint,
                                 eval_interval_secs)

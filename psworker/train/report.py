@@ -1,51 +1,8 @@
-"""Where variables live: a greedy byte-balancing ps strategy for `replica_device_setter`, and a report."""
+"""`psworker plan --model`: where a model's training graph puts its variables, built without servers or data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-
-def variable_bytes(op) -> int:
-    """Bytes of the variable that `op` (a VarHandleOp / VariableV2) creates; 0 when its shape is unknown."""
-    import tensorflow as tf
-
-    try:
-        shape = tf.TensorShape(op.get_attr("shape"))
-        dtype = tf.as_dtype(op.get_attr("dtype"))
-    except ValueError:
-        return 0
-    if not shape.is_fully_defined():
-        return 0
-    return int(shape.num_elements()) * dtype.size
-
-
-@dataclass
-class GreedyByteStrategy:
-    """Places each new variable on the ps that holds the fewest bytes so far (ties: lowest index).
-
-    A callable `op -> ps task index`, as `tf.compat.v1.train.replica_device_setter(ps_strategy=...)` takes.
-    Deterministic: every worker builds the graph in the same order, so every worker computes the same placement.
-    It is also called for ops colocated with a variable (moving averages, optimizer slots); those follow their
-    variable wherever the strategy says, so `loads` counts them where it chose, not where they end up: read the
-    graph's devices (`placement_report`) for the real placement.
-    """
-
-    num_tasks: int
-    loads: list[int] = field(init=False)
-    assigned: list[tuple[str, int, int]] = field(init=False)   # (variable name, bytes, ps index)
-
-    def __post_init__(self) -> None:
-        if self.num_tasks < 1:
-            raise ValueError("GreedyByteStrategy needs at least one ps task")
-        self.loads = [0] * self.num_tasks
-        self.assigned = []
-
-    def __call__(self, op) -> int:
-        size = variable_bytes(op)
-        task = min(range(self.num_tasks), key=lambda i: (self.loads[i], i))
-        self.loads[task] += size
-        self.assigned.append((op.name, size, task))
-        return task
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -106,7 +63,7 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     """Builds `model_name`'s training graph as worker 0 of a between-graph cluster would (no servers, no data)
     and reads where each variable landed.
 
-    The graph is the trainer's own (`trainer.build_train_graph`, async): the global step, the model's variables and
+    The graph is the trainer's own (`graph.build_train_graph`, async): the global step, the model's variables and
     its moving averages (colocated with their variables), placed by `GreedyByteStrategy` in the trainer's order.
     In-graph replication and towers create the variables in the same order, so they get the same placement.
 
@@ -122,7 +79,7 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
 
     from psworker import models
     from psworker.spec import TrainConfig
-    from psworker.trainer import build_train_graph
+    from psworker.train.graph import build_train_graph
 
     if num_ps < 1:
         raise ValueError(f"num_ps must be at least 1, got {num_ps}")
@@ -168,3 +125,6 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
 
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+__all__ = ["PlacedVariable", "PlacementReport", "placement_report", "describe"]

@@ -24,19 +24,17 @@ class ProgressHook(_hook_base()):
     (the value fetched with the last step may predate that step's update).
     """
 
-    def __init__(self, loss, global_step, *, every_steps: int, examples_per_step: int, prefix: str = "",
+    def __init__(self, loss, global_step, *, every_steps: int, examples_per_step: int,
                  emit=print, name: str = "worker"):
         self._name = name
         self._loss = loss
         self._global_step = global_step
         self._every = every_steps
         self._examples = examples_per_step
-        self._prefix = prefix
         self._emit = emit
         self.local_steps = 0
         self.last_global_step = 0
         self.final_global_step: Optional[int] = None
-        self.first_step_at: Optional[float] = None   # time.time() when this worker's first step finished
         self._t0 = 0.0
 
     def begin(self):
@@ -51,8 +49,7 @@ class ProgressHook(_hook_base()):
         loss, step = run_values.results
         self.local_steps += 1
         self.last_global_step = int(step)
-        if self.first_step_at is None:
-            self.first_step_at = time.time()
+        if self.local_steps == 1:
             log.info("%s: first step done at global step %d", self._name, int(step))
         if self.local_steps % self._every:
             return
@@ -60,7 +57,7 @@ class ProgressHook(_hook_base()):
         duration = max(now - self._t0, 1e-9)
         self._t0 = now
         self._emit(
-            f"{self._prefix}step {int(step)}, loss = {float(loss):.2f} "
+            f"step {int(step)}, loss = {float(loss):.2f} "
             f"({self._every * self._examples / duration:.1f} examples/sec; {duration / self._every:.3f} sec/batch)",
             flush=True,
         )
@@ -128,3 +125,19 @@ class StepWatchdog:
             message = self.check()
             if message:
                 log.warning("%s", message)
+
+
+def _listener_base():
+    import tensorflow as tf
+
+    return tf.compat.v1.train.CheckpointSaverListener
+
+
+class CheckpointLogger(_listener_base()):
+    """Logs `worker:0: checkpoint of global step N saved` once a checkpoint is complete on disk."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def after_save(self, session, global_step_value):
+        log.info("%s: checkpoint of global step %d saved", self._name, int(global_step_value))

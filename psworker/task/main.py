@@ -1,0 +1,109 @@
+"""The entry of one task process: a ps that serves until the workers are done, or a training worker.
+
+Both return an exit code (see `psworker.errors`) or raise a `PsworkerError`; the CLI prints the error and leaves
+the process through `exit_now`, the one hard exit (TensorFlow's gRPC threads can hang interpreter teardown).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from psworker.errors import EXIT_OK, UsageError
+from psworker.spec import ClusterSpec, TrainConfig
+
+log = logging.getLogger(__name__)
+
+CHIEF_NEEDS_TRAIN_DIR = ("worker 0 (the chief) needs --train_dir (or train.train_dir in the spec): where it writes "
+                         "checkpoints, and where a restarted chief resumes from")
+
+
+def exit_now(code: int) -> None:
+    """Flushes logs and output, then leaves without the interpreter's teardown (~1 s, sometimes a hang in TF)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _import_tensorflow(name: str):
+    # TF's C++ INFO lines (oneDNN, CPU features) drown the training log; warnings and errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    started = time.time()
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    log.info("%s: TensorFlow imported in %.3f s", name, time.time() - started)
+    return tf
+
+
+def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers_gone_timeout_secs: float = 300.0,
+           allow_public_bind: bool = False) -> int:
+    """Starts ps `index` and serves until every worker is done (forever with `keep_running`).
+
+    Returns:
+        EXIT_OK.
+
+    Raises:
+        PeerGone: every worker went away without saying it was done for `workers_gone_timeout_secs`.
+    """
+    from psworker.task import server as srv
+    from psworker.task import shutdown
+
+    name = f"ps:{index}"
+    srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
+    _import_tensorflow(name)
+    server = srv.start_server(spec, "ps", index)
+    if keep_running:
+        log.info("%s: --keep_ps_running: serving until stopped", name)
+        while True:   # drain each run's done tokens so that the queue never fills
+            shutdown.serve_ps_until_workers_done(server.target, spec, index, wait_for_exit=False)
+            log.info("%s: every worker is done; still serving (--keep_ps_running)", name)
+    shutdown.serve_ps_until_workers_done(server.target, spec, index, gone_timeout_secs=workers_gone_timeout_secs)
+    log.info("%s: every worker is done; exiting", name)
+    return EXIT_OK
+
+
+def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_public_bind: bool = False) -> int:
+    """Starts worker `index`'s server (one CPU device per tower), then trains in the configured replication: every
+    between-graph worker and the in-graph client through `runner.run`; other in-graph workers serve until the client
+    is done.
+
+    Returns:
+        EXIT_OK once training (and, for the chief, the final evaluation) is done and the ps tasks were told.
+    """
+    from psworker.task import server as srv
+
+    name = f"worker:{index}"
+    srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
+    if index == 0 and config.train_dir is None:
+        raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
+    _import_tensorflow(name)
+    server_config = None
+    if config.num_devices > 1:
+        from psworker.train import towers
+
+        server_config = towers.session_config_for_towers(config.num_devices)
+    server = srv.start_server(spec, "worker", index, config=server_config)
+    from psworker.task import runner, shutdown
+    from psworker.train.ingraph import CLIENT_INDEX
+
+    if config.replication != "in-graph":
+        runner.run(server, spec, index, config, runner.between_graph(spec, index, config))
+    elif index == CLIENT_INDEX:
+        if config.mode == "sync" or config.replicas_to_aggregate:
+            log.warning("%s: in-graph replication is synchronous by construction; mode=%s and replicas_to_aggregate "
+                        "are ignored", name, config.mode)
+        runner.run(server, spec, index, config, runner.in_graph(spec, config))
+    else:
+        log.info("%s: in-graph replication: serving for the client worker:%d", name, CLIENT_INDEX)
+        shutdown.serve_until_client_done(server.target, spec, index, CLIENT_INDEX,
+                                         client_gone_secs=config.startup_timeout_secs)
+        log.info("%s: the client is done; exiting", name)
+        shutdown.signal_done(server.target, spec, index)
+    return EXIT_OK
+
+
+__all__ = ["run_ps", "run_worker", "exit_now", "CHIEF_NEEDS_TRAIN_DIR"]

@@ -1,0 +1,259 @@
+"""The one training runner of a worker, for both replications: scaffold and saver, hooks, session, the step loop,
+the final evaluation, and telling the other tasks that it is done.
+
+What differs between replications comes in a `Replication` (`between_graph`, `in_graph`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from psworker.errors import StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
+from psworker.models.base import Model
+from psworker.spec import ClusterSpec, TrainConfig
+from psworker.task import server as srv
+from psworker.task import shutdown
+from psworker.train import graph
+from psworker.train.graph import SYNC_INIT_TOKENS, TrainGraph
+from psworker.train.ingraph import CLIENT_INDEX, build_in_graph_train_graph
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAVE_CHECKPOINT_SECS = 60.0
+MAX_CHECKPOINTS = 5
+WATCHDOG_AFTER_SECS = 10.0
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What one replication tells the runner.
+
+    Attributes:
+        build: builds the training graph in the default graph: `(model, config) -> TrainGraph`.
+        is_chief: initialises or restores the model, writes checkpoints and summaries, evaluates at the end.
+        examples_per_step: examples one run of the train op consumes (for the progress line).
+        session_config: the `ConfigProto` of the training session.
+        wait_for: `{name: "host:port"}` of the tasks that must answer before each session is created.
+        hint: what a slow step may be waiting for (the watchdog's message).
+        timeout_message: the `StepTimeout` message when a step exceeds `--step_timeout_secs`.
+        release: `release(target)` once training is over, before the final evaluation (in-graph: frees the
+            serving workers).
+    """
+
+    build: Callable[[Model, TrainConfig], TrainGraph]
+    is_chief: bool
+    examples_per_step: int
+    session_config: object
+    wait_for: dict
+    hint: str
+    timeout_message: str
+    release: Optional[Callable[[str], None]] = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one worker did: the global step at its end and how many steps it ran itself."""
+
+    global_step: int
+    local_steps: int
+    seconds: float
+
+
+def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication: Replication, *,
+        emit=print) -> TrainResult:
+    """Trains worker `index` until the global step reaches `max_steps`, evaluates (chief), and tells every ps.
+
+    Also when a step times out or training stops early, the ps tasks are told (this worker will not come back by
+    itself), and the error is raised.
+
+    Raises:
+        StartupTimeout: the tasks in `replication.wait_for` or the chief's model did not come up in time.
+        StepTimeout: a step took longer than `--step_timeout_secs`.
+        StoppedEarly: the loop ended below `max_steps`.
+        TrainingFailed: the loss became NaN.
+    """
+    import tensorflow as tf
+
+    from psworker import models
+
+    name = f"worker:{index}"
+    model = models.get(config.model)
+    if replication.is_chief:
+        os.makedirs(config.train_dir, exist_ok=True)
+    try:
+        result = _train(server.target, config, model, replication, name, emit)
+    except tf.errors.DeadlineExceededError as exc:
+        raise StartupTimeout(f"{name}: timed out: {exc.message.splitlines()[0]}") from None
+    except (StepTimeout, StoppedEarly):
+        if replication.release is not None:
+            replication.release(server.target)
+        shutdown.signal_done(server.target, spec, index, timeout_secs=shutdown.SEND_DONE_AFTER_FAILURE_SECS)
+        raise
+    log.info("%s: done at global step %d after %d local steps in %.1f s", name, result.global_step,
+             result.local_steps, result.seconds)
+    if replication.release is not None:
+        replication.release(server.target)
+    if replication.is_chief:
+        from psworker.train import evaluate
+
+        checkpoint = evaluate.latest_checkpoint(config.train_dir)
+        if checkpoint:
+            emit(evaluate.format_result(evaluate.evaluate_checkpoint(model, checkpoint, data_dir=config.data_dir)),
+                 flush=True)
+    # Last: a ps waits for every worker's port to close before it exits, so this cannot race it.
+    shutdown.signal_done(server.target, spec, index)
+    return result
+
+
+def _train(target: str, config: TrainConfig, model: Model, replication: Replication, name: str,
+           emit) -> TrainResult:
+    """The session and its step loop; the sessions are left open at the end (the process leaves soon after)."""
+    import tensorflow as tf
+
+    from psworker.train.hooks import ProgressHook, StepWatchdog
+    from psworker.train.session import FastSessionCreator
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        if config.seed is not None:
+            v1.set_random_seed(config.seed)
+        tg = replication.build(model, config)
+        scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
+                                                          save_relative_paths=True))
+        progress = ProgressHook(tg.loss, tg.global_step, every_steps=config.log_every_steps,
+                                examples_per_step=replication.examples_per_step, emit=emit, name=name)
+        hooks = [v1.train.StopAtStepHook(last_step=config.max_steps), v1.train.NanTensorHook(tg.loss), progress]
+        if tg.sync_optimizer is not None:
+            hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
+        if replication.is_chief:
+            hooks.extend(chief_hooks(config, scaffold, name))
+
+        def wait_for_peers() -> None:
+            srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name)
+
+        creator = FastSessionCreator(
+            scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
+            checkpoint_dir=config.train_dir if replication.is_chief else None,
+            max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
+        )
+        started = time.monotonic()
+        watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
+        # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
+        with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
+            try:
+                with StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs) as watchdog:
+                    _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message)
+            except v1.train.NanLossDuringTrainingError:
+                raise TrainingFailed(f"{name}: the loss became NaN (lower --learning_rate?)") from None
+            finally:
+                creator.abandon_on_close()
+            log.info("%s: last step done (%d local steps)", name, progress.local_steps)
+    final = progress.final_global_step if progress.final_global_step is not None else progress.last_global_step
+    if final < config.max_steps:
+        why = ("the chief closed the sync token queue (did it fail or stop early?)" if tg.sync_optimizer is not None
+               else "the input ran out")
+        raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
+                           f"{why}")
+    return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started)
+
+
+def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str
+               ) -> None:
+    """One `train_op` per step, each bounded by `--step_timeout_secs`; returns when the session says stop."""
+    import tensorflow as tf
+
+    steady = tf.compat.v1.RunOptions(timeout_in_ms=int(config.step_timeout_secs * 1000))
+    # The first step of a (re-created) session may wait for other workers to start: allow for that as well.
+    first = tf.compat.v1.RunOptions(
+        timeout_in_ms=int((config.step_timeout_secs + config.startup_timeout_secs) * 1000))
+    seen_session = -1
+    while not sess.should_stop():
+        session_now = creator.sessions_created
+        watchdog.step_started()
+        try:
+            sess.run(tg.train_op, options=first if session_now != seen_session else steady)
+        except tf.errors.DeadlineExceededError:
+            raise StepTimeout(timeout_message) from None
+        except tf.errors.OutOfRangeError:
+            # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
+            # step read at the end tells whether training is complete.
+            log.info("%s: %s", name, "the sync token queue was closed: the chief has stopped"
+                     if tg.sync_optimizer is not None else "the input ran out (OutOfRangeError)")
+            return
+        finally:
+            watchdog.step_finished()
+        seen_session = creator.sessions_created
+
+
+def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
+    """The chief's checkpoint and summary hooks, writing into `config.train_dir`."""
+    import tensorflow as tf
+
+    from psworker.train.hooks import CheckpointLogger
+
+    v1 = tf.compat.v1
+    every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
+             else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
+    saver = v1.train.CheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)],
+                                         **every)
+    summaries = v1.train.SummarySaverHook(save_steps=max(1, config.log_every_steps), output_dir=config.train_dir,
+                                          scaffold=scaffold)
+    return [saver, summaries]
+
+
+def between_graph(spec: ClusterSpec, index: int, config: TrainConfig) -> Replication:
+    """What the runner needs to train worker `index` of a between-graph cluster ."""
+    name = f"worker:{index}"
+    if config.mode == "sync":
+        needed = config.replicas_to_aggregate or len(spec.worker)
+        hint = (f"a sync step waits for gradients from {needed} of {len(spec.worker)} workers: is one down or slow? "
+                f"(gives up after --step_timeout_secs {config.step_timeout_secs:g})")
+        timeout = (f"{name}: a sync training step did not finish within {config.step_timeout_secs:g} s "
+                   f"(--step_timeout_secs): each step needs gradients from "
+                   f"{config.replicas_to_aggregate or 'all'} workers; is a worker down? Start it again (it rejoins), "
+                   "or run with fewer --replicas_to_aggregate than workers so that the others can go on without it")
+    else:
+        hint = "is a ps task overloaded or unreachable?"
+        timeout = (f"{name}: a training step did not finish within {config.step_timeout_secs:g} s "
+                   "(--step_timeout_secs): is a ps task overloaded or unreachable?")
+    cluster = spec.as_dict()
+    return Replication(
+        build=lambda model, cfg: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index),
+        is_chief=index == 0, examples_per_step=config.batch_size * config.num_devices,
+        session_config=srv.session_config("worker", index), wait_for=srv.task_addresses(spec, ("ps",)),
+        hint=hint, timeout_message=timeout,
+    )
+
+
+def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
+    """What the runner needs to train the whole cluster from the client ."""
+    name = f"worker:{CLIENT_INDEX}"
+    num_workers = len(spec.worker)
+    cluster = spec.as_dict()
+    examples_per_step = config.batch_size * config.num_devices * num_workers
+    log.info("%s: in-graph client for %d workers x %d towers, %d examples per step", name, num_workers,
+             config.num_devices, examples_per_step)
+
+    def release(target: str) -> None:   # the serving workers can go; each tells the ps tasks itself that it is done
+        shutdown.release_workers(target, spec, CLIENT_INDEX)
+
+    hint = ("each step needs every worker: is one down or slow? "
+            f"(gives up after --step_timeout_secs {config.step_timeout_secs:g})")
+    return Replication(
+        build=lambda model, cfg: build_in_graph_train_graph(model, cfg, cluster=cluster),
+        is_chief=True, examples_per_step=examples_per_step,
+        # No device filters: this client places ops on every worker task.
+        session_config=srv.session_config("worker", CLIENT_INDEX, filter_devices=False),
+        wait_for=srv.task_addresses(spec, ("ps", "worker")), hint=hint,
+        timeout_message=(f"{name}: an in-graph training step did not finish within {config.step_timeout_secs:g} s "
+                         "(--step_timeout_secs): each step needs every worker; is one down?"),
+        release=release,
+    )
+
+
+__all__ = ["Replication", "TrainResult", "run", "chief_hooks", "between_graph", "in_graph"]

@@ -1,0 +1,187 @@
+"""One worker's training graph (between-graph replication) and the pieces every training graph shares.
+
+Async mode: each worker applies its own gradients. Sync mode: `SyncReplicasOptimizer` averages
+`replicas_to_aggregate` gradients per global step (fewer than the number of workers makes the rest backup workers
+whose stale gradients are dropped), with two changes: its inner update is capped at `max_steps` (`CappedOptimizer`,
+so the global step ends exactly there), and no tokens are queued up front (`SYNC_INIT_TOKENS`), so that each
+worker's first gradient belongs to the first step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from psworker.models.base import InputSpec, Model
+from psworker.spec import TrainConfig
+
+# TF queues `replicas_to_aggregate` tokens when the chief starts, so a fast worker can push two gradients for the
+# first step before a slow one pushes any. With none, every worker's first gradient waits for the first update.
+SYNC_INIT_TOKENS = 0
+
+
+@dataclass(frozen=True)
+class TrainGraph:
+    """The tensors the runner needs from a training graph."""
+
+    train_op: object
+    loss: object
+    global_step: object
+    learning_rate: object
+    sync_optimizer: object   # None unless between-graph sync mode
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """What every training graph builds the same way: the learning rate, the optimizer and the moving averages."""
+
+    learning_rate: object
+    optimizer: object
+    ema: object              # an ExponentialMovingAverage, or None when the model keeps none
+
+
+def optimization(model: Model, config: TrainConfig, global_step, examples_per_step: int) -> Optimization:
+    """The model's learning rate (`--learning_rate` or its default, decayed by `examples_per_step`), optimizer and
+    moving averages, built in the current graph and device scope."""
+    import tensorflow as tf
+
+    base_lr = config.learning_rate if config.learning_rate is not None else model.default_learning_rate
+    lr = model.learning_rate(global_step, base_lr, examples_per_step, config.data_dir)
+    ema = None
+    if model.moving_average_decay:
+        ema = tf.compat.v1.train.ExponentialMovingAverage(model.moving_average_decay, global_step)
+    return Optimization(lr, model.optimizer(lr), ema)
+
+
+class CappedOptimizer:
+    """Wraps a `tf.compat.v1.train.Optimizer` so that `apply_gradients` updates nothing, and leaves the global step
+    alone, once the global step has reached `last_step`.
+
+    Under `SyncReplicasOptimizer` only the chief's aggregation thread applies updates, one at a time, so the check
+    and the increment cannot race and the global step ends at `last_step` exactly, whatever gradients workers that
+    have not yet seen the end still push. Everything else is delegated to the wrapped optimizer.
+    """
+
+    def __init__(self, optimizer, last_step: int):
+        self._opt = optimizer
+        self._last_step = last_step
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        import tensorflow as tf
+
+        if global_step is None:
+            raise ValueError("CappedOptimizer needs the global step")
+        grads_and_vars = list(grads_and_vars)
+        last = tf.constant(self._last_step, global_step.dtype.base_dtype)
+        below = tf.less(global_step, last, name="below_max_steps")
+
+        def apply():
+            with tf.control_dependencies([self._opt.apply_gradients(grads_and_vars, global_step, name)]):
+                return tf.constant(True)
+
+        return tf.compat.v1.cond(below, apply, lambda: tf.constant(False), name="capped_update").op
+
+    def __getattr__(self, attr):
+        return getattr(self._opt, attr)
+
+
+def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[dict], task_index: int) -> TrainGraph:
+    """Builds one worker's replica of the training graph in the current default graph.
+
+    Variables go to the ps tasks (greedy by bytes: every worker builds the same graph in the same order, so all
+    compute the same placement); compute and input ops stay on this worker. `cluster=None` builds the same graph
+    for one process without servers (no placement; async updates only).
+    """
+    import tensorflow as tf
+
+    from psworker.train.placement import GreedyByteStrategy
+
+    v1 = tf.compat.v1
+    num_workers = len(cluster["worker"]) if cluster else 1
+    if cluster:
+        worker_device = f"/job:worker/task:{task_index}"
+        placement = v1.train.replica_device_setter(
+            cluster=cluster, worker_device=worker_device, ps_strategy=GreedyByteStrategy(len(cluster["ps"]))
+        )
+        input_device = f"{worker_device}/device:CPU:0"
+    else:
+        if config.mode == "sync":
+            raise ValueError("sync mode needs a cluster")
+        worker_device, placement, input_device = "", None, "/device:CPU:0"
+    with tf.compat.v1.device(placement):
+        global_step = v1.train.get_or_create_global_step()
+        with tf.device(input_device):
+            images, labels = model.train_inputs(InputSpec(
+                data_dir=config.data_dir, batch_size=config.batch_size * config.num_devices,
+                shard_index=task_index, num_shards=num_workers, seed=config.seed,
+            ))
+        opt = optimization(model, config, global_step, config.batch_size * config.num_devices)
+        lr, optimizer, ema = opt.learning_rate, opt.optimizer, opt.ema
+        if config.num_devices > 1:
+            from psworker.train import towers
+
+            grads, loss = towers.build_tower_gradients(
+                model, optimizer, images, labels, config.num_devices, device_prefix=worker_device
+            )
+        else:
+            logits = model.inference(images, training=True)
+            loss = model.loss(logits, labels)
+            grads = optimizer.compute_gradients(loss)
+        sync = None
+        if config.mode == "sync":
+            sync = v1.train.SyncReplicasOptimizer(
+                CappedOptimizer(optimizer, config.max_steps),
+                replicas_to_aggregate=config.replicas_to_aggregate or num_workers,
+                total_num_replicas=num_workers,
+                variable_averages=ema,
+                variables_to_average=v1.trainable_variables() if ema else None,
+            )
+            optimizer = sync
+        apply_op = optimizer.apply_gradients(grads, global_step=global_step)
+        # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
+        train_op = finish_train_op(apply_op, None if sync else ema, loss, lr)
+    return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync)
+
+
+def finish_train_op(apply_op, ema, loss, learning_rate):
+    """The train op: `apply_op`, then the moving averages of the trainable variables when `ema` is given.
+
+    Also records the loss and learning-rate summaries the chief writes.
+    """
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    v1.summary.scalar("loss", loss)
+    v1.summary.scalar("learning_rate", learning_rate)
+    if ema is None:
+        return apply_op
+    with tf.control_dependencies([apply_op]):
+        return tf.group(apply_op, ema.apply(v1.trainable_variables()), name="train_op")
+
+
+def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_steps: int = 20) -> tuple[float, int]:
+    """Trains `model` for `steps` steps in this process, without servers (the benchmark's baseline).
+
+    Returns:
+        `(seconds, steps)` for the steps after the first `warmup_steps`.
+    """
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        if config.seed is not None:
+            v1.set_random_seed(config.seed)
+        tg = build_train_graph(model, config, cluster=None, task_index=0)
+        with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator()) as sess:
+            for _ in range(warmup_steps):
+                sess.run(tg.train_op)
+            start = time.perf_counter()
+            for _ in range(steps):
+                sess.run(tg.train_op)
+            return time.perf_counter() - start, steps
+
+
+__all__ = ["TrainGraph", "Optimization", "optimization", "CappedOptimizer", "build_train_graph", "finish_train_op",
+           "train_in_process", "SYNC_INIT_TOKENS"]
