@@ -1,0 +1,328 @@
+"""Slurm: the sbatch script `psworker slurm submit` writes and submits, TensorFlow's task layout over an
+allocation, and the `srun` argv that starts one task as its own job step.
+
+Layout rules are TensorFlow's `SlurmClusterResolver` (tensorflow/python/distribute/cluster_resolver/
+slurm_cluster_resolver.py), so a cluster psworker lays out equals the one the resolver computes:
+
+- nodes come from the expanded hostlist, paired in order with the expanded tasks-per-node list
+  (`SLURM_TASKS_PER_NODE`, e.g. `2(x3),1`);
+- task addresses are made node by node in **sorted hostname order** (string order: `node10` before `node9`),
+  `port_base + k` for the k-th task on a node (TF's default port_base: 8888);
+- jobs take consecutive slices of that list in **sorted job-name order** (`ps` before `worker`), and the
+  number of tasks of all jobs must equal the allocation's task count.
+
+One `srun` step per task (`--nodes=1 --ntasks=1 --nodelist=HOST --overlap`), so a task restarted by the
+launcher is a new step of the same allocation, and each step can be signalled or cancelled on its own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from psworker.errors import PsworkerError, UsageError
+
+__all__ = ["DEFAULT_PORT_BASE", "SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ",
+           "cluster_dict", "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "sbatch_script", "srun_argv",
+           "step_job_name", "submit", "write_sbatch_script"]
+
+DEFAULT_PORT_BASE = 8888          # SlurmClusterResolver's default
+SCRIPT_NAME = "psworker.sbatch"
+SUBMITTED_SPEC = "submitted-spec.yaml"
+_SBATCH_VALUE = re.compile(r"[^\s'\"\\#]+\Z")
+
+
+class SubmitError(PsworkerError):
+    """sbatch refused the job or could not be run."""
+
+    exit_code = 1
+
+
+# ---------------------------------------------------------------------------------------- allocation
+
+def _split_outside_brackets(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for c in text:
+        if c == "[":
+            if depth:
+                raise ValueError("nested '['")
+            depth = 1
+        elif c == "]":
+            if not depth:
+                raise ValueError("']' without '['")
+            depth = 0
+        elif c == "," and not depth:
+            if not cur:
+                raise ValueError("empty host name")
+            parts.append(cur)
+            cur = ""
+            continue
+        cur += c
+    if depth:
+        raise ValueError("unclosed '['")
+    if cur:
+        parts.append(cur)
+    return parts
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    values = []
+    for item in ranges.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if m is None:
+            raise ValueError(f"bad range {item!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise ValueError(f"range {item!r} goes backwards")
+        values += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
+    return values
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expands a Slurm hostlist, keeping its order and duplicates: `n[1-2],m5,o[08-10]` ->
+    `['n1', 'n2', 'm5', 'o08', 'o09', 'o10']`.
+
+    Same results as TensorFlow's `expand_hostlist` (zero padding follows the range's first number), and also
+    what TF rejects but Slurm writes for some names: a suffix after the brackets and several bracket groups
+    (`rack[1-2]-n[1-2]` -> rack1-n1, rack1-n2, rack2-n1, rack2-n2).
+
+    Raises:
+        ValueError: the text is not a hostlist; the message quotes it.
+    """
+    hosts: list[str] = []
+    try:
+        for part in _split_outside_brackets(hostlist.strip()):
+            pieces = re.split(r"\[([^\]]*)\]", part)   # text, ranges, text, ranges, ..., text
+            expanded = [""]
+            for i, piece in enumerate(pieces):
+                options = _expand_ranges(piece) if i % 2 else [piece]
+                expanded = [e + o for e in expanded for o in options]
+            hosts += expanded
+    except ValueError as e:
+        raise ValueError(f'invalid Slurm hostlist "{hostlist}": {e}') from None
+    if not hosts:
+        raise ValueError(f'invalid Slurm hostlist "{hostlist}": no hosts')
+    return hosts
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Expands Slurm's tasks-per-node list: `3(x2),2,1` -> `[3, 3, 2, 1]` (TensorFlow's rule).
+
+    Raises:
+        ValueError: the text is not such a list.
+    """
+    counts: list[int] = []
+    for part in text.strip().split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if m is None:
+            raise ValueError(f'invalid Slurm tasks-per-node list "{text}": bad part {part!r}')
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def allocation_from_environ(environ: Mapping[str, str]) -> tuple[list[str], list[int]]:
+    """The allocation a batch script runs in: (nodes, tasks per node), from SLURM_JOB_NODELIST and
+    SLURM_TASKS_PER_NODE (inside an `srun` step, its SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE).
+
+    Raises:
+        UsageError: not inside a Slurm allocation, or the two lists disagree in length.
+    """
+    step = "SLURM_STEP_NODELIST" in environ and "SLURM_STEP_TASKS_PER_NODE" in environ
+    names = (("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE") if step
+             else ("SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE"))
+    missing = [n for n in names if n not in environ]
+    if missing:
+        raise UsageError(f"{' and '.join(missing)} not set: not inside a Slurm allocation "
+                         "(run this from an sbatch script or salloc)")
+    try:
+        nodes = expand_hostlist(environ[names[0]])
+        counts = expand_tasks_per_node(environ[names[1]])
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if len(nodes) != len(counts):
+        raise UsageError(f"{names[0]}={environ[names[0]]} names {len(nodes)} nodes but "
+                         f"{names[1]}={environ[names[1]]} gives counts for {len(counts)}")
+    return nodes, counts
+
+
+# -------------------------------------------------------------------------------------------- layout
+
+@dataclass(frozen=True)
+class SlurmTask:
+    """One task placed on the allocation: `job:index` on `host`, serving on `port`; `rank` is the
+    SLURM_PROCID that SlurmClusterResolver would give it."""
+
+    job: str
+    index: int
+    host: str
+    port: int
+    rank: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def layout(jobs: Mapping[str, int], nodes: Sequence[str], tasks_per_node: Union[int, Sequence[int]],
+           port_base: int = DEFAULT_PORT_BASE) -> list[SlurmTask]:
+    """Places each job's tasks on the allocation exactly as TensorFlow's SlurmClusterResolver does.
+
+    Args:
+        jobs: tasks per job, e.g. `{"ps": 1, "worker": 2}`.
+        nodes: the allocation's nodes (`expand_hostlist(SLURM_JOB_NODELIST)`).
+        tasks_per_node: one count for every node, or one per node in `nodes`' order.
+        port_base: the first task on each node serves on this port, the next on port_base + 1, ...
+
+    Returns:
+        Every task, in rank order (jobs sorted by name, then index).
+
+    Raises:
+        UsageError: the jobs' task count differs from the allocation's, or the counts do not match the nodes.
+    """
+    counts = [int(tasks_per_node)] * len(nodes) if isinstance(tasks_per_node, int) else list(tasks_per_node)
+    if len(counts) != len(nodes):
+        raise UsageError(f"{len(nodes)} nodes but {len(counts)} tasks-per-node counts")
+    per_node = dict(zip(nodes, counts))       # as TF: a node listed twice keeps its last count
+    if not (0 < port_base and port_base + max(per_node.values(), default=1) - 1 <= 65535):
+        raise UsageError(f"port_base {port_base}: ports must stay within 1-65535")
+    slots = [(host, port_base + k) for host in sorted(per_node) for k in range(per_node[host])]
+    wanted = sum(jobs.values())
+    if wanted != len(slots):
+        raise UsageError(f"the spec has {wanted} tasks ({', '.join(f'{n} {j}' for j, n in sorted(jobs.items()))}) "
+                         f"but the allocation runs {len(slots)} ({' + '.join(map(str, counts))} on "
+                         f"{len(nodes)} nodes): submit with --ntasks={wanted}")
+    tasks, rank = [], 0
+    for job in sorted(jobs):
+        for index in range(jobs[job]):
+            host, port = slots[rank]
+            tasks.append(SlurmTask(job, index, host, port, rank))
+            rank += 1
+    return tasks
+
+
+def cluster_dict(tasks: Sequence[SlurmTask]) -> dict[str, list[str]]:
+    """`{"ps": ["host:port", ...], "worker": [...]}`: TF's `ClusterSpec.as_dict()` of the same layout."""
+    out: dict[str, list[str]] = {}
+    for t in sorted(tasks, key=lambda t: t.rank):
+        out.setdefault(t.job, []).append(t.address)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- srun
+
+def step_job_name(job: str, index: int) -> str:
+    """`psworker-worker-1`: a task's step name (`squeue --steps` shows it)."""
+    return f"psworker-{job}-{index}"
+
+
+def srun_argv(task: SlurmTask, argv: Sequence[str], *, srun: str = "srun",
+              extra: Sequence[str] = ()) -> list[str]:
+    """The argv that starts one task as its own step of the current allocation, on its node:
+    `srun --nodes=1 --ntasks=1 --nodelist=HOST --overlap --job-name=psworker-worker-1 ... -- ARGV`.
+
+    Run it from inside the allocation (the batch script). The step inherits srun's own environment
+    (`--export=ALL`), so pass the task's variables in srun's environment. The task's stdout and stderr come out
+    of srun's (`--unbuffered`); srun's exit status is the task's. Each (re)start is a new step.
+
+    Args:
+        task: where the task runs (`layout()`).
+        argv: the task's command, e.g. `[python, "-m", "psworker", "worker", ...]`.
+        extra: more srun options (placed before `--`), e.g. `("--cpus-per-task=2",)`.
+    """
+    if not argv:
+        raise UsageError("srun: empty task argv")
+    return [srun, "--nodes=1", "--ntasks=1", f"--nodelist={task.host}", "--overlap",
+            f"--job-name={step_job_name(task.job, task.index)}", "--export=ALL", "--unbuffered",
+            *extra, "--", *argv]
+
+
+# -------------------------------------------------------------------------------------------- sbatch
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    """The `#SBATCH` settings of a psworker job. `ntasks` is the spec's task count; None leaves Slurm's default."""
+
+    ntasks: int
+    job_name: str = "psworker"
+    nodes: Optional[str] = None          # a count or a range, e.g. "2" or "2-4"
+    time: Optional[str] = None           # Slurm time, e.g. "1:00:00" or "2-00:00:00"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    output: Optional[str] = None         # default: <run_dir>/slurm-%j.out
+
+    def lines(self, run_dir: Path) -> list[str]:
+        """The `#SBATCH --opt=value` lines (values checked: sbatch does not shell-parse them)."""
+        values = [("job-name", self.job_name), ("ntasks", str(self.ntasks)), ("nodes", self.nodes),
+                  ("time", self.time), ("partition", self.partition), ("account", self.account),
+                  ("output", self.output or str(run_dir / "slurm-%j.out")), ("chdir", str(run_dir))]
+        out = []
+        for name, value in values:
+            if value is None:
+                continue
+            if not _SBATCH_VALUE.match(value):
+                raise UsageError(f"--{name} {value!r}: an #SBATCH value cannot hold spaces, quotes, '\\' or '#'")
+            out.append(f"#SBATCH --{name}={value}")
+        return out
+
+
+def launch_argv(spec_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], *, python: str,
+                port_base: int = DEFAULT_PORT_BASE, worker_flags: Sequence[str] = ()) -> list[str]:
+    """`PYTHON -m psworker slurm launch SPEC --run_dir D --port_base P [worker flags]`: what the batch script runs."""
+    return [python, "-m", "psworker", "slurm", "launch", os.fspath(spec_path), "--run_dir", os.fspath(run_dir),
+            "--port_base", str(port_base), *worker_flags]
+
+
+def sbatch_script(options: SbatchOptions, run_dir: Path, inner_argv: Sequence[str], *,
+                  description: str = "") -> str:
+    """The text of a readable, re-submittable batch script that runs `inner_argv` (each part shell-quoted)."""
+    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    header = [
+        "#!/bin/bash",
+        f"# psworker job{': ' + description if description else ''}",
+        f"# Written by `psworker slurm submit` on {stamp}. Submit it again by hand with:",
+        f"#   sbatch {shlex.quote(str(run_dir / SCRIPT_NAME))}",
+        "# Inside the allocation, the line at the bottom starts one `srun` step per task (ps first, then",
+        "# workers) on the nodes TensorFlow's SlurmClusterResolver would choose, and watches them.",
+    ]
+    body = ["", "set -euo pipefail", "", "exec " + " ".join(shlex.quote(str(a)) for a in inner_argv)]
+    return "\n".join(header + options.lines(run_dir) + body) + "\n"
+
+
+def write_sbatch_script(run_dir: Union[str, os.PathLike], options: SbatchOptions, inner_argv: Sequence[str],
+                        *, description: str = "") -> Path:
+    """Writes `<run_dir>/psworker.sbatch` (mode 0755) and returns its path; run_dir must exist."""
+    run_dir = Path(run_dir).resolve()
+    path = run_dir / SCRIPT_NAME
+    path.write_text(sbatch_script(options, run_dir, inner_argv, description=description))
+    path.chmod(0o755)
+    return path
+
+
+def submit(script: Union[str, os.PathLike], *, sbatch: str = "sbatch", env: Optional[Mapping[str, str]] = None,
+           timeout: float = 60.0) -> str:
+    """Submits a batch script with `sbatch --parsable SCRIPT` and returns the job id.
+
+    Raises:
+        SubmitError: sbatch is missing, failed (its message is included) or did not answer within `timeout`.
+    """
+    argv = [sbatch, "--parsable", os.fspath(script)]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                env=None if env is None else dict(env), stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SubmitError(f"{sbatch}: not found; is this a Slurm login node?") from None
+    except subprocess.TimeoutExpired:
+        raise SubmitError(f"{shlex.join(argv)}: no answer within {timeout:g} s (is slurmctld up?)") from None
+    if result.returncode != 0:
+        raise SubmitError(f"{shlex.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
+    job_id = result.stdout.strip().split(";")[0]     # --parsable: "ID" or "ID;CLUSTER"
+    if not job_id.isdigit():
+        raise SubmitError(f"{shlex.join(argv)}: unexpected answer {result.stdout.strip()!r}")
+    return job_id
