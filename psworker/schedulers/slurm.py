@@ -256,6 +256,7 @@ class SbatchOptions:
     partition: Optional[str] = None
     account: Optional[str] = None
     output: Optional[str] = None         # default: <run_dir>/slurm-%j.out
+    overcommit: bool = False             # more tasks than CPUs (the ps tasks are mostly idle)
 
     def lines(self, run_dir: Path) -> list[str]:
         """The `#SBATCH --opt=value` lines (values checked: sbatch does not shell-parse them)."""
@@ -269,6 +270,8 @@ class SbatchOptions:
             if not _SBATCH_VALUE.match(value):
                 raise UsageError(f"--{name} {value!r}: an #SBATCH value cannot hold spaces, quotes, '\\' or '#'")
             out.append(f"#SBATCH --{name}={value}")
+        if self.overcommit:
+            out.insert(2, "#SBATCH --overcommit")
         return out
 
 
