@@ -96,3 +96,14 @@ def test_srun_argv_is_one_step_on_one_node():
                     "/usr/bin/python3", "-m", "psworker", "worker", "--train_dir", "/a b"]
     with pytest.raises(UsageError):
         srun_argv(task, [])
+
+
+def test_step_lookup_and_signal_argv():
+    from psworker.schedulers.slurm import parse_steps, signal_step_argv, steps_argv
+
+    assert steps_argv("12") == ["squeue", "--steps", "-h", "-o", "%i %j", "-j", "12"]
+    assert parse_steps("12.batch batch\n12.0 psworker-ps-0\n12.3 psworker-worker-1\n\n") == {
+        "batch": "12.batch", "psworker-ps-0": "12.0", "psworker-worker-1": "12.3"}
+    assert signal_step_argv("12.3") == ["scancel", "--signal=TERM", "12.3"]
+    with pytest.raises(UsageError, match="JOB.STEP"):
+        signal_step_argv("12")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from psworker.cli import main
@@ -108,3 +109,44 @@ def test_layout_and_srun_steps_inside_a_real_allocation(slurm, tmp_path):
     assert lines[-2] == "['psworker-ps-0', 'psworker-worker-0', 'psworker-worker-1'] [0, 0, 0]", out.read_text()
     node = slurm.node
     assert lines[-1] == repr([f"{node}:8888", f"{node}:8889", f"{node}:8890"])
+
+
+def test_a_step_is_signalled_by_scancel_and_ends_with_its_srun(slurm, tmp_path):
+    """What a Slurm process backend relies on: `scancel --signal=TERM JOB.STEP` reaches the task's own handler
+    and srun exits with the task's status; killing srun (SIGKILL) ends its step and the task with it."""
+    marker = f"psworker-test-{tmp_path.name}"
+    program = (
+        "import os, signal, subprocess, sys, time\n"
+        "from psworker.schedulers.slurm import (allocation_from_environ, layout, parse_steps, signal_step_argv,\n"
+        "                                       srun_argv, steps_argv)\n"
+        "tasks = layout({'worker': 2}, *allocation_from_environ(os.environ))\n"
+        "task = (\"import signal, sys, time\\n\"\n"
+        "        \"signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(143)))\\n\"\n"
+        "        \"print('up', flush=True)\\ntime.sleep(300)\")\n"
+        f"procs = [subprocess.Popen(srun_argv(t, [sys.executable, '-c', task, {marker!r}]), stdout=subprocess.PIPE,\n"
+        "                          text=True) for t in tasks]\n"
+        "print([p.stdout.readline().strip() for p in procs], flush=True)\n"
+        "steps = parse_steps(subprocess.run(steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True,\n"
+        "                                   text=True).stdout)\n"
+        "print(sorted(steps), flush=True)\n"
+        "subprocess.run(signal_step_argv(steps['psworker-worker-0']), check=True)\n"
+        "print(repr(procs[0].stdout.read()), procs[0].wait(), flush=True)\n"
+        "procs[1].kill()\n"
+        "procs[1].wait()\n"
+        "for _ in range(100):\n"
+        "    left = parse_steps(subprocess.run(steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True,\n"
+        "                                      text=True).stdout)\n"
+        "    if 'psworker-worker-1' not in left:\n"
+        "        break\n"
+        "    time.sleep(0.2)\n"
+        "print(sorted(left), flush=True)\n")
+    script = write_sbatch_script(tmp_path, SbatchOptions(ntasks=2, time="0:05:00", overcommit=True),
+                                 [sys.executable, "-c", program])
+    job_id = submit(script, env=dict(slurm.env, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+    out = tmp_path / f"slurm-{job_id}.out"
+    slurm.wait_until(lambda: job_id not in slurm.jobs(), 90, f"job {job_id} finished")
+    lines = [l for l in out.read_text().splitlines() if not l.startswith(("srun:", "slurmstepd"))]
+    assert lines == ["['up', 'up']", "['batch', 'psworker-worker-0', 'psworker-worker-1']", "'got TERM\\n' 143",
+                     "['batch']"], out.read_text()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])
+                and p.status() != psutil.STATUS_ZOMBIE]

@@ -30,8 +30,8 @@ from typing import Optional, Union
 from psworker.errors import PsworkerError, UsageError
 
 __all__ = ["DEFAULT_PORT_BASE", "SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ",
-           "cluster_dict", "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "sbatch_script", "srun_argv",
-           "step_job_name", "submit", "write_sbatch_script"]
+           "cluster_dict", "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "parse_steps",
+           "sbatch_script", "signal_step_argv", "srun_argv", "step_job_name", "steps_argv", "submit", "write_sbatch_script"]
 
 DEFAULT_PORT_BASE = 8888          # SlurmClusterResolver's default
 SCRIPT_NAME = "psworker.sbatch"
@@ -242,6 +242,30 @@ def srun_argv(task: SlurmTask, argv: Sequence[str], *, srun: str = "srun",
             f"--job-name={step_job_name(task.job, task.index)}", "--export=ALL", "--unbuffered",
             *extra, "--", *argv]
 
+
+
+def steps_argv(job_id: str, *, squeue: str = "squeue") -> list[str]:
+    """`squeue --steps -h -o '%i %j' -j JOB`: the running steps of a job, one `JOB.STEP NAME` per line."""
+    return [squeue, "--steps", "-h", "-o", "%i %j", "-j", str(job_id)]
+
+
+def parse_steps(text: str) -> dict[str, str]:
+    """`steps_argv`'s output -> `{step name: "JOB.STEP"}` (e.g. `{"psworker-worker-1": "12.3"}`)."""
+    steps = {}
+    for line in text.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            steps[parts[1].strip()] = parts[0]
+    return steps
+
+
+def signal_step_argv(step: str, signal: str = "TERM", *, scancel: str = "scancel") -> list[str]:
+    """`scancel --signal=TERM JOB.STEP`: delivers the signal to the step's task (which may handle it; srun then
+    exits with the task's status). Without it, any signal that ends srun itself (TERM, KILL) cancels the step
+    with SIGKILL: no grace period."""
+    if not re.fullmatch(r"\d+\.\d+", step):
+        raise UsageError(f"step {step!r}: expected JOB.STEP, e.g. 12.3")
+    return [scancel, f"--signal={signal}", step]
 
 # -------------------------------------------------------------------------------------------- sbatch
 
