@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from psworker.errors import PsworkerError, UsageError
-from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, load_spec,
+from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, load_spec,
                            merge_train)
 
 log = logging.getLogger(__name__)
@@ -77,20 +77,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.specs:
         try:
-            spec = load_spec(path)
+            spec = load_spec(path, allow_counts=True)
         except PsworkerError as e:
             print(f"psworker: error: {e}", file=sys.stderr)
             failed += 1
             continue
-        print(f"OK {path} ({len(spec.ps)} ps, {len(spec.worker)} workers)")
+        from psworker.plan import task_counts
+        n = task_counts(spec)
+        print(f"OK {path} ({n['ps']} ps, {n['worker']} workers)")
     return 2 if failed else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """`psworker plan SPEC [--model NAME]`: prints the task table (and the model's placement)."""
-    from psworker.plan import format_plan, plan
-    spec = load_spec(args.spec)
-    print(format_plan(spec, plan(spec, args.spec)))
+    """`psworker plan SPEC [--model NAME] [--hosts H,..]`: prints the task table (and the model's placement)."""
+    from psworker import plan as planning
+    spec = load_spec(args.spec, allow_counts=True)
+    if isinstance(spec, CountSpec):
+        hosts = (planning.placeholder_hosts(planning.nodes_needed(spec, args.tasks_per_node)) if args.hosts is None
+                 else [h.strip() for h in args.hosts.split(",")])
+        laid_out = planning.layout(spec, hosts, args.tasks_per_node)
+        print(planning.format_layout(spec, laid_out, hosts, args.tasks_per_node, args.spec))
+        spec = laid_out
+    elif args.hosts is not None:
+        raise UsageError("--hosts lays out task counts (`ps: 2`); this spec lists addresses already")
+    else:
+        print(planning.format_plan(spec, planning.plan(spec, args.spec)))
     if args.model is not None:
         model = merge_train(spec.train, {"model": args.model}).model
         from psworker import placement
@@ -193,11 +204,15 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
 
     from psworker.schedulers import slurm
 
-    spec = load_spec(args.spec)
+    from psworker.plan import task_counts
+
+    spec = load_spec(args.spec, allow_counts=True)
+    counts = task_counts(spec)
     overrides = _train_overrides(args)
-    merge_train(spec.train, overrides, num_workers=len(spec.worker))   # bad flags fail here, not in the queue
-    if args.port_base < 1 or args.port_base > 65535:
+    merge_train(spec.train, overrides, num_workers=counts["worker"])   # bad flags fail here, not in the queue
+    if args.port_base is not None and not 1 <= args.port_base <= 65535:
         raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
+    port_base = slurm.count_spec(spec, args.port_base).port
     launch_ready = "launch" in args.slurm_commands
     if not (args.dry_run or launch_ready):
         raise UsageError("`psworker slurm launch`, which the job runs, is not implemented yet (issue #8): use "
@@ -216,14 +231,13 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     if spec.train.train_dir is None and overrides["train_dir"] is None:
         overrides["train_dir"] = str(run_dir)
     flags = [part for name, value in overrides.items() if value is not None for part in (f"--{name}", str(value))]
-    ntasks = sum(len(spec.addresses(job)) for job in JOBS)
-    options = slurm.SbatchOptions(ntasks=ntasks, job_name=args.job_name, nodes=args.nodes, time=args.time,
+    options = slurm.SbatchOptions(ntasks=sum(counts.values()), job_name=args.job_name, nodes=args.nodes, time=args.time,
                                   partition=args.partition, account=args.account, output=args.output,
                                   overcommit=args.overcommit)
-    inner = slurm.launch_argv(spec_copy, run_dir, python=args.python, port_base=args.port_base,
+    inner = slurm.launch_argv(spec_copy, run_dir, python=args.python, port_base=port_base,
                               worker_flags=flags)
-    counts = ", ".join(f"{job}: {len(spec.addresses(job))}" for job in JOBS)
-    script = slurm.write_sbatch_script(run_dir, options, inner, description=f"{args.spec} ({counts})")
+    described = ", ".join(f"{job}: {n}" for job, n in counts.items())
+    script = slurm.write_sbatch_script(run_dir, options, inner, description=f"{args.spec} ({described})")
     if args.dry_run:
         print(f"wrote {script} (not submitted; submit with: sbatch {shlex.quote(str(script))})")
         return 0
@@ -231,6 +245,114 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     print(job_id)
     log.info("submitted %s as Slurm job %s; output in %s", script, job_id, run_dir)
     return 0
+
+
+# ------------------------------------------------------------------------------------------ k8s commands
+
+def cmd_k8s_manifest(args: argparse.Namespace) -> int:
+    """`psworker k8s manifest SPEC --image IMAGE ...`: writes the run's Kubernetes objects as YAML."""
+    from psworker.k8s import manifests as k8s
+    from psworker.plan import task_counts
+    spec = load_spec(args.spec, allow_counts=True)
+    train = merge_train(spec.train, _train_overrides(args), num_workers=task_counts(spec)["worker"])
+    options = k8s.K8sOptions(
+        name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
+        port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
+        retries=args.retries, cluster_domain=args.cluster_domain)
+    text = k8s.to_yaml(k8s.manifests(dataclasses.replace(spec, train=train), options))
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        log.info("wrote %s (%s flavor, run %s)", args.output, options.flavor, options.name)
+    return 0
+
+
+def cmd_k8s_apply(args: argparse.Namespace) -> int:
+    """`psworker k8s apply FILE`: creates or updates the objects of a manifest file."""
+    import yaml
+
+    from psworker.k8s import live
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            objects = [o for o in yaml.safe_load_all(f) if o]
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"{args.file}: cannot read the manifest: {e}") from None
+    for applied in live.apply(live.connect(args.context), objects):
+        print(f"applied {applied}")
+    return 0
+
+
+def cmd_k8s_status(args: argparse.Namespace) -> int:
+    """`psworker k8s status NAME`: one line per task pod."""
+    from psworker.k8s import live
+    print(live.format_status(live.status(live.connect(args.context), args.name, args.namespace)))
+    return 0
+
+
+def cmd_k8s_logs(args: argparse.Namespace) -> int:
+    """`psworker k8s logs NAME [--job J] [--task_index I]`: each pod's log, prefixed `[worker:1] `."""
+    from psworker.k8s import live
+    for task, text in live.logs(live.connect(args.context), args.name, args.namespace, args.job, args.task_index,
+                                args.tail):
+        for line in text.splitlines():
+            print(f"[{task}] {line}")
+    return 0
+
+
+def cmd_k8s_delete(args: argparse.Namespace) -> int:
+    """`psworker k8s delete NAME`: deletes every object labelled with the run."""
+    from psworker.k8s import live
+    for gone in live.delete(live.connect(args.context), args.name, args.namespace):
+        print(f"deleted {gone}")
+    return 0
+
+
+def _add_k8s_parsers(sub: Any) -> None:
+    """The `psworker k8s ...` command group."""
+    from psworker.k8s.manifests import FLAVORS
+    group = sub.add_parser("k8s", help="run on Kubernetes: write manifests, apply, status, logs, delete",
+                           description="run on Kubernetes: write manifests, apply, status, logs, delete")
+    k8s_sub = group.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
+
+    p = k8s_sub.add_parser("manifest", help="write a spec's Kubernetes objects as YAML")
+    p.set_defaults(func=cmd_k8s_manifest)
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--image", required=True, help="a container image with psworker installed (see Dockerfile)")
+    p.add_argument("--name", help="the run's name (default: from the spec file name)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--flavor", choices=list(FLAVORS), default="plain",
+                   help="tfjob: Kubeflow TFJob; plain: Service + Indexed Jobs (default); jobset: JobSet")
+    p.add_argument("--port", type=int, help="every task's gRPC port (default: the spec's port, else 2222)")
+    p.add_argument("--cpu", help="CPU request per task, e.g. 2")
+    p.add_argument("--memory", help="memory request and limit per task, e.g. 4Gi")
+    p.add_argument("--train_dir_volume", metavar="CLAIM",
+                   help="PersistentVolumeClaim mounted at --train_dir on workers (default: an emptyDir, lost "
+                        "with the pod)")
+    p.add_argument("--retries", type=int, default=3,
+                   help="restarts of a task after a retryable exit (128-255) before the run fails (default 3)")
+    p.add_argument("--cluster_domain", default="cluster.local",
+                   help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    _add_train_flags(p)
+
+    p = k8s_sub.add_parser("apply", help="create or update a manifest file's objects")
+    p.set_defaults(func=cmd_k8s_apply)
+    p.add_argument("file", metavar="FILE")
+    for name, func, help_ in (("status", cmd_k8s_status, "show each task pod of a run"),
+                              ("logs", cmd_k8s_logs, "print a run's task logs"),
+                              ("delete", cmd_k8s_delete, "delete every object of a run")):
+        p = k8s_sub.add_parser(name, help=help_)
+        p.set_defaults(func=func)
+        p.add_argument("name", metavar="NAME", help="the run's name")
+        p.add_argument("--namespace", default="default")
+        if name == "logs":
+            p.add_argument("--job", choices=JOBS)
+            p.add_argument("--task_index", type=int)
+            p.add_argument("--tail", type=int, metavar="LINES")
+    for p in k8s_sub.choices.values():
+        p.add_argument("--context", help="kubeconfig context (default: the current one)")
 
 
 # ---------------------------------------------------------------------------------------------- parser
@@ -251,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--model", help="also show how this model's variables are placed on the ps tasks")
+    p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
+                                                       "(default: placeholders node0, node1, ...)")
+    p.add_argument("--tasks_per_node", type=int, default=1, metavar="INT",
+                   help="a count spec: tasks on each host (default 1)")
 
     p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
     p.add_argument("spec", metavar="SPEC")
@@ -301,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "`psworker slurm launch` line it runs) and submits it with sbatch; "
                                          "prints the job id.")
     p.set_defaults(func=cmd_slurm_submit)
-    p.add_argument("spec", metavar="SPEC", help="cluster spec; its hosts are replaced by the allocation's nodes")
+    p.add_argument("spec", metavar="SPEC", help="cluster spec: task counts (`ps: 1`), or addresses whose hosts are "
+                                                "replaced by the allocation's nodes")
     g = p.add_argument_group("Slurm job (#SBATCH lines; --ntasks is the spec's task count)")
     g.add_argument("--nodes", help="node count or range, e.g. 2 or 2-4 (default: Slurm's)")
     g.add_argument("--time", help="time limit, e.g. 1:00:00 (default: the partition's)")
@@ -313,12 +440,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
     p.add_argument("--run_dir", help="shared directory for the script, the spec copy, logs and (by default) "
                                      "train_dir (default: a fresh runs/<spec>-<date>-<time>)")
-    p.add_argument("--port_base", type=int, default=8888,
-                   help="first port of the tasks on each node, as TensorFlow's SlurmClusterResolver (default 8888)")
+    p.add_argument("--port_base", type=int, default=None,
+                   help="first port of the tasks on each node, +1 per further task there, as TensorFlow's "
+                        "SlurmClusterResolver (default: the spec's cluster.port, else 2222)")
     p.add_argument("--python", default=sys.executable, help="interpreter the job runs (default: this one)")
     p.add_argument("--dry_run", action="store_true", help="write the script, do not submit it")
     _add_train_flags(p)
     slurm_parser.set_defaults(slurm_commands=tuple(slurm_sub.choices))
+
+    _add_k8s_parsers(sub)
     return parser
 
 

@@ -1,15 +1,19 @@
-"""Planning: a pure function from a ClusterSpec to the list of task processes to start."""
+"""Planning: pure functions from a spec to task processes, and from task counts to addresses (`layout`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
-from psworker.spec import Address, ClusterSpec, format_address
+from psworker.errors import SpecError
+from psworker.spec import JOBS, Address, ClusterSpec, CountSpec, build_cluster, format_address, parse_address
+
+HOSTS_SOURCE = "--hosts"
 
 LAUNCH_SCRIPTS = {"ps": "launch/start_ps.sh", "worker": "launch/start_worker.sh"}
 
@@ -97,4 +101,103 @@ def format_plan(spec: ClusterSpec, tasks: list[Task]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Task", "plan", "format_plan", "shell_equivalent"]
+# ---------------------------------------------------------------------------------------------- layout
+
+def task_counts(spec: Union[ClusterSpec, CountSpec]) -> dict[str, int]:
+    """`{job: number of tasks}` of either kind of spec, in JOBS order, jobs with no tasks left out."""
+    if isinstance(spec, CountSpec):
+        return {job: n for job, n in spec.counts if n}
+    return {job: len(spec.addresses(job)) for job in JOBS if spec.addresses(job)}
+
+
+def placeholder_hosts(n: int) -> list[str]:
+    """`node0 .. node{n-1}`, zero-padded so that sorting by name (as layout does) keeps their order."""
+    width = len(str(max(n - 1, 0)))
+    return [f"node{i:0{width}d}" for i in range(n)]
+
+
+def nodes_needed(spec: CountSpec, tasks_per_node: int) -> int:
+    """How many hosts `tasks_per_node` tasks each take to hold every task of `spec`."""
+    return math.ceil(sum(n for _, n in spec.counts) / tasks_per_node)
+
+
+def layout(spec: CountSpec, hosts: Sequence[str],
+           tasks_per_node: Union[int, Sequence[int]] = 1) -> ClusterSpec:
+    """Assigns the tasks of a count spec to hosts, exactly as TensorFlow's SlurmClusterResolver does.
+
+    The resolver's rules: hosts are taken in order of their names (`sorted`), each offering `tasks_per_node`
+    slots with ports `port, port+1, ...`; jobs are taken in order of their names too (`chief`, `evaluator`,
+    `ps`, `worker`), each filling the next slots. So `SlurmClusterResolver(jobs=counts, port_base=spec.port,
+    tasks_per_node=...)` on the same nodes writes the same TF_CONFIG cluster, and the task of Slurm rank R is
+    `task_of_rank(spec, R)`. One difference: the resolver refuses spare slots; here the last ones stay free.
+
+    Args:
+        spec: the counts, base port and train settings.
+        hosts: the allocation's host names (no duplicates; any order).
+        tasks_per_node: slots per host: one number for all, or one per host in `hosts` order
+            (Slurm's expanded SLURM_STEP_TASKS_PER_NODE).
+
+    Returns:
+        A validated ClusterSpec with fixed addresses, the spec's train settings and source.
+
+    Raises:
+        SpecError: a bad or duplicate host, a bad slot count, fewer slots than tasks ("requested N tasks,
+            only M slots"), or a port past 65535.
+    """
+    hosts = list(hosts)
+    per_host = [tasks_per_node] * len(hosts) if isinstance(tasks_per_node, int) else list(tasks_per_node)
+    if len(per_host) != len(hosts):
+        raise SpecError(HOSTS_SOURCE, "--tasks_per_node", f"{len(per_host)} slot counts for {len(hosts)} hosts")
+    seen: dict[str, int] = {}
+    for i, (host, n) in enumerate(zip(hosts, per_host)):
+        parse_address(f"{host}:{spec.port}", f"{HOSTS_SOURCE}[{i}]", HOSTS_SOURCE)   # a host name, no port
+        if host in seen:
+            raise SpecError(HOSTS_SOURCE, f"{HOSTS_SOURCE}[{i}]", f"duplicate host {host!r} (also at [{seen[host]}])")
+        seen[host] = i
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise SpecError(HOSTS_SOURCE, "--tasks_per_node", f"must be an integer >= 1, got {n!r}")
+    slots = [f"{host}:{spec.port + i}" for host, n in sorted(zip(hosts, per_host)) for i in range(n)]
+    wanted = sum(n for _, n in spec.counts)
+    if wanted > len(slots):
+        raise SpecError(spec.source or "spec", "cluster",
+                        f"requested {wanted} tasks, only {len(slots)} slots ({len(hosts)} hosts, "
+                        f"{'/'.join(map(str, sorted(set(per_host)))) or 0} tasks per node)")
+    addresses: dict[str, list[str]] = {}
+    start = 0
+    for job, n in sorted(spec.counts):
+        addresses[job], start = slots[start:start + n], start + n
+    cluster = build_cluster(addresses["ps"], addresses["worker"], HOSTS_SOURCE, train=spec.train,
+                            ps_path="cluster.ps", worker_path="cluster.worker")
+    return ClusterSpec(cluster.ps, cluster.worker, spec.train, spec.source)
+
+
+def task_of_rank(spec: CountSpec, rank: int) -> tuple[str, int]:
+    """`(job, index)` of the task that Slurm rank `rank` runs under `layout` (the resolver's get_task_info).
+
+    Raises:
+        SpecError: `rank` is not one of the spec's tasks.
+    """
+    start = 0
+    for job, n in sorted(spec.counts):
+        if start <= rank < start + n:
+            return job, rank - start
+        start += n
+    raise SpecError("SLURM_PROCID", "", f"rank {rank} is not between 0 and {start - 1}")
+
+
+def format_layout(spec: CountSpec, cluster: ClusterSpec, hosts: Sequence[str],
+                  tasks_per_node: Union[int, Sequence[int]], spec_path: str) -> str:
+    """Renders a count spec laid out on hosts: the rules used, the task table, and the laid-out spec."""
+    from psworker.spec import dump_spec
+    laid_out = f"{os.path.splitext(os.path.basename(spec_path))[0]}.layout.yaml"
+    counts = ", ".join(f"{job}: {n}" for job, n in spec.counts)
+    lines = [f"{spec_path}: task counts ({counts}) laid out on {', '.join(hosts)} like TensorFlow's "
+             f"SlurmClusterResolver(port_base={spec.port}, tasks_per_node={tasks_per_node}): hosts and jobs "
+             f"in name order, ports {spec.port}+ on each host", ""]
+    lines.append(format_plan(cluster, plan(cluster, laid_out)))
+    lines += ["", f"# {laid_out}: the laid-out spec those commands read", dump_spec(cluster).rstrip()]
+    return "\n".join(lines)
+
+
+__all__ = ["Task", "plan", "format_plan", "shell_equivalent", "layout", "task_of_rank", "task_counts",
+           "placeholder_hosts", "nodes_needed", "format_layout"]

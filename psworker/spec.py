@@ -24,6 +24,7 @@ from psworker.models import BUILTIN as BUILTIN_MODELS
 JOBS = ("ps", "worker")
 MODES = ("async", "sync")
 REPLICATIONS = ("between-graph", "in-graph")
+DEFAULT_PORT_BASE = 2222      # `cluster.port` of a count spec: the first port on each host
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,23 @@ class ClusterSpec:
         return {"ps": [str(a) for a in self.ps], "worker": [str(a) for a in self.worker]}
 
 
+@dataclass(frozen=True)
+class CountSpec:
+    """A cluster given as task counts (`ps: 2`, `worker: 8`): a scheduler assigns the hosts (`plan.layout`)."""
+
+    counts: tuple[tuple[str, int], ...]       # (job, number of tasks), in JOBS order
+    port: int = DEFAULT_PORT_BASE             # first port on each host, +1 per further task there
+    train: TrainConfig = field(default_factory=TrainConfig)
+    source: Optional[str] = field(default=None, compare=False)
+
+    def count(self, job: str) -> int:
+        """The number of tasks of `job` (0 when the spec has no such job)."""
+        return dict(self.counts).get(job, 0)
+
+
 AUTO_PORT = 0
 TOP_KEYS = ("cluster", "train")
+PORT_KEY = "port"
 _PORT_RE = re.compile(r"-?[0-9]+", re.ASCII)
 _HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?", re.ASCII)
 _SHELL_META = set(";&|$`'\"\\<>(){}*?!#~^=,%@")
@@ -417,15 +433,18 @@ def check_cross_fields(spec: ClusterSpec) -> None:
     _check_train_rules(spec.train, spec.source or "spec", "train", len(spec.worker))
 
 
-def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], source: str) -> ClusterSpec:
+def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], source: str, *,
+               allow_counts: bool = False) -> Any:
     """Parses and validates a cluster spec from YAML text or an already-loaded mapping.
 
     Args:
         text_or_mapping: YAML text, or the mapping it loads to.
         source: a file path (or other label) used in every error message.
+        allow_counts: accept task counts (`ps: 2`) and return a CountSpec for them; otherwise they are an
+            error naming the field.
 
     Returns:
-        The validated ClusterSpec, with `source` set.
+        The validated ClusterSpec (or CountSpec, with `allow_counts`), with `source` set.
 
     Raises:
         SpecError: YAML syntax, structure, address, train value or cross-field problems.
@@ -451,29 +470,70 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
     if not isinstance(cluster, Mapping):
         raise SpecError(source, "cluster", f"expected a mapping with 'ps' and 'worker', "
                                            f"got {_describe(cluster)}")
+    counted = _counted_jobs(cluster)
     for key in cluster:
-        if key not in JOBS:
+        if key not in JOBS and not (counted and key == PORT_KEY):
+            if key == PORT_KEY:
+                raise SpecError(source, "cluster.port", "a base port applies only to task counts "
+                                                        "(`ps: 2`); address lists carry their own ports")
             if key == "chief":
                 raise SpecError(source, "cluster.chief", "psworker has no 'chief' job; worker 0 is the "
                                                          "chief, so list its address first under 'worker'")
-            raise _unknown_key(key, JOBS, source, f"cluster.{key}")
+            raise _unknown_key(key, JOBS + ((PORT_KEY,) if counted else ()), source, f"cluster.{key}")
     train = data.get("train")
     if train is None:
         train = {}
     if not isinstance(train, Mapping):
         raise SpecError(source, "train", f"expected a mapping of trainer settings, got {_describe(train)}")
     config = _train_from(TrainConfig(), train, source, "train", False, None)
+    if counted:
+        return _count_spec(cluster, config, source, allow_counts)
     return build_cluster(cluster.get("ps"), cluster.get("worker"), source, train=config)
 
 
-def load_spec(path: Any) -> ClusterSpec:
+def _counted_jobs(cluster: Mapping[str, Any]) -> list[str]:
+    """The jobs given as a number rather than an address list."""
+    return [job for job in JOBS if isinstance(cluster.get(job), int) and not isinstance(cluster.get(job), bool)]
+
+
+def _count_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, allow: bool) -> CountSpec:
+    """Validates a cluster section of task counts (every job a count, optional base port)."""
+    counted = _counted_jobs(cluster)
+    if not allow:
+        raise SpecError(source, f"cluster.{counted[0]}",
+                        f"a task count ({cluster[counted[0]]}) needs hosts from a scheduler; this command needs "
+                        f"'host:port' address lists (see `psworker plan SPEC --hosts ...`, `psworker k8s manifest`)")
+    counts = []
+    for job in JOBS:
+        value, path = cluster.get(job), f"cluster.{job}"
+        if value is None:
+            raise SpecError(source, path, "missing; give a number of tasks like the other jobs")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(source, path, f"expected a number of tasks like {counted[0]!r} has, got "
+                                          f"{_describe(value)}; give every job as a count or every job as "
+                                          f"an address list, not both")
+        if value < 1:
+            raise SpecError(source, path, f"must be >= 1, got {value}")
+        counts.append((job, value))
+    port = cluster.get(PORT_KEY, DEFAULT_PORT_BASE)
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise SpecError(source, "cluster.port", f"expected a fixed port number (1-65535; a scheduled task "
+                                                f"cannot pick its own), got {_describe(port)}")
+    if not 1 <= port <= 65535:
+        raise SpecError(source, "cluster.port", f"port {port} is out of range 1-65535")
+    _check_train_rules(config, source, "train", dict(counts)["worker"])
+    return CountSpec(tuple(counts), port, config, source)
+
+
+def load_spec(path: Any, *, allow_counts: bool = False) -> Any:
     """Reads and validates a cluster spec YAML file.
 
     Args:
         path: the file (str or path-like).
+        allow_counts: accept task counts and return a CountSpec for them (see `parse_spec`).
 
     Returns:
-        The validated ClusterSpec with `source` set to the path.
+        The validated ClusterSpec (or CountSpec) with `source` set to the path.
 
     Raises:
         SpecError: the file cannot be read or is invalid.
@@ -488,7 +548,7 @@ def load_spec(path: Any) -> ClusterSpec:
         raise SpecError(source, "", "is a directory, not a spec file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(source, "", f"cannot read: {e}") from None
-    return parse_spec(text, source)
+    return parse_spec(text, source, allow_counts=allow_counts)
 
 
 def dump_spec(spec: ClusterSpec) -> str:
@@ -531,7 +591,8 @@ def has_auto_ports(spec: ClusterSpec) -> bool:
 
 
 __all__ = [
-    "JOBS", "MODES", "REPLICATIONS", "TRAIN_FIELDS", "AUTO_PORT", "Address", "TrainConfig", "ClusterSpec",
+    "JOBS", "MODES", "REPLICATIONS", "TRAIN_FIELDS", "AUTO_PORT", "DEFAULT_PORT_BASE", "Address", "TrainConfig",
+    "ClusterSpec", "CountSpec",
     "load_spec", "parse_spec", "parse_address", "format_address", "build_cluster", "merge_train",
     "check_cross_fields", "dump_spec", "with_addresses", "has_auto_ports",
 ]

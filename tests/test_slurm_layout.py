@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from psworker.errors import UsageError
-from psworker.schedulers.slurm import (SlurmTask, allocation_from_environ, cluster_dict, expand_hostlist,
+from psworker.errors import SpecError
+from psworker.schedulers.slurm import (SlurmTask, allocation_from_environ, cluster_dict, count_spec, expand_hostlist,
                                        expand_tasks_per_node, layout, srun_argv)
+from psworker.spec import ClusterSpec, CountSpec, load_spec
+
+
+def counts(jobs, port=2222):
+    return CountSpec(tuple(jobs.items()), port)
 
 HOSTLISTS = ["node[01-03,07]", "n[1-2],m5,o[3-4,6,7-9]", "vm", "a,b,c", "node[9-11]", "x[098-101]",
              "gpu[1],cpu[0-1]"]
@@ -39,7 +47,7 @@ ALLOCATIONS = [
     ({"ps": 2, "worker": 4}, "node[01-03]", "2(x3)", 2222),
     ({"ps": 1, "worker": 4}, "node[9-10]", "3,2", 8888),        # sorted as strings: node10 first
     ({"ps": 1, "worker": 5}, "b[1-2],a7", "1,3,2", 5000),       # uneven counts, unsorted list
-    ({"worker": 3}, "n[1-3]", "1(x3)", 8888),
+    ({"ps": 2, "worker": 1}, "n[1-3]", "1(x3)", 8888),
 ]
 
 
@@ -49,7 +57,7 @@ def test_layout_equals_tensorflow_slurm_cluster_resolver(monkeypatch, jobs, node
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import SlurmClusterResolver
 
     counts = expand_tasks_per_node(tasks_per_node)
-    ours = layout(jobs, expand_hostlist(nodelist), counts, port_base)
+    ours = layout(CountSpec(tuple(jobs.items()), port_base), expand_hostlist(nodelist), counts)
     monkeypatch.setenv("SLURM_STEP_NODELIST", nodelist)
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", str(sum(counts)))
@@ -63,16 +71,24 @@ def test_layout_equals_tensorflow_slurm_cluster_resolver(monkeypatch, jobs, node
 
 
 def test_layout_orders_hosts_as_strings_and_jobs_by_name():
-    tasks = layout({"worker": 2, "ps": 1}, ["node9", "node10"], [2, 1])
+    tasks = layout(counts({"ps": 1, "worker": 2}), ["node9", "node10"], [2, 1])
     assert [(t.job, t.index, t.address, t.rank) for t in tasks] == [
-        ("ps", 0, "node10:8888", 0), ("worker", 0, "node9:8888", 1), ("worker", 1, "node9:8889", 2)]
+        ("ps", 0, "node10:2222", 0), ("worker", 0, "node9:2222", 1), ("worker", 1, "node9:2223", 2)]
+
+
+def test_count_spec_of_either_kind_of_spec(tmp_path):
+    listed = load_spec(str(Path(__file__).resolve().parent.parent / "cluster_specs" / "local.yaml"))
+    assert isinstance(listed, ClusterSpec)
+    assert count_spec(listed).counts == (("ps", 1), ("worker", 2)) and count_spec(listed).port == 2222
+    assert count_spec(listed, 8888).port == 8888
+    assert count_spec(counts({"ps": 2, "worker": 3}, 5000)).port == 5000
 
 
 def test_layout_rejects_a_task_count_the_allocation_does_not_run():
     with pytest.raises(UsageError, match=r"3 tasks .* allocation runs 4 .*--ntasks=3"):
-        layout({"ps": 1, "worker": 2}, ["a", "b"], 2)
-    with pytest.raises(UsageError, match="port"):
-        layout({"worker": 2}, ["a"], 2, port_base=65535)
+        layout(counts({"ps": 1, "worker": 2}), ["a", "b"], 2)
+    with pytest.raises(SpecError, match="port 65536 is out of range"):
+        layout(counts({"ps": 1, "worker": 1}, 65535), ["a"], 2)
 
 
 def test_allocation_from_environ():

@@ -38,7 +38,7 @@ def test_dry_run_writes_a_readable_resubmittable_script(tmp_path, capsys):
     assert len(exec_lines) == 1
     assert shlex.split(exec_lines[0]) == [
         "exec", sys.executable, "-m", "psworker", "slurm", "launch", str(run_dir / "submitted-spec.yaml"),
-        "--run_dir", str(run_dir), "--port_base", "8888", "--max_steps", "100", "--train_dir", str(run_dir),
+        "--run_dir", str(run_dir), "--port_base", "2222", "--max_steps", "100", "--train_dir", str(run_dir),
         "--data_dir", str(data_dir)]
     assert (run_dir / "submitted-spec.yaml").read_text() == SPEC.read_text()
     assert f"sbatch {run_dir}/psworker.sbatch" in script.read_text()
@@ -94,8 +94,9 @@ def test_layout_and_srun_steps_inside_a_real_allocation(slurm, tmp_path):
     program = (
         "import os, subprocess, sys\n"
         "from psworker.schedulers.slurm import allocation_from_environ, layout, srun_argv\n"
+        "from psworker.spec import CountSpec\n"
         "nodes, counts = allocation_from_environ(os.environ)\n"
-        "tasks = layout({'ps': 1, 'worker': 2}, nodes, counts)\n"
+        "tasks = layout(CountSpec((('ps', 1), ('worker', 2)), 8888), nodes, counts)\n"
         "procs = [subprocess.Popen(srun_argv(t, ['bash', '-c', 'echo $SLURM_JOB_NAME $SLURMD_NODENAME "
         "$SLURM_STEP_ID']), stdout=subprocess.PIPE, text=True) for t in tasks]\n"
         "print(sorted(p.communicate()[0].split()[0] for p in procs), [p.returncode for p in procs])\n"
@@ -119,7 +120,8 @@ def test_a_step_is_signalled_by_scancel_and_ends_with_its_srun(slurm, tmp_path):
         "import os, signal, subprocess, sys, time\n"
         "from psworker.schedulers.slurm import (allocation_from_environ, layout, parse_steps, signal_step_argv,\n"
         "                                       srun_argv, steps_argv)\n"
-        "tasks = layout({'worker': 2}, *allocation_from_environ(os.environ))\n"
+        "from psworker.spec import CountSpec\n"
+        "tasks = layout(CountSpec((('ps', 1), ('worker', 1)), 8888), *allocation_from_environ(os.environ))\n"
         "task = (\"import signal, sys, time\\n\"\n"
         "        \"signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(143)))\\n\"\n"
         "        \"print('up', flush=True)\\ntime.sleep(300)\")\n"
@@ -129,14 +131,14 @@ def test_a_step_is_signalled_by_scancel_and_ends_with_its_srun(slurm, tmp_path):
         "steps = parse_steps(subprocess.run(steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True,\n"
         "                                   text=True).stdout)\n"
         "print(sorted(steps), flush=True)\n"
-        "subprocess.run(signal_step_argv(steps['psworker-worker-0']), check=True)\n"
+        "subprocess.run(signal_step_argv(steps['psworker-ps-0']), check=True)\n"
         "print(repr(procs[0].stdout.read()), procs[0].wait(), flush=True)\n"
         "procs[1].kill()\n"
         "procs[1].wait()\n"
         "for _ in range(100):\n"
         "    left = parse_steps(subprocess.run(steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True,\n"
         "                                      text=True).stdout)\n"
-        "    if 'psworker-worker-1' not in left:\n"
+        "    if 'psworker-worker-0' not in left:\n"
         "        break\n"
         "    time.sleep(0.2)\n"
         "print(sorted(left), flush=True)\n")
@@ -146,7 +148,18 @@ def test_a_step_is_signalled_by_scancel_and_ends_with_its_srun(slurm, tmp_path):
     out = tmp_path / f"slurm-{job_id}.out"
     slurm.wait_until(lambda: job_id not in slurm.jobs(), 90, f"job {job_id} finished")
     lines = [l for l in out.read_text().splitlines() if not l.startswith(("srun:", "slurmstepd"))]
-    assert lines == ["['up', 'up']", "['batch', 'psworker-worker-0', 'psworker-worker-1']", "'got TERM\\n' 143",
+    assert lines == ["['up', 'up']", "['batch', 'psworker-ps-0', 'psworker-worker-0']", "'got TERM\\n' 143",
                      "['batch']"], out.read_text()
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])
                 and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_dry_run_of_a_count_spec_takes_its_counts_and_port(tmp_path):
+    spec = SPEC.parent / "scheduled.yaml"          # ps: 2, worker: 4, port: 2222, train_dir set
+    run_dir = tmp_path / "run"
+    assert main(["slurm", "submit", str(spec), "--run_dir", str(run_dir), "--dry_run"]) == 0
+    sbatch_lines, exec_lines = _script_lines(run_dir / "psworker.sbatch")
+    assert "#SBATCH --ntasks=6" in sbatch_lines
+    assert shlex.split(exec_lines[0])[7:] == ["--run_dir", str(run_dir), "--port_base", "2222"]   # spec's train_dir
+    assert main(["slurm", "submit", str(spec), "--run_dir", str(run_dir), "--port_base", "3000", "--dry_run"]) == 0
+    assert "--port_base 3000" in (run_dir / "psworker.sbatch").read_text()

@@ -2,12 +2,13 @@
 allocation, and the `srun` argv that starts one task as its own job step.
 
 Layout rules are TensorFlow's `SlurmClusterResolver` (tensorflow/python/distribute/cluster_resolver/
-slurm_cluster_resolver.py), so a cluster psworker lays out equals the one the resolver computes:
+slurm_cluster_resolver.py), implemented once in `psworker.plan.layout`, so a cluster psworker lays out equals
+the one the resolver computes:
 
 - nodes come from the expanded hostlist, paired in order with the expanded tasks-per-node list
   (`SLURM_TASKS_PER_NODE`, e.g. `2(x3),1`);
 - task addresses are made node by node in **sorted hostname order** (string order: `node10` before `node9`),
-  `port_base + k` for the k-th task on a node (TF's default port_base: 8888);
+  `port_base + k` for the k-th task on a node (the spec's `port`, psworker's default 2222; TF's is 8888);
 - jobs take consecutive slices of that list in **sorted job-name order** (`ps` before `worker`), and the
   number of tasks of all jobs must equal the allocation's task count.
 
@@ -17,6 +18,7 @@ launcher is a new step of the same allocation, and each step can be signalled or
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import re
@@ -27,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from psworker import plan
 from psworker.errors import PsworkerError, UsageError
+from psworker.spec import DEFAULT_PORT_BASE, JOBS, ClusterSpec, CountSpec
 
-__all__ = ["DEFAULT_PORT_BASE", "SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ",
-           "cluster_dict", "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "parse_steps",
+__all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "cluster_dict", "count_spec", "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "parse_steps",
            "sbatch_script", "signal_step_argv", "srun_argv", "step_job_name", "steps_argv", "submit", "write_sbatch_script"]
 
-DEFAULT_PORT_BASE = 8888          # SlurmClusterResolver's default
 SCRIPT_NAME = "psworker.sbatch"
 SUBMITTED_SPEC = "submitted-spec.yaml"
 _SBATCH_VALUE = re.compile(r"[^\s'\"\\#]+\Z")
@@ -170,40 +172,46 @@ class SlurmTask:
         return f"{self.host}:{self.port}"
 
 
-def layout(jobs: Mapping[str, int], nodes: Sequence[str], tasks_per_node: Union[int, Sequence[int]],
-           port_base: int = DEFAULT_PORT_BASE) -> list[SlurmTask]:
-    """Places each job's tasks on the allocation exactly as TensorFlow's SlurmClusterResolver does.
+def count_spec(spec: Union[ClusterSpec, CountSpec], port_base: Optional[int] = None) -> CountSpec:
+    """The task counts of any spec, for laying out on an allocation (a listed spec's hosts are dropped).
 
     Args:
-        jobs: tasks per job, e.g. `{"ps": 1, "worker": 2}`.
+        spec: a count spec, or a spec listing addresses (only the number of tasks per job is kept).
+        port_base: first port on each node (default: a count spec's `port`, else psworker's default 2222).
+    """
+    if isinstance(spec, CountSpec):
+        return spec if port_base is None else dataclasses.replace(spec, port=port_base)
+    counts = tuple((job, len(spec.addresses(job))) for job in JOBS)
+    return CountSpec(counts, DEFAULT_PORT_BASE if port_base is None else port_base, spec.train, spec.source)
+
+
+def layout(spec: CountSpec, nodes: Sequence[str], tasks_per_node: Union[int, Sequence[int]]) -> list[SlurmTask]:
+    """Places every task on the allocation exactly as TensorFlow's SlurmClusterResolver does
+    (`psworker.plan.layout`), one task per allocated Slurm task.
+
+    Args:
+        spec: the task counts and `port` (the first port on each node).
         nodes: the allocation's nodes (`expand_hostlist(SLURM_JOB_NODELIST)`).
         tasks_per_node: one count for every node, or one per node in `nodes`' order.
-        port_base: the first task on each node serves on this port, the next on port_base + 1, ...
 
     Returns:
-        Every task, in rank order (jobs sorted by name, then index).
+        Every task, in rank order (jobs sorted by name, then index), with its node and port.
 
     Raises:
-        UsageError: the jobs' task count differs from the allocation's, or the counts do not match the nodes.
+        UsageError: the spec's task count differs from the allocation's (the resolver refuses that too).
+        SpecError: bad or duplicate nodes, counts, or a port past 65535.
     """
     counts = [int(tasks_per_node)] * len(nodes) if isinstance(tasks_per_node, int) else list(tasks_per_node)
-    if len(counts) != len(nodes):
-        raise UsageError(f"{len(nodes)} nodes but {len(counts)} tasks-per-node counts")
-    per_node = dict(zip(nodes, counts))       # as TF: a node listed twice keeps its last count
-    if not (0 < port_base and port_base + max(per_node.values(), default=1) - 1 <= 65535):
-        raise UsageError(f"port_base {port_base}: ports must stay within 1-65535")
-    slots = [(host, port_base + k) for host in sorted(per_node) for k in range(per_node[host])]
-    wanted = sum(jobs.values())
-    if wanted != len(slots):
-        raise UsageError(f"the spec has {wanted} tasks ({', '.join(f'{n} {j}' for j, n in sorted(jobs.items()))}) "
-                         f"but the allocation runs {len(slots)} ({' + '.join(map(str, counts))} on "
-                         f"{len(nodes)} nodes): submit with --ntasks={wanted}")
-    tasks, rank = [], 0
-    for job in sorted(jobs):
-        for index in range(jobs[job]):
-            host, port = slots[rank]
-            tasks.append(SlurmTask(job, index, host, port, rank))
-            rank += 1
+    wanted, slots = sum(n for _, n in spec.counts), sum(dict(zip(nodes, counts)).values())
+    if wanted != slots:
+        jobs = ", ".join(f"{n} {job}" for job, n in sorted(spec.counts))
+        raise UsageError(f"the spec has {wanted} tasks ({jobs}) but the allocation runs {slots} "
+                         f"({' + '.join(map(str, counts))} on {len(nodes)} nodes): submit with --ntasks={wanted}")
+    cluster = plan.layout(spec, nodes, counts)
+    tasks: list[SlurmTask] = []
+    for job in sorted(JOBS):
+        for index, address in enumerate(cluster.addresses(job)):
+            tasks.append(SlurmTask(job, index, address.host, address.port, len(tasks)))
     return tasks
 
 

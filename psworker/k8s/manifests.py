@@ -1,0 +1,304 @@
+"""Kubernetes manifests for a psworker run: pure functions from a spec to a list of objects (dicts).
+
+Three flavors, one registry (`FLAVORS`): `tfjob` (Kubeflow's v1 training operator injects TF_CONFIG), `plain`
+(a headless Service and an Indexed Job per psworker job; nothing to install) and `jobset` (JobSet). In the last
+two, TF_CONFIG names each task by its pod's stable DNS name. Every flavor
+adds a NetworkPolicy that admits the gRPC port only from the run's own pods, and labels every object and pod
+with `psworker.dev/run` (and pods with `psworker.dev/job`); the controllers label each pod's task index
+(`batch.kubernetes.io/job-completion-index`, `training.kubeflow.org/replica-index`).
+
+Restart semantics follow psworker/errors.py: exit codes 1-127 are permanent (fail the run), 128-255 (signals,
+170 for a peer gone) are retried, each task keeping its index and so its DNS name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import yaml
+
+from psworker.errors import EXIT_PEER_GONE, UsageError
+from psworker.plan import task_counts
+from psworker.spec import DEFAULT_PORT_BASE, ClusterSpec, CountSpec, TrainConfig, build_cluster
+
+Spec = Union[ClusterSpec, CountSpec]
+Obj = dict[str, Any]
+
+LABEL_RUN = "psworker.dev/run"
+LABEL_JOB = "psworker.dev/job"
+CONTAINER = "tensorflow"          # TFJob requires this name; the other flavors use it too
+PORT_NAME = "tfjob-port"          # TFJob reads the port of this name into TF_CONFIG
+INDEX_ENV = "PSWORKER_TASK_INDEX"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+DEFAULT_TRAIN_DIR = "/psworker/train"
+RUN_AS = 1000                     # the Dockerfile's unprivileged user
+PERMANENT_EXIT_CODES = list(range(1, 128))   # errors.py: 1-127 permanent; 128-255 (incl. 170) retried
+assert EXIT_PEER_GONE not in PERMANENT_EXIT_CODES
+
+# psworker job -> TFJob replica type. `chief` and `evaluator` slot in once specs have those jobs.
+REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker", "evaluator": "Evaluator"}
+# the jobs whose success ends the run (TFJob successPolicy AllWorkers, JobSet successPolicy targets)
+FINISHING_JOBS = ("chief", "worker")
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+MAX_NAME = 40   # leaves room for `-<job>-<jobIndex>-<podIndex>` in a 63-character pod hostname
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """What the spec does not say: names, image, resources, volumes and retry limits."""
+
+    name: str                               # the run: object names, DNS names, the psworker.dev/run label
+    image: str
+    namespace: str = "default"
+    flavor: str = "plain"                   # FLAVORS
+    port: Optional[int] = None              # None: a count spec's port, else DEFAULT_PORT_BASE
+    cpu: Optional[str] = None               # requests.cpu, e.g. "2"
+    memory: Optional[str] = None            # requests.memory and limits.memory, e.g. "4Gi"
+    train_dir_volume: Optional[str] = None  # a PersistentVolumeClaim mounted at train_dir; None: emptyDir
+    retries: int = 3                        # per task (backoffLimitPerIndex, TFJob backoffLimit, JobSet maxRestarts)
+    cluster_domain: str = "cluster.local"   # kubelet's clusterDomain: pod FQDNs are in each pod's /etc/hosts
+
+
+def check_options(options: K8sOptions) -> None:
+    """Checks names and limits, naming the flag.
+
+    Raises:
+        UsageError: a name that is not a DNS label or too long, an empty image, a bad port or retry count.
+    """
+    for flag, value, limit in (("--name", options.name, MAX_NAME), ("--namespace", options.namespace, 63)):
+        if not _DNS_LABEL.fullmatch(value) or len(value) > limit:
+            raise UsageError(f"{flag} {value!r} must be a DNS label of at most {limit} characters "
+                             f"(lower-case letters, digits and '-', starting with a letter)")
+    if not options.image.strip() or any(c.isspace() for c in options.image):
+        raise UsageError(f"--image {options.image!r} must be an image reference without spaces")
+    if options.flavor not in FLAVORS:
+        raise UsageError(f"--flavor {options.flavor!r} is not one of {', '.join(FLAVORS)}")
+    if options.port is not None and not 1 <= options.port <= 65535:
+        raise UsageError(f"--port {options.port} is out of range 1-65535")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", options.cluster_domain):
+        raise UsageError(f"--cluster_domain {options.cluster_domain!r} is not a DNS name")
+    if options.retries < 0:
+        raise UsageError(f"--retries must be >= 0, got {options.retries}")
+
+
+def run_name(spec_path: str) -> str:
+    """A run name from a spec file name: `cluster_specs/two_ps.yaml` -> `two-ps`."""
+    stem = re.sub(r"\.ya?ml$", "", os.path.basename(spec_path).lower())
+    name = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[:MAX_NAME].rstrip("-")
+    return name if name[:1].isalpha() else f"run-{name}"[:MAX_NAME].rstrip("-")
+
+
+# ----------------------------------------------------------------------------------------- pod pieces
+
+def task_argv(job: str, train: TrainConfig) -> list[str]:
+    """The container's argv for a task of `job`: `psworker ps` or `psworker worker --flag value ...`.
+
+    The cluster and the task index come from TF_CONFIG; every set train setting travels as a flag, so the pod
+    needs no spec file.
+    """
+    if job == "ps":
+        return ["psworker", "ps"]
+    if job == "worker":
+        flags = []
+        for f in dataclasses.fields(TrainConfig):
+            value = getattr(train, f.name)
+            if value is not None:
+                flags += [f"--{f.name}", str(value)]
+        return ["psworker", "worker", *flags]
+    raise UsageError(f"psworker has no Kubernetes command for a {job!r} job yet")
+
+
+def _labels(options: K8sOptions, job: Optional[str] = None) -> dict[str, str]:
+    labels = {"app.kubernetes.io/name": "psworker", "app.kubernetes.io/instance": options.name,
+              LABEL_RUN: options.name}
+    return {**labels, LABEL_JOB: job} if job else labels
+
+
+def _metadata(name: str, options: K8sOptions, job: Optional[str] = None) -> Obj:
+    return {"name": name, "namespace": options.namespace, "labels": _labels(options, job)}
+
+
+def _port(spec: Spec, options: K8sOptions) -> int:
+    if options.port is not None:
+        return options.port
+    return spec.port if isinstance(spec, CountSpec) else DEFAULT_PORT_BASE
+
+
+def _train(spec: Spec) -> TrainConfig:
+    train = spec.train
+    return train if train.train_dir else dataclasses.replace(train, train_dir=DEFAULT_TRAIN_DIR)
+
+
+def _tf_config_env(cluster: ClusterSpec, job: str) -> list[Obj]:
+    """TF_CONFIG with this pod's Indexed-Job completion index, expanded by Kubernetes (`$(VAR)`)."""
+    config = {"cluster": cluster.as_dict(), "task": {"type": job, "index": "INDEX"}}
+    text = json.dumps(config, separators=(",", ":")).replace('"INDEX"', f"$({INDEX_ENV})")
+    return [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {
+                "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
+            {"name": "TF_CONFIG", "value": text}]
+
+
+def _pod_spec(spec: Spec, job: str, options: K8sOptions, env: list[Obj], restart_policy: Optional[str],
+              subdomain: Optional[str] = None) -> Obj:
+    train = _train(spec)
+    container: Obj = {
+        "name": CONTAINER, "image": options.image, "command": task_argv(job, train)[:1],
+        "args": task_argv(job, train)[1:],
+        "env": [*env, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": PORT_NAME, "containerPort": _port(spec, options), "protocol": "TCP"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    if options.cpu or options.memory:
+        requests = {k: v for k, v in (("cpu", options.cpu), ("memory", options.memory)) if v}
+        container["resources"] = {"requests": requests, **({"limits": {"memory": options.memory}}
+                                                           if options.memory else {})}
+    pod: Obj = {"automountServiceAccountToken": False,   # tasks never talk to the API server
+                # the Dockerfile's user; fsGroup makes a train_dir volume writable for it (restricted PSS)
+                "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                                    "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}}
+    if restart_policy:
+        pod["restartPolicy"] = restart_policy
+    if subdomain:
+        pod["subdomain"] = subdomain
+    if job != "ps":
+        volume: Obj = ({"persistentVolumeClaim": {"claimName": options.train_dir_volume}}
+                       if options.train_dir_volume else {"emptyDir": {}})
+        container["volumeMounts"] = [{"name": "train-dir", "mountPath": train.train_dir}]
+        pod["volumes"] = [{"name": "train-dir", **volume}]
+    pod["containers"] = [container]
+    return pod
+
+
+def _pod_failure_policy() -> Obj:
+    """Exit codes 1-127 fail the Job at once; evictions and preemptions do not count; the rest retry."""
+    return {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                               "values": PERMANENT_EXIT_CODES}},
+    ]}
+
+
+def _indexed_job_spec(spec: Spec, job: str, n: int, options: K8sOptions, cluster: ClusterSpec,
+                      subdomain: Optional[str]) -> Obj:
+    return {
+        "completionMode": "Indexed", "completions": n, "parallelism": n,
+        "backoffLimitPerIndex": options.retries, "podFailurePolicy": _pod_failure_policy(),
+        "template": {"metadata": {"labels": _labels(options, job)},
+                     "spec": _pod_spec(spec, job, options, _tf_config_env(cluster, job), "Never", subdomain)},
+    }
+
+
+def _fqdn(hostname: str, subdomain: str, options: K8sOptions) -> str:
+    """A pod's full DNS name. Fully qualified because kubelet writes exactly this name into the pod's /etc/hosts,
+    so a task resolves its own address (psworker's bind check) before cluster DNS has caught up."""
+    return f"{hostname}.{subdomain}.{options.namespace}.svc.{options.cluster_domain}"
+
+
+def _cluster(spec: Spec, host: Callable[[str, int], str], port: int) -> ClusterSpec:
+    """The run's cluster with each task at its stable pod DNS name `host(job, index)`."""
+    addresses = {job: [f"{host(job, i)}:{port}" for i in range(n)] for job, n in task_counts(spec).items()}
+    return build_cluster(addresses["ps"], addresses["worker"], "kubernetes", train=spec.train)
+
+
+def network_policy(spec: Spec, options: K8sOptions) -> Obj:
+    """Admits the gRPC port only from this run's pods (TensorFlow's servers are unauthenticated)."""
+    own = {"matchLabels": {LABEL_RUN: options.name}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(f"{options.name}-grpc", options),
+            "spec": {"podSelector": own, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": own}],
+                                  "ports": [{"protocol": "TCP", "port": _port(spec, options)}]}]}}
+
+
+# -------------------------------------------------------------------------------------------- flavors
+
+def tfjob_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
+    """A Kubeflow TFJob (kubeflow.org/v1): one replica spec per job, `restartPolicy: ExitCode`."""
+    replicas = {}
+    for job, n in task_counts(spec).items():
+        template = {"metadata": {"labels": _labels(options, job)},
+                    "spec": _pod_spec(spec, job, options, [], None)}
+        replicas[REPLICA_TYPES[job]] = {"replicas": n, "restartPolicy": "ExitCode", "template": template}
+    tfjob = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(options.name, options),
+             "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": options.retries},
+                      "successPolicy": "AllWorkers", "tfReplicaSpecs": replicas}}
+    return [tfjob, network_policy(spec, options)]
+
+
+def plain_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
+    """A headless Service (stable pod DNS names) and one Indexed Job per psworker job."""
+    name, port = options.name, _port(spec, options)
+    cluster = _cluster(spec, lambda job, i: _fqdn(f"{name}-{job}-{i}", name, options), port)
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(name, options),
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                        "selector": {LABEL_RUN: name},
+                        "ports": [{"name": "grpc", "port": port, "targetPort": port, "protocol": "TCP"}]}}
+    jobs = [{"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(f"{name}-{job}", options, job),
+             "spec": _indexed_job_spec(spec, job, n, options, cluster, subdomain=name)}
+            for job, n in task_counts(spec).items()]
+    return [service, *jobs, network_policy(spec, options)]
+
+
+def jobset_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
+    """A JobSet (jobset.x-k8s.io/v1alpha2): one replicatedJob per psworker job, done when the workers are."""
+    name = options.name
+    cluster = _cluster(spec, lambda job, i: _fqdn(f"{name}-{job}-0-{i}", name, options), _port(spec, options))
+    counts = task_counts(spec)
+    replicated = [{"name": job, "replicas": 1,
+                   "template": {"metadata": {"labels": _labels(options, job)},
+                                "spec": _indexed_job_spec(spec, job, n, options, cluster, subdomain=None)}}
+                  for job, n in counts.items()]
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _metadata(name, options),
+              "spec": {"network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
+                       "successPolicy": {"operator": "All",
+                                         "targetReplicatedJobs": [j for j in FINISHING_JOBS if j in counts]},
+                       "failurePolicy": {"maxRestarts": options.retries, "rules": [
+                           {"name": "PermanentExitCode", "action": "FailJobSet",
+                            "onJobFailureReasons": ["PodFailurePolicy"]}]},
+                       "replicatedJobs": replicated}}
+    return [jobset, network_policy(spec, options)]
+
+
+FLAVORS: dict[str, Callable[[Spec, K8sOptions], list[Obj]]] = {
+    "tfjob": tfjob_objects, "plain": plain_objects, "jobset": jobset_objects}
+
+
+def manifests(spec: Spec, options: K8sOptions) -> list[Obj]:
+    """The objects that run `spec` on Kubernetes in the chosen flavor.
+
+    Args:
+        spec: an address-list spec (only its task counts matter) or a count spec; its train section (with any
+            command-line overrides already merged) becomes the workers' flags.
+        options: names, image, flavor, resources, volume and retry limits.
+
+    Returns:
+        Kubernetes objects as plain dicts, in the order to create them.
+
+    Raises:
+        UsageError: bad options, or a job psworker cannot run on Kubernetes yet.
+    """
+    check_options(options)
+    return FLAVORS[options.flavor](spec, options)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes lists of numbers (exit codes) on one line and everything else in block style."""
+
+
+_Dumper.add_representer(list, lambda d, data: d.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=bool(data) and all(isinstance(x, int) for x in data)))
+
+
+def to_yaml(objects: list[Obj]) -> str:
+    """A multi-document YAML stream, keys in insertion order."""
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+__all__ = ["FLAVORS", "K8sOptions", "manifests", "to_yaml", "run_name", "task_argv", "check_options",
+           "network_policy", "LABEL_RUN", "LABEL_JOB"]
