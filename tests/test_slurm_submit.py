@@ -1,4 +1,5 @@
-"""`psworker slurm submit`: the batch script it writes, and submission to the real test Slurm (tests/slurm_fixture.py)."""
+"""`psworker slurm submit`: the batch script it writes, and submission to the real test Slurm
+(tests/slurm_fixture.py)."""
 
 from __future__ import annotations
 

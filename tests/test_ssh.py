@@ -40,12 +40,18 @@ def test_ssh_argv_forces_a_terminal_and_never_prompts():
 
 
 def test_remote_command_reaches_the_remote_program_unchanged(sshd):
-    argv = ssh_argv("127.0.0.2", ["python3", "-c", "import os, sys; print(repr(sys.argv[1:]), os.environ['PSWORKER_X'])",
-                                  AWKWARD, "a b"], env={"PSWORKER_X": "x y'z"}, cwd="/tmp",
+    program = "import os, sys; print(repr(sys.argv[1:]), os.environ['PSWORKER_X'])"
+    argv = ssh_argv("127.0.0.2", ["python3", "-c", program, AWKWARD, "a b"], env={"PSWORKER_X": "x y'z"}, cwd="/tmp",
                     ssh_config=sshd.client_config)
     result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.replace("\r\n", "\n") == f"{[AWKWARD, 'a b']!r} x y'z\n"   # -tt: the terminal writes \r\n
+    assert result.stdout.replace("\r\n", "\n") == f"{[AWKWARD, 'a b']!r} x y'z\n"   # a terminal may write \r\n
+
+
+@pytest.mark.parametrize("remote,status", [("exit 3", 3), ("kill -TERM $$", 255), ("kill -KILL $$", 255)])
+def test_ssh_exit_status_is_the_remote_status_or_255_for_a_signal(sshd, remote, status):
+    argv = ssh_argv("127.0.0.3", ["sh", "-c", remote], ssh_config=sshd.client_config)
+    assert subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == status
 
 
 def test_ssh_to_each_fixture_host_and_a_dead_one(sshd):

@@ -33,8 +33,9 @@ from psworker import plan
 from psworker.errors import PsworkerError, UsageError
 from psworker.spec import DEFAULT_PORT_BASE, JOBS, ClusterSpec, CountSpec
 
-__all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "cluster_dict", "count_spec", "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "parse_steps",
-           "sbatch_script", "signal_step_argv", "srun_argv", "step_job_name", "steps_argv", "submit", "write_sbatch_script"]
+__all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "cluster_dict", "count_spec",
+           "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "parse_steps", "sbatch_script",
+           "signal_step_argv", "srun_argv", "step_job_name", "steps_argv", "submit", "write_sbatch_script"]
 
 SCRIPT_NAME = "psworker.sbatch"
 SUBMITTED_SPEC = "submitted-spec.yaml"
@@ -202,7 +203,9 @@ def layout(spec: CountSpec, nodes: Sequence[str], tasks_per_node: Union[int, Seq
         SpecError: bad or duplicate nodes, counts, or a port past 65535.
     """
     counts = [int(tasks_per_node)] * len(nodes) if isinstance(tasks_per_node, int) else list(tasks_per_node)
-    wanted, slots = sum(n for _, n in spec.counts), sum(dict(zip(nodes, counts)).values())
+    if len(counts) != len(nodes):
+        raise UsageError(f"{len(nodes)} nodes but {len(counts)} tasks-per-node counts")
+    wanted, slots = sum(n for _, n in spec.counts), sum(counts)
     if wanted != slots:
         jobs = ", ".join(f"{n} {job}" for job, n in sorted(spec.counts))
         raise UsageError(f"the spec has {wanted} tasks ({jobs}) but the allocation runs {slots} "

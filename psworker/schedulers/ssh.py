@@ -10,13 +10,14 @@ remote process only notices a dropped connection when it next writes to its clos
 TensorFlow ps that is quietly serving would run on forever and keep its port. With a terminal, when the
 connection ends (local ssh killed, even with SIGKILL, or the launcher gone), sshd closes the terminal and the
 kernel sends SIGHUP to the remote session: the task (the session leader, through `exec`) dies. The costs, which
-the launcher absorbs: stdout and stderr arrive merged (one log per task anyway) with `\\r\\n` line ends (strip
-the `\\r`), and ssh's own stdin must be /dev/null (`stdin=subprocess.DEVNULL`). A silently dead network (no
-FIN/RST) is noticed by the client after `ServerAliveInterval * ServerAliveCountMax` (15 s): local ssh exits 255;
-the remote side then depends on the server's `ClientAliveInterval`/TCP keepalive.
+the launcher absorbs: stdout and stderr arrive merged on ssh's stdout (one log per task anyway; a terminal may
+also turn line ends into `\\r\\n`), and ssh's own stdin must be /dev/null (`stdin=subprocess.DEVNULL`). OpenSSH
+forwards no signals: a signal to local ssh ends the connection, and the remote task gets SIGHUP, not that signal.
+A silently dead network (no FIN/RST) is noticed by the client after `ServerAliveInterval * ServerAliveCountMax`
+(15 s): local ssh exits 255; the remote side then depends on the server's `ClientAliveInterval`/TCP keepalive.
 
 Exit status of local ssh: the remote command's status, or 255 when ssh itself failed (connection, auth) or
-the remote process was killed by a signal.
+the remote process was killed by a signal (the two are told apart only by ssh's stderr).
 """
 
 from __future__ import annotations
