@@ -26,8 +26,8 @@ def slurm(tmp_path_factory):
         pytest.skip(reason)
     with running_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
-    leftovers = cluster.job_processes()
-    assert not leftovers, f"test Slurm: job processes still running after it stopped: {leftovers}"
+    assert not cluster.forced, f"test Slurm: had to SIGKILL {cluster.forced} when it stopped"
+    assert not cluster.job_processes(), f"test Slurm: job processes left: {cluster.job_processes()}"
 
 
 @pytest.fixture(scope="session")

@@ -76,6 +76,7 @@ class SlurmCluster:
     node: str
     env: dict[str, str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    forced: list[str] = field(default_factory=list)   # after stopping: what did not end by itself (KILLed)
 
     def run(self, argv: Sequence[str], *, timeout: float = 60.0, check: bool = True,
             **kwargs) -> subprocess.CompletedProcess:
@@ -241,4 +242,4 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         cluster.wait_until(idle, timeout, f"node {node} idle in sinfo (last state: see logs)")
         yield cluster
     finally:
-        _stop(cluster)
+        cluster.forced = _stop(cluster)
