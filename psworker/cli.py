@@ -191,6 +191,57 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     batch_size=None if args.batch_size is None else checked.batch_size)
 
 
+def cmd_slurm_submit(args: argparse.Namespace) -> int:
+    """`psworker slurm submit SPEC ...`: writes <run_dir>/psworker.sbatch and submits it with sbatch."""
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    from psworker.schedulers import slurm
+
+    from psworker.plan import task_counts
+
+    spec = load_spec(args.spec, allow_counts=True)
+    counts = task_counts(spec)
+    overrides = _train_overrides(args)
+    merge_train(spec.train, overrides, num_workers=counts["worker"])   # bad flags fail here, not in the queue
+    if args.port_base is not None and not 1 <= args.port_base <= 65535:
+        raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
+    port_base = slurm.count_spec(spec, args.port_base).port
+    launch_ready = "launch" in args.slurm_commands
+    if not (args.dry_run or launch_ready):
+        raise UsageError("`psworker slurm launch`, which the job runs, is not implemented yet (issue #8): use "
+                         "--dry_run to write the batch script without submitting it")
+    if args.run_dir:
+        run_dir = Path(args.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        from psworker.backends.local import default_train_dir
+        run_dir = default_train_dir(spec).resolve()
+    spec_copy = run_dir / slurm.SUBMITTED_SPEC        # the job reads this copy: later edits do not change it
+    shutil.copyfile(args.spec, spec_copy)
+    for name in ("train_dir", "data_dir"):      # the job runs in run_dir: relative paths would move
+        if overrides[name] is not None:
+            overrides[name] = os.path.abspath(overrides[name])
+    if spec.train.train_dir is None and overrides["train_dir"] is None:
+        overrides["train_dir"] = str(run_dir)
+    flags = [part for name, value in overrides.items() if value is not None for part in (f"--{name}", str(value))]
+    options = slurm.SbatchOptions(ntasks=sum(counts.values()), job_name=args.job_name, nodes=args.nodes, time=args.time,
+                                  partition=args.partition, account=args.account, output=args.output,
+                                  overcommit=args.overcommit)
+    inner = slurm.launch_argv(spec_copy, run_dir, python=args.python, port_base=port_base,
+                              worker_flags=flags)
+    described = ", ".join(f"{job}: {n}" for job, n in counts.items())
+    script = slurm.write_sbatch_script(run_dir, options, inner, description=f"{args.spec} ({described})")
+    if args.dry_run:
+        print(f"wrote {script} (not submitted; submit with: sbatch {shlex.quote(str(script))})")
+        return 0
+    job_id = slurm.submit(script)
+    print(job_id)
+    log.info("submitted %s as Slurm job %s; output in %s", script, job_id, run_dir)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ k8s commands
 
 def cmd_k8s_manifest(args: argparse.Namespace) -> int:
@@ -366,6 +417,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="evaluate the latest checkpoint once and exit")
     p.add_argument("--eval_interval_secs", type=float, default=60.0)
     p.add_argument("--batch_size", default=None, metavar="INT", help="default: the evaluator's")
+    slurm_parser = add("slurm", None, "run a spec's cluster as a Slurm job")
+    slurm_sub = slurm_parser.add_subparsers(dest="slurm_command", required=True, metavar="SLURM_COMMAND")
+    p = slurm_sub.add_parser("submit", help="write a batch script for a spec into the run dir and submit it",
+                             description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
+                                         "`psworker slurm launch` line it runs) and submits it with sbatch; "
+                                         "prints the job id.")
+    p.set_defaults(func=cmd_slurm_submit)
+    p.add_argument("spec", metavar="SPEC", help="cluster spec: task counts (`ps: 1`), or addresses whose hosts are "
+                                                "replaced by the allocation's nodes")
+    g = p.add_argument_group("Slurm job (#SBATCH lines; --ntasks is the spec's task count)")
+    g.add_argument("--nodes", help="node count or range, e.g. 2 or 2-4 (default: Slurm's)")
+    g.add_argument("--time", help="time limit, e.g. 1:00:00 (default: the partition's)")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--output", help="Slurm's output file (default: <run_dir>/slurm-%%j.out)")
+    g.add_argument("--job_name", default="psworker")
+    g.add_argument("--overcommit", action="store_true",
+                   help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
+    p.add_argument("--run_dir", help="shared directory for the script, the spec copy, logs and (by default) "
+                                     "train_dir (default: a fresh runs/<spec>-<date>-<time>)")
+    p.add_argument("--port_base", type=int, default=None,
+                   help="first port of the tasks on each node, +1 per further task there, as TensorFlow's "
+                        "SlurmClusterResolver (default: the spec's cluster.port, else 2222)")
+    p.add_argument("--python", default=sys.executable, help="interpreter the job runs (default: this one)")
+    p.add_argument("--dry_run", action="store_true", help="write the script, do not submit it")
+    _add_train_flags(p)
+    slurm_parser.set_defaults(slurm_commands=tuple(slurm_sub.choices))
 
     _add_k8s_parsers(sub)
     return parser
