@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Optional
 
 EVAL_DIR = "eval"
@@ -42,11 +43,15 @@ def scalar_summary(values: dict[str, float]):
 
 
 def make_writer(logdir: str):
-    """A `FileWriter` on `logdir` (made inside a graph: TF refuses one in eager mode)."""
+    """A `FileWriter` on a new event file in `logdir` (made inside a graph: TF refuses one in eager mode).
+
+    The file name gets this process's id and a random suffix: TF names event files by the second and the host only,
+    so two writers opened in the same second would otherwise share (and clobber) one file.
+    """
     import tensorflow as tf
 
     with tf.Graph().as_default():
-        return tf.compat.v1.summary.FileWriter(logdir)
+        return tf.compat.v1.summary.FileWriter(logdir, filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}")
 
 
 def write_eval_summary(train_dir: str, precision: float, global_step: int) -> str:
