@@ -207,9 +207,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     """`psworker tensorboard --logdir D [--port P]`: serves D on 127.0.0.1 until Ctrl-C."""
+    import signal
     import time
 
     from psworker import tensorboard
+    # SIGTERM ends the command like Ctrl-C, through serve()'s exit, which stops TensorBoard.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tensorboard.serve(args.logdir, args.port) as url:
         print(f"psworker: TensorBoard at {url}", flush=True)
         while True:

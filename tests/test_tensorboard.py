@@ -124,3 +124,44 @@ def test_serve_gives_up_with_a_clear_error_and_leaves_nothing(tmp_path):
         with tensorboard.serve(str(tmp_path), timeout_secs=0.5):
             pass
     assert children_of_this_process() - before == set()
+
+
+def start_cli(logdir) -> tuple[subprocess.Popen, str, set[int]]:
+    """`psworker tensorboard --logdir D --port 0` in its own group; returns it, its URL and its descendants."""
+    import sys
+    import threading
+
+    from tests.cluster_utils import task_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "psworker", "tensorboard", "--logdir", str(logdir), "--port", "0"],
+                            env=task_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + START_TIMEOUT
+    while not any("TensorBoard at" in line for line in lines):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"psworker tensorboard printed no URL within {START_TIMEOUT:g} s: {lines}")
+        time.sleep(0.2)
+    url = next(line for line in lines if "TensorBoard at" in line).split()[-1]
+    return proc, url, set(descendants(proc.pid))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)],
+                         ids=["SIGTERM", "SIGKILL"])
+def test_cli_stops_tensorboard_when_it_is_stopped_or_killed(tmp_path, sig, code):
+    write_runs(tmp_path)
+    proc, url, pids = start_cli(tmp_path)
+    try:
+        assert url.startswith("http://127.0.0.1:") and pids
+        assert "eval" in get_json(url + "data/runs")
+        proc.send_signal(sig)   # SIGKILL: TensorBoard goes by PR_SET_PDEATHSIG
+        assert proc.wait(timeout=30) == code
+        assert_no_processes(pids)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
