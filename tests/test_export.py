@@ -152,3 +152,15 @@ def test_export_of_a_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(PsworkerError, match="cannot read checkpoint"):
         export_saved_model(Cifar10Model(), str(tmp_path / "model.ckpt-9"), str(tmp_path / "export"))
     assert not (tmp_path / "export").exists()
+
+
+def test_export_command(tmp_path, capsys):
+    from psworker.cli import main
+
+    assert main(["export", "--train_dir", str(tmp_path)]) != 0
+    assert f"no checkpoint in {tmp_path}" in capsys.readouterr().err
+    checkpoint = write_ema_checkpoint(tmp_path, 5)
+    assert main(["export", "--train_dir", str(tmp_path), "--checkpoint", checkpoint, "--model", "cifar10"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "export" / "5")
+    assert main(["export", "--train_dir", str(tmp_path), "--model", "cifar10"]) != 0
+    assert "exists already" in capsys.readouterr().err
