@@ -242,6 +242,30 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`psworker export --train_dir D [--checkpoint C] [--model M]`: writes a SavedModel; prints its path."""
+    checked = merge_train(TrainConfig(), {"model": args.model, "train_dir": args.train_dir})
+    from psworker.export import run_export
+    print(run_export(train_dir=checked.train_dir, checkpoint=args.checkpoint, model_name=args.model and checked.model,
+                     export_base=args.export_dir), flush=True)
+    return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    """`psworker tensorboard --logdir D [--port P]`: serves D on 127.0.0.1 until Ctrl-C."""
+    import signal
+    import time
+
+    from psworker import tensorboard
+    # SIGTERM ends the command like Ctrl-C, through serve()'s exit, which stops TensorBoard.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with tensorboard.serve(args.logdir, args.port) as url:
+        print(f"psworker: TensorBoard at {url}", flush=True)
+        while True:
+            time.sleep(3600)
+
+
 # ------------------------------------------------------------------------------------------ k8s commands
 
 def cmd_k8s_manifest(args: argparse.Namespace) -> int:
@@ -444,6 +468,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry_run", action="store_true", help="write the script, do not submit it")
     _add_train_flags(p)
     slurm_parser.set_defaults(slurm_commands=tuple(slurm_sub.choices))
+
+    p = add("export", cmd_export, "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>")
+    p.add_argument("--train_dir", required=True)
+    p.add_argument("--checkpoint", default=None, help="a checkpoint prefix (default: the latest in --train_dir)")
+    p.add_argument("--model", default=None,
+                   help="registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
+    p.add_argument("--export_dir", default=None, help="parent of the <global_step> directory "
+                                                      "(default: <train_dir>/export)")
+
+    p = add("tensorboard", cmd_tensorboard, "serve a run dir with TensorBoard on 127.0.0.1 until Ctrl-C")
+    p.add_argument("--logdir", required=True)
+    p.add_argument("--port", type=int, default=6006, help="default 6006; 0 picks a free port")
 
     _add_k8s_parsers(sub)
     return parser

@@ -1,0 +1,159 @@
+"""SavedModel export: a checkpoint (its moving averages, where the model keeps them) as a servable model.
+
+The `serving_default` signature takes `images`, a float32 `[batch, *model.image_shape]` tensor **preprocessed exactly
+as the model's `eval_dataset` yields them** (digits: 64 pixels scaled to [0, 1] then standardised with the training
+split's per-pixel mean and spread; cifar10: central 24x24 crop of the 32x32 image, then per-image standardisation),
+and returns `logits` (float32 `[batch, num_classes]`) and `classes` (int64 `[batch]`, the arg-max). Preprocessing is
+kept out of the graph so that the exported model scores exactly what `psworker eval` scores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from typing import Optional
+
+from psworker.errors import PsworkerError
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_KEY = "serving_default"
+INPUT_KEY = "images"
+OUTPUT_KEYS = ("logits", "classes")
+EXPORT_SUBDIR = "export"
+
+
+class ExportExistsError(PsworkerError):
+    """The export directory of this global step exists already (exports are never overwritten)."""
+
+
+def checkpoint_global_step(checkpoint: str) -> int:
+    """The `global_step` stored in `checkpoint` (a checkpoint prefix).
+
+    Raises:
+        PsworkerError: the checkpoint cannot be read or holds no global step.
+    """
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(checkpoint)
+    except (tf.errors.NotFoundError, ValueError) as exc:
+        raise PsworkerError(f"cannot read checkpoint {checkpoint}: {str(exc).splitlines()[0]}") from None
+    if not reader.has_tensor("global_step"):
+        raise PsworkerError(f"checkpoint {checkpoint} has no global_step")
+    return int(reader.get_tensor("global_step"))
+
+
+def export_saved_model(model, checkpoint: str, export_base: str) -> str:
+    """Exports `checkpoint` as a SavedModel into `<export_base>/<global_step>/` and returns that path.
+
+    Builds a fresh graph (`model.inference(training=False)` on an `images` placeholder), restores the moving-average
+    shadow variables into the model's variables when `model.moving_average_decay` is set (else the variables
+    themselves), and writes it with `tf.compat.v1.saved_model.Builder` into a temporary directory beside the target,
+    renamed into place when complete, so that a reader never sees a partial export.
+
+    Args:
+        model: a `psworker.models.Model`.
+        checkpoint: a checkpoint prefix, e.g. `train_dir/model.ckpt-200`.
+        export_base: the parent directory, usually `<train_dir>/export`.
+
+    Returns:
+        The export directory, `<export_base>/<global_step>`.
+
+    Raises:
+        ExportExistsError: that directory exists already.
+        PsworkerError: the checkpoint cannot be read, or does not match the model.
+    """
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    step = checkpoint_global_step(checkpoint)
+    final = os.path.join(export_base, str(step))
+    if os.path.exists(final):
+        raise ExportExistsError(f"{final} exists already: exports are never overwritten")
+    os.makedirs(export_base, exist_ok=True)
+    temp = os.path.join(export_base, f".{step}.tmp-{uuid.uuid4().hex[:8]}")
+    graph = tf.Graph()
+    try:
+        with graph.as_default():
+            images = v1.placeholder(tf.float32, [None, *model.image_shape], name=INPUT_KEY)
+            logits = model.inference(images, training=False)
+            classes = tf.argmax(logits, axis=1, name="classes")
+            if model.moving_average_decay:
+                variables = v1.train.ExponentialMovingAverage(model.moving_average_decay).variables_to_restore()
+            else:
+                variables = v1.global_variables()
+            saver = v1.train.Saver(variables)
+            with v1.Session(graph=graph) as sess:
+                try:
+                    saver.restore(sess, checkpoint)
+                except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
+                    raise PsworkerError(f"cannot restore {checkpoint} into model {model.name!r}: "
+                                        f"{exc.message.splitlines()[0]}") from None
+                signature = v1.saved_model.signature_def_utils.predict_signature_def(
+                    inputs={INPUT_KEY: images}, outputs={"logits": logits, "classes": classes})
+                builder = v1.saved_model.Builder(temp)
+                builder.add_meta_graph_and_variables(
+                    sess, [v1.saved_model.tag_constants.SERVING],
+                    signature_def_map={SIGNATURE_KEY: signature}, strip_default_attrs=True)
+                builder.save()
+        try:
+            os.rename(temp, final)
+        except OSError as exc:
+            raise ExportExistsError(f"cannot move the export into {final}: {exc.strerror}") from None
+    finally:
+        if os.path.exists(temp):
+            shutil.rmtree(temp, ignore_errors=True)
+    log.info("exported %s (global step %d) to %s", checkpoint, step, final)
+    return final
+
+
+def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: Optional[str] = None,
+               export_base: Optional[str] = None) -> str:
+    """`psworker export`: exports `checkpoint` (default: the latest in `train_dir`) into `<train_dir>/export/<step>`.
+
+    Args:
+        train_dir: the run's train dir.
+        checkpoint: a checkpoint prefix; None: the latest in `train_dir`.
+        model_name: the model; None: the one in `<train_dir>/cluster.yaml` (left by a local run), else mlp.
+        export_base: where the `<step>` directories go; None: `<train_dir>/export`.
+
+    Returns:
+        The export directory.
+
+    Raises:
+        PsworkerError: no train dir, no checkpoint, an unknown model, or the export exists.
+    """
+    import tensorflow as tf
+
+    from psworker import models
+
+    if not os.path.isdir(train_dir):
+        raise PsworkerError(f"--train_dir {train_dir} does not exist")
+    if checkpoint is None:
+        checkpoint = tf.train.latest_checkpoint(train_dir)
+        if checkpoint is None:
+            raise PsworkerError(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
+    if model_name is None:
+        model_name = recorded_model(train_dir) or "mlp"
+    try:
+        model = models.get(model_name)
+    except KeyError as exc:
+        raise PsworkerError(str(exc.args[0])) from None
+    return export_saved_model(model, checkpoint, export_base or os.path.join(train_dir, EXPORT_SUBDIR))
+
+
+def recorded_model(train_dir: str) -> Optional[str]:
+    """The model named in the `cluster.yaml` a local run leaves in `train_dir`, or None."""
+    path = os.path.join(train_dir, "cluster.yaml")
+    if not os.path.exists(path):
+        return None
+    from psworker.spec import load_spec
+
+    return load_spec(path).train.model
+
+
+__all__ = ["export_saved_model", "run_export", "checkpoint_global_step", "recorded_model", "ExportExistsError",
+           "SIGNATURE_KEY", "INPUT_KEY", "OUTPUT_KEYS", "EXPORT_SUBDIR"]

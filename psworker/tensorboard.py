@@ -1,0 +1,148 @@
+"""Serve a run dir with TensorBoard for as long as a `with` block lasts (a subprocess bound to 127.0.0.1)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Iterator, Optional
+
+from psworker.errors import PsworkerError
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+
+class TensorBoardError(PsworkerError):
+    """TensorBoard is not installed, exited, or did not answer in time."""
+
+
+def command(logdir: str, port: int, *, reload_interval_secs: float = 5.0) -> list[str]:
+    """The argv that serves `logdir` on 127.0.0.1:`port` (pure-Python loader: no extra data-server process)."""
+    return [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", HOST, "--port", str(port),
+            "--load_fast", "false", "--reload_interval", f"{reload_interval_secs:g}"]
+
+
+@contextlib.contextmanager
+def serve(logdir: str, port: int = 0, *, timeout_secs: float = 60.0, reload_interval_secs: float = 5.0,
+          log_path: Optional[str] = None, stop_timeout_secs: float = 10.0) -> Iterator[str]:
+    """Starts TensorBoard on `logdir`, yields its URL once it answers, and stops it (TERM, then KILL) on exit.
+
+    Args:
+        logdir: the directory whose event files (and subdirectories, one run each) TensorBoard shows.
+        port: the port on 127.0.0.1; 0 picks a free one.
+        timeout_secs: how long to wait for the first answer.
+        reload_interval_secs: how often TensorBoard rereads the event files.
+        log_path: where TensorBoard's output goes; None: a temporary file, removed afterwards.
+        stop_timeout_secs: how long TensorBoard gets to exit after SIGTERM before SIGKILL.
+
+    Yields:
+        `http://127.0.0.1:<port>/`.
+
+    Raises:
+        TensorBoardError: TensorBoard is missing, exits early, or does not answer within `timeout_secs`.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise TensorBoardError("TensorBoard is not installed (TensorFlow 2.21 no longer brings it): "
+                               "pip install 'tensorboard==2.21.*'")
+    if port == 0:
+        from psworker.ports import pick_free_ports
+
+        port = pick_free_ports(1, HOST)[0]
+    url = f"http://{HOST}:{port}/"
+    own_log = log_path is None
+    if own_log:
+        fd, log_path = tempfile.mkstemp(prefix="psworker-tensorboard-", suffix=".log")
+        os.close(fd)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(command(logdir, port, reload_interval_secs=reload_interval_secs),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_die_with_parent())
+    try:
+        _wait_until_up(proc, url, timeout_secs, log_path)
+        log.info("TensorBoard on %s at %s (pid %d)", logdir, url, proc.pid)
+        yield url
+    finally:
+        _stop(proc, stop_timeout_secs)
+        if own_log:
+            with contextlib.suppress(OSError):
+                os.remove(log_path)
+
+
+def _die_with_parent() -> Optional[Callable[[], None]]:
+    """On Linux, a preexec_fn that makes TensorBoard die by SIGKILL when its parent dies, even by SIGKILL.
+
+    PR_SET_PDEATHSIG fires when the *thread* that started the child exits: enter `serve` from a thread that lives as
+    long as the `with` block (the main thread, usually).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up before fork: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:      # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _wait_until_up(proc: subprocess.Popen, url: str, timeout_secs: float, log_path: str) -> None:
+    deadline = time.monotonic() + timeout_secs
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise TensorBoardError(f"TensorBoard exited with code {code} before answering at {url}; its output:\n"
+                                   f"{_tail(log_path)}")
+        try:
+            with urllib.request.urlopen(url + "data/runs", timeout=2.0) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TensorBoardError(f"TensorBoard did not answer at {url} within {timeout_secs:g} s; its output:\n"
+                                   f"{_tail(log_path)}")
+        time.sleep(0.25)
+
+
+def _stop(proc: subprocess.Popen, timeout_secs: float) -> None:
+    """SIGTERM to TensorBoard's process group, SIGKILL after `timeout_secs`; always reaps it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout_secs)
+        except subprocess.TimeoutExpired:
+            if sig == signal.SIGKILL:
+                log.error("TensorBoard (pid %d) survived SIGKILL for %g s", proc.pid, timeout_secs)
+            continue
+    # Anything TensorBoard started in its group goes with it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+__all__ = ["serve", "command", "TensorBoardError", "HOST"]
