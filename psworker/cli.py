@@ -246,7 +246,7 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """`psworker export --train_dir D [--checkpoint C] [--model M]`: writes a SavedModel; prints its path."""
     checked = merge_train(TrainConfig(), {"model": args.model, "train_dir": args.train_dir})
-    from psworker.export import run_export
+    from psworker.train.export import run_export
     print(run_export(train_dir=checked.train_dir, checkpoint=args.checkpoint, model_name=args.model and checked.model,
                      export_base=args.export_dir), flush=True)
     return 0

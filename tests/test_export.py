@@ -17,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 
 from psworker.data.cifar10_files import write_synthetic  # noqa: E402
 from psworker.errors import PsworkerError  # noqa: E402
-from psworker.export import ExportExistsError, export_saved_model  # noqa: E402
+from psworker.train.export import ExportExistsError, export_saved_model  # noqa: E402
 from psworker.models.cifar10 import Cifar10Model  # noqa: E402
 from psworker.testing import assert_processes_gone as assert_no_processes  # noqa: E402
 from tests.cluster_utils import run_launcher, task_env  # noqa: E402
@@ -77,16 +77,20 @@ def test_exported_run_scores_like_eval_in_a_fresh_process(tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     precision, examples, step = PRECISION_LINE.search(evaluated.stdout).groups()
 
-    exported = psworker(["export", "--train_dir", str(train_dir)], tmp_path, 120)
-    assert exported.returncode == 0, exported.stderr[-3000:]
-    export_dir = exported.stdout.strip().splitlines()[-1]
-    assert export_dir == str(train_dir / "export" / step)
+    # The chief exported at the end of training; `psworker export` writes the same model anywhere else.
+    chief_export = train_dir / "export" / step
     assert sorted(os.listdir(train_dir / "export")) == [step]   # no temporary directory left behind
+    exported = psworker(["export", "--train_dir", str(train_dir), "--export_dir", str(tmp_path / "exports")],
+                        tmp_path, 120)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert exported.stdout.strip().splitlines()[-1] == str(tmp_path / "exports" / step)
 
     from psworker.models import get
-    served = serve_precision(export_dir, eval_arrays(get("mlp"), None, tmp_path / "eval.npz"), tmp_path)
-    print(f"eval precision {precision} ({examples} examples, step {step}); served {served:.6f}")
-    assert f"{served:.3f}" == precision
+    npz = eval_arrays(get("mlp"), None, tmp_path / "eval.npz")
+    for export_dir in (str(chief_export), str(tmp_path / "exports" / step)):
+        served = serve_precision(export_dir, npz, tmp_path)
+        print(f"eval precision {precision} ({examples} examples, step {step}); {export_dir} served {served:.6f}")
+        assert f"{served:.3f}" == precision
 
     again = psworker(["export", "--train_dir", str(train_dir)], tmp_path, 120)
     assert again.returncode != 0 and "exist" in again.stderr

@@ -10,7 +10,7 @@ tf = pytest.importorskip("tensorflow")
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 plugin_event_multiplexer = pytest.importorskip("tensorboard.backend.event_processing.plugin_event_multiplexer")
 
-from psworker import summaries  # noqa: E402
+from psworker.train import summaries  # noqa: E402
 from psworker.train.evaluate import run_eval  # noqa: E402
 from psworker.models import get  # noqa: E402
 

@@ -98,15 +98,27 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
     if replication.release is not None:
         replication.release(server.target)
     if replication.is_chief:
-        from psworker.train import evaluate
-
-        checkpoint = evaluate.latest_checkpoint(config.train_dir)
-        if checkpoint:
-            emit(evaluate.format_result(evaluate.evaluate_checkpoint(model, checkpoint, data_dir=config.data_dir)),
-                 flush=True)
+        _evaluate_and_export(model, config, name, emit)
     # Last: a ps waits for every worker's port to close before it exits, so this cannot race it.
     shutdown.signal_done(server.target, spec, index)
     return result
+
+
+def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> None:
+    """The chief's end: precision@1 of the last checkpoint (also a summary), then a SavedModel of it."""
+    from psworker.train import evaluate, export, summaries
+
+    checkpoint = evaluate.latest_checkpoint(config.train_dir)
+    if not checkpoint:
+        return
+    result = evaluate.evaluate_checkpoint(model, checkpoint, data_dir=config.data_dir)
+    summaries.write_eval_summary(config.train_dir, result.precision, result.global_step)
+    try:
+        path = export.export_saved_model(model, checkpoint, os.path.join(config.train_dir, export.EXPORT_SUBDIR))
+        log.info("%s: exported the model of global step %d to %s", name, result.global_step, path)
+    except export.ExportExistsError as exc:   # a restarted chief that ends at the same step
+        log.info("%s: %s", name, exc)
+    emit(evaluate.format_result(result), flush=True)   # last: the run's result line
 
 
 def _train(target: str, config: TrainConfig, model: Model, replication: Replication, name: str,
@@ -132,6 +144,14 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
         if replication.is_chief:
             hooks.extend(chief_hooks(config, scaffold, name))
+        if config.train_dir is not None:
+            from psworker.train.summaries import WorkerSummaryHook, worker_dir
+
+            index = CLIENT_INDEX if replication.release is not None else _task_index(name)
+            hooks.append(WorkerSummaryHook(index, loss=tg.loss, learning_rate=tg.learning_rate,
+                                           global_step=tg.global_step, logdir=worker_dir(config.train_dir, index),
+                                           every_steps=max(1, config.log_every_steps),
+                                           examples_per_step=replication.examples_per_step))
 
         def wait_for_peers() -> None:
             srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name)
@@ -160,6 +180,11 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
                            f"{why}")
     return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started)
+
+
+def _task_index(name: str) -> int:
+    """`worker:3` -> 3."""
+    return int(name.rpartition(":")[2])
 
 
 def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str

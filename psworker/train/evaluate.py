@@ -98,6 +98,7 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
     import tensorflow as tf
 
     from psworker import models
+    from psworker.train import summaries
 
     if not os.path.isdir(train_dir):
         raise UsageError(f"--train_dir {train_dir} does not exist")
@@ -106,46 +107,34 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
     if data_dir is None and recorded is not None:
         data_dir = recorded.data_dir
     batch_size = batch_size or 128
-    eval_dir = os.path.join(train_dir, "eval")
-    writer = None
     seen: Optional[str] = None
     evals = 0
-    try:
-        while True:
-            checkpoint = latest_checkpoint(train_dir)
-            if checkpoint is None and once:
-                raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
-            if checkpoint is not None and checkpoint != seen:
-                try:
-                    result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
-                except tf.errors.NotFoundError as exc:
-                    if once:
-                        raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
-                    # The chief keeps only the last few checkpoints: this one was deleted while we looked.
-                    log.warning("%s vanished before it could be read; looking again in %g s", checkpoint,
-                                eval_interval_secs)
-                    sleep(eval_interval_secs)
-                    continue
-                emit(format_result(result), flush=True)
-                seen = checkpoint
-                evals += 1
+    while True:
+        checkpoint = latest_checkpoint(train_dir)
+        if checkpoint is None and once:
+            raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
+        if checkpoint is not None and checkpoint != seen:
+            try:
+                result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
+            except tf.errors.NotFoundError as exc:
                 if once:
-                    return 0
-                if writer is None:
-                    with tf.Graph().as_default():  # FileWriter refuses to be made in eager mode
-                        writer = tf.compat.v1.summary.FileWriter(eval_dir)
-                summary = tf.compat.v1.Summary(value=[
-                    tf.compat.v1.Summary.Value(tag="precision_at_1", simple_value=result.precision)])
-                writer.add_summary(summary, result.global_step)
-                writer.flush()
-                if max_evals is not None and evals >= max_evals:
-                    return 0
-            elif checkpoint is None:
-                log.info("no checkpoint in %s yet; checking again in %g s", train_dir, eval_interval_secs)
-            sleep(eval_interval_secs)
-    finally:
-        if writer is not None:
-            writer.close()
+                    raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
+                # The chief keeps only the last few checkpoints: this one was deleted while we looked.
+                log.warning("%s vanished before it could be read; looking again in %g s", checkpoint,
+                            eval_interval_secs)
+                sleep(eval_interval_secs)
+                continue
+            emit(format_result(result), flush=True)
+            seen = checkpoint
+            evals += 1
+            summaries.write_eval_summary(train_dir, result.precision, result.global_step)
+            if once:
+                return 0
+            if max_evals is not None and evals >= max_evals:
+                return 0
+        elif checkpoint is None:
+            log.info("no checkpoint in %s yet; checking again in %g s", train_dir, eval_interval_secs)
+        sleep(eval_interval_secs)
 
 
 def _train_settings(train_dir: str):

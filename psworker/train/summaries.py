@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from typing import Optional
 
 EVAL_DIR = "eval"
@@ -45,13 +44,14 @@ def scalar_summary(values: dict[str, float]):
 def make_writer(logdir: str):
     """A `FileWriter` on a new event file in `logdir` (made inside a graph: TF refuses one in eager mode).
 
-    The file name gets this process's id and a random suffix: TF names event files by the second and the host only,
-    so two writers opened in the same second would otherwise share (and clobber) one file.
+    The file name gets the time in nanoseconds and this process's id: TF names event files by the second and the
+    host only, so two writers opened in the same second would otherwise share (and clobber) one file; TensorBoard
+    reads a run's files in name order, so the nanoseconds also keep them in the order they were written.
     """
     import tensorflow as tf
 
     with tf.Graph().as_default():
-        return tf.compat.v1.summary.FileWriter(logdir, filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        return tf.compat.v1.summary.FileWriter(logdir, filename_suffix=f".{time.time_ns():020d}.{os.getpid()}")
 
 
 def write_eval_summary(train_dir: str, precision: float, global_step: int) -> str:
