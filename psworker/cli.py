@@ -125,22 +125,40 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return task.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
 
 
+def _launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[str, ...] = ()):
+    """The one `LaunchConfig` of `psworker local` and `psworker run`."""
+    from psworker.launcher.launch import LaunchConfig
+    from psworker.launcher.policy import RestartPolicy
+
+    for flag in ("grace_period_secs", "restart_backoff_secs"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag} must be >= 0, got {getattr(args, flag):g}")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    if args.stall_timeout_secs is not None and args.stall_timeout_secs <= 0:
+        raise UsageError(f"--stall_timeout_secs must be > 0, got {args.stall_timeout_secs:g}")
+    policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
+    return LaunchConfig(spec=spec, command=command, policy=policy, injections=tuple(args.inject),
+                        stall_timeout_secs=args.stall_timeout_secs, network=args.network, verbose=args.verbose,
+                        live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
+                        ps_exit_grace_secs=1.0 if command else 15.0)
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     """`psworker local SPEC ...`: starts the whole cluster on this machine and supervises it."""
-    if args.grace_period_secs < 0:
-        raise UsageError(f"--grace_period_secs must be >= 0, got {args.grace_period_secs:g}")
     spec = load_spec(args.spec)
-    # No train_dir given: run_local makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
+    # No train_dir given: the backend makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
     spec = dataclasses.replace(spec, train=merge_train(spec.train, _train_overrides(args),
                                                        num_workers=len(spec.worker)))
+    config = _launch_config(args, spec)
     _isolate_network(args.network, args.argv)
-    from psworker.backends.local import run_local
-    return run_local(spec, grace_period_secs=args.grace_period_secs, verbose=args.verbose)
+    from psworker.launcher.launch import launch
+    return launch(config)
 
 
 def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
     """`--network`: run the local cluster in a private network namespace (loopback only) where possible."""
-    from psworker import netns
+    from psworker.launcher import netns
 
     if netns.inside() and netns.interfaces() == ["lo"]:
         netns.bring_up_loopback()
@@ -187,6 +205,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 
+def _add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `local` and `run`: supervision, restarts, fault injection, console."""
+    p.add_argument("--grace_period_secs", type=float, default=10.0,
+                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
+    p.add_argument("--max_restarts", type=int, default=0, metavar="N",
+                   help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
+                        "for a peer gone) up to N times; other exits fail the run at once (default 0)")
+    p.add_argument("--restart_backoff_secs", type=float, default=1.0, metavar="SECS",
+                   help="wait before the first restart of a task, doubled for each next one, +-20%% jitter "
+                        "(default 1)")
+    p.add_argument("--stall_timeout_secs", type=float, default=None, metavar="SECS",
+                   help="kill (and restart under --max_restarts) a worker whose step line has not shown a new "
+                        "global step for this long (default: off)")
+    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="inject a fault, repeatable: kill:worker:1@step=300, kill:ps:0@time=20, "
+                        "stop:worker:1@step=200,for=10, exit:worker:0@step=100,code=143")
+    p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
+                   help="isolated: run the cluster in a private network namespace where only loopback exists "
+                        "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
+                        "when this machine allows it; host: no isolation")
+    p.add_argument("--verbose", action="store_true",
+                   help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
+                        "errors; the full output is always in <train_dir>/logs/)")
+    p.add_argument("--no_live", action="store_true",
+                   help="plain periodic status lines even on a terminal (no live view)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser (no side effects; called by `main`)."""
     parser = argparse.ArgumentParser(prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker tasks, train, evaluate.")
@@ -223,15 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("local", cmd_local, "run a whole spec's cluster on this machine")
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--grace_period_secs", type=float, default=10.0,
-                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
-    p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
-                   help="isolated: run the cluster in a private network namespace where only loopback exists "
-                        "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
-                        "when this machine allows it; host: no isolation")
-    p.add_argument("--verbose", action="store_true",
-                   help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
-                        "errors; the full output is always in <train_dir>/logs/)")
+    _add_launch_flags(p)
     _add_train_flags(p)
 
     p = add("data", cmd_data, "download or write a data set")
@@ -252,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _configure_logging(args: argparse.Namespace) -> None:
     """Task commands log with timestamps (their output is a log file); launchers talk to a person."""
     if args.func is cmd_local:
-        from psworker.console import PeopleFormatter
+        from psworker.launcher.console import PeopleFormatter
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(PeopleFormatter())
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])

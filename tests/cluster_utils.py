@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import psutil
 import yaml
 
-from psworker.ports import pick_free_ports
+from psworker.launcher.ports import pick_free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = REPO / "launch"

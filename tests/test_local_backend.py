@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from tests.fake_tasks.fakes import HERE, kill_quietly, wait_for, wait_gone
-from psworker import backends
-from psworker.backends.local import default_train_dir, resolve_local_spec, run_local
+from psworker import launcher as backends
+from psworker.launcher.local import default_train_dir, resolve_local_spec, run_local
 from psworker.errors import SpecError
-from psworker.ports import pick_free_ports
+from psworker.launcher.ports import pick_free_ports
 from psworker.spec import Address, TrainConfig, build_cluster, load_spec
 
 
@@ -80,7 +80,8 @@ def test_default_train_dir_is_fresh_and_named_after_the_spec(tmp_path):
 
 
 def test_backend_registry_has_local():
-    assert "local" in backends.names() and backends.get("local") is run_local
+    from psworker.launcher import local
+    assert "local" in backends.names() and backends.get("local") is local
     with pytest.raises(KeyError, match="local"):
         backends.get("nope")
 
@@ -109,7 +110,7 @@ def test_run_local_success_writes_cluster_yaml_and_logs(tmp_path, fake_python, m
     assert f"worker:1 train_dir {train_dir}" in log and "worker:1 step 24" in log
     out = console.getvalue()
     assert f"[ps:0] ps:0 address {written.ps[0]}" in out and "[worker:0] worker:0 step 0" in out
-    assert "all 2 workers finished" in out
+    assert "every worker task finished" in out
 
 
 def test_run_local_failure_returns_the_exit_code_and_reports(tmp_path, fake_python, monkeypatch, capsys):

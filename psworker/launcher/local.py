@@ -1,25 +1,29 @@
-"""The local backend: runs every task of a spec as a subprocess on this machine, bound to 127.0.0.1."""
+"""The local backend: every task of a spec runs as a subprocess on this machine, bound to 127.0.0.1.
+
+A backend module of `psworker.launcher`'s registry provides `prepare(config, console) -> (config, tasks)`,
+`processes(config) -> ProcessBackend` and `report_success(config, result, seconds, console)`.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Optional, TextIO
 
-from psworker.console import for_console
 from psworker.errors import SpecError
+from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig, launch
+from psworker.launcher.ports import pick_free_ports
+from psworker.launcher.process import LocalProcessBackend
+from psworker.launcher.report import RunResult
 from psworker.plan import plan
-from psworker.ports import pick_free_ports
 from psworker.spec import Address, ClusterSpec, dump_spec, format_address, with_addresses
-from psworker.supervisor import SignalCatcher, Supervisor, exit_status, format_report, stop_on_signals
 
-__all__ = ["LOCAL_HOST", "default_train_dir", "resolve_local_spec", "run_local"]
+__all__ = ["LOCAL_HOST", "default_train_dir", "prepare", "processes", "report_success", "resolve_local_spec",
+           "run_local"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,42 +106,19 @@ def chief_result(log_dir: Path) -> Optional[str]:
     return found[-1] if found else None
 
 
-def run_local(
-    spec: ClusterSpec,
-    *,
-    grace_period_secs: float = 10.0,
-    console: Optional[TextIO] = None,
-    python: str = sys.executable,
-    install_signal_handlers: bool = True,
-    ps_exit_grace_secs: float = 15.0,
-    verbose: bool = False,
-) -> int:
-    """Runs the whole cluster on this machine and supervises it until the workers finish or one task fails.
-
-    Writes the resolved spec to `<train_dir>/cluster.yaml` (every task reads it via `--spec`) and each
-    task's output to `<train_dir>/logs/<job>-<index>.log`, with a `[job:index] `-prefixed copy on `console`.
-    Nothing in train_dir is deleted, so a rerun resumes from its checkpoints.
-
-    Args:
-        spec: the cluster; `spec.train.train_dir` None means a fresh `runs/<stem>-<time>` here.
-        grace_period_secs: between SIGTERM and SIGKILL when stopping tasks.
-        console: where task output and progress go; None: sys.stdout.
-        python: the interpreter that runs the tasks.
-        install_signal_handlers: SIGINT/SIGTERM stop every task (handlers restored after).
-        ps_exit_grace_secs: how long ps tasks may take to exit by themselves after the workers succeed.
-        verbose: show every line of the tasks' output on the console (default: psworker's own lines,
-            step lines, warnings and errors; TensorFlow's start-up chatter stays in the log files).
+def prepare(config: LaunchConfig, console: TextIO) -> tuple[LaunchConfig, list]:
+    """Resolves the run for this machine: the train dir (made here), 127.0.0.1 addresses with free ports,
+    `<train_dir>/cluster.yaml` (every task reads it), and the tasks (argv symbolic in PYTHON and SPEC).
 
     Returns:
-        0 on success; 130/143 after SIGINT/SIGTERM; else the failing task's exit status (128+N for
-        signal N), or 1.
+        The config with its train_dir filled in, and the tasks in start order.
 
     Raises:
         SpecError: the spec cannot run locally (ports clash on 127.0.0.1).
     """
-    console = console if console is not None else sys.stdout
-    if spec.train.train_dir:
-        train_dir = Path(spec.train.train_dir)
+    spec = config.spec
+    if config.train_dir or spec.train.train_dir:
+        train_dir = Path(config.train_dir or spec.train.train_dir)
         train_dir.mkdir(parents=True, exist_ok=True)
     else:
         train_dir = default_train_dir(spec)
@@ -145,34 +126,50 @@ def run_local(
     resolved = resolve_local_spec(spec, train_dir)
     for line in _mapping_lines(spec, resolved):
         logger.debug("local address: %s", line)
-    spec_path = train_dir / SPEC_FILE
-    _write_atomically(spec_path, dump_spec(resolved))
-    tasks = plan(resolved, spec_path, python=python)
-    log_dir = train_dir / LOG_SUBDIR
+    _write_atomically(train_dir / SPEC_FILE, dump_spec(resolved))
+    config = dataclasses.replace(config, spec=resolved, train_dir=str(train_dir))
+    if config.command:
+        from psworker.launcher.command import command_tasks
+        tasks = command_tasks(resolved, config.command)
+    else:
+        tasks = plan(resolved, SPEC, python=PYTHON)
     where = ", ".join(f"{t.name}={t.address}" for t in tasks)
-    print(f"psworker: starting {len(resolved.ps)} ps and {len(resolved.worker)} workers on {LOCAL_HOST} "
-          f"({where}); logs in {log_dir} (TensorFlow's import takes a few seconds)", file=console, flush=True)
+    print(f"psworker: starting {len(tasks)} tasks on {LOCAL_HOST} ({where}); logs in {train_dir / LOG_SUBDIR}"
+          + ("" if config.command else " (TensorFlow's import takes a few seconds)"), file=console, flush=True)
+    return config, tasks
 
-    started = time.monotonic()
-    sup = Supervisor(tasks, log_dir, console=console, console_filter=None if verbose else for_console,
-                     grace_period_secs=grace_period_secs, ps_exit_grace_secs=ps_exit_grace_secs)
-    signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
-    with signals as caught, sup:
-        result = sup.wait()
 
-    if caught.signum is not None and not result.ok:
-        stopped = [name for name, e in result.exits.items() if e.stopped]
-        print(f"psworker: {result.reason}; stopped {', '.join(stopped) or 'nothing (all had exited)'}",
-              file=sys.stderr, flush=True)
-        return 128 + caught.signum
-    if result.ok:
-        print(f"psworker: all {len(resolved.worker)} workers finished in {time.monotonic() - started:.1f} s",
-              file=console, flush=True)
-        print(f"psworker: checkpoints and summaries in {train_dir}/, task logs in {log_dir}/", file=console,
-              flush=True)
-        result_line = chief_result(log_dir)
-        if result_line:
-            print(f"psworker: {result_line}", file=console, flush=True)
-        return 0
-    print(format_report(result), file=sys.stderr, flush=True)
-    return exit_status(result.failure.returncode) if result.failure is not None else 1
+def processes(config: LaunchConfig) -> LocalProcessBackend:
+    """Subprocesses of this launcher, with the argv symbols replaced by this machine's values."""
+    return LocalProcessBackend(symbols={PYTHON: config.python, SPEC: str(Path(config.train_dir) / SPEC_FILE)})
+
+
+def report_success(config: LaunchConfig, result: RunResult, seconds: float, console: TextIO) -> None:
+    """What a person reads after a successful run: time, outputs, restarts, and the chief's evaluation."""
+    done = "/".join(sorted(config.done_jobs))
+    print(f"psworker: every {done} task finished in {seconds:.1f} s", file=console, flush=True)
+    if any(e.restarts for e in result.exits.values()):
+        from psworker.launcher.report import format_report
+        print(format_report(result), file=console, flush=True)
+    log_dir = Path(config.train_dir) / LOG_SUBDIR
+    print(f"psworker: checkpoints and summaries in {config.train_dir}/, task logs in {log_dir}/", file=console,
+          flush=True)
+    result_line = chief_result(log_dir)
+    if result_line:
+        print(f"psworker: {result_line}", file=console, flush=True)
+
+
+def run_local(spec: ClusterSpec, *, console: Optional[TextIO] = None, python: str = sys.executable,
+              install_signal_handlers: bool = True, **options) -> int:
+    """Runs the whole cluster on this machine (`psworker local` as a library call) and returns its exit status.
+
+    Args:
+        spec: the cluster; `spec.train.train_dir` None means a fresh `runs/<stem>-<time>` here.
+        console: where task output and progress go; None: sys.stdout.
+        python: the interpreter that runs the tasks.
+        install_signal_handlers: SIGINT/SIGTERM stop every task (handlers restored after).
+        **options: other `LaunchConfig` fields (grace_period_secs, policy, injections, verbose, ...).
+    """
+    options.setdefault("live", False)
+    config = LaunchConfig(spec=spec, python=python, **options)
+    return launch(config, console=console, install_signal_handlers=install_signal_handlers)
