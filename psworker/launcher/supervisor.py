@@ -348,7 +348,7 @@ class Supervisor:
         """Why this exit fails the run, or None if it does not."""
         described = slot.cause or describe_returncode(slot.returncode)
         if slot.task.job in self._done_jobs:
-            return None if slot.returncode == 0 else f"{'ended' if slot.cause else 'exited with'} {described}"
+            return None if slot.returncode == 0 else f"ended ({described})" if slot.cause else f"exited with {described}"
         if done:
             if slot.returncode != 0:
                 logger.warning("%s exited with %s after the run was done", slot.name, described)
