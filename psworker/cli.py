@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from psworker.errors import PsworkerError, UsageError
-from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, load_spec,
+from psworker.spec import (ALL_JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, load_spec,
                            merge_train)
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"psworker: error: {e}", file=sys.stderr)
             failed += 1
             continue
-        print(f"OK {path} ({len(spec.ps)} ps, {len(spec.worker)} workers)")
+        extra = "".join(f"{len(spec.addresses(j))} {j}, " for j in ("chief", "evaluator") if spec.addresses(j))
+        print(f"OK {path} ({extra}{len(spec.ps)} ps, {len(spec.worker)} workers)")
     return 2 if failed else 0
 
 
@@ -90,6 +91,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """`psworker plan SPEC [--model NAME]`: prints the task table (and the model's placement)."""
     from psworker.plan import format_plan, plan
     spec = load_spec(args.spec)
+    if spec.chief or spec.evaluator:
+        from psworker.launcher.command import format_command_plan
+        print(format_command_plan(spec))
+        return 0
     print(format_plan(spec, plan(spec, args.spec)))
     if args.model is not None:
         model = merge_train(spec.train, {"model": args.model}).model
@@ -151,6 +156,20 @@ def cmd_local(args: argparse.Namespace) -> int:
     spec = dataclasses.replace(spec, train=merge_train(spec.train, _train_overrides(args),
                                                        num_workers=len(spec.worker)))
     config = _launch_config(args, spec)
+    _isolate_network(args.network, args.argv)
+    from psworker.launcher.launch import launch
+    return launch(config)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`psworker run SPEC [flags] -- COMMAND...`: runs COMMAND once per task of the spec and supervises them."""
+    command = list(args.command)
+    if not command:
+        raise UsageError("psworker run needs a command after '--', e.g. psworker run SPEC -- python train.py")
+    spec = load_spec(args.spec)
+    if args.train_dir is not None:
+        spec = dataclasses.replace(spec, train=merge_train(spec.train, {"train_dir": args.train_dir}))
+    config = _launch_config(args, spec, tuple(command))
     _isolate_network(args.network, args.argv)
     from psworker.launcher.launch import launch
     return launch(config)
@@ -251,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--job", required=True, choices=JOBS)
+    p.add_argument("--job", required=True, choices=ALL_JOBS)
     p.add_argument("--task_index", required=True, type=int)
 
     p = add("ps", cmd_ps, "run one parameter server task")
@@ -271,6 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch_flags(p)
     _add_train_flags(p)
 
+    p = add("run", cmd_run, "run your own distributed-TensorFlow script once per task of a spec "
+                            "(TF_CONFIG and classic flags filled in)")
+    p.add_argument("spec", metavar="SPEC")
+    _add_launch_flags(p)
+    p.add_argument("--train_dir", default=None,
+                   help="the run directory (cluster.yaml, logs/); default: a fresh runs/<spec>-<time>")
+    p.epilog = ("after '--': the program and its arguments; {job_name} {task_index} {ps_hosts} {worker_hosts} "
+                "are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name}")
+    p.set_defaults(command=[])
+
     p = add("data", cmd_data, "download or write a data set")
     p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))
     p.add_argument("--data_dir", required=True)
@@ -288,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     """Task commands log with timestamps (their output is a log file); launchers talk to a person."""
-    if args.func is cmd_local:
+    if args.func in (cmd_local, cmd_run):
         from psworker.launcher.console import PeopleFormatter
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(PeopleFormatter())
@@ -307,11 +336,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         The exit status: 0 on success, the error's `exit_code` (2 for spec/usage errors), 130 on Ctrl-C.
     """
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else list(argv)
+    command: list[str] = []
+    if given[:1] == ["run"] and "--" in given:     # `psworker run SPEC [flags] -- COMMAND...`: COMMAND is not ours
+        at = given.index("--")
+        given, command = given[:at], given[at + 1:]
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(given)
     except SystemExit as e:  # --help or a usage error already printed by argparse
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     args.argv = sys.argv[1:] if argv is None else None   # None: called in-process, never re-exec
+    if args.func is cmd_run:
+        args.command = command
     _configure_logging(args)
     try:
         return int(args.func(args) or 0)

@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
-from psworker.spec import Address, ClusterSpec, format_address
+from psworker.errors import SpecError
+from psworker.spec import SCRIPT_JOBS, Address, ClusterSpec, format_address
 
 LAUNCH_SCRIPTS = {"ps": "launch/start_ps.sh", "worker": "launch/start_worker.sh"}
 
@@ -51,7 +52,15 @@ def plan(spec: ClusterSpec, spec_path: Union[str, os.PathLike], *, python: str =
 
     Returns:
         One Task per process, in start order.
+
+    Raises:
+        SpecError: the spec has chief or evaluator jobs (psworker's trainer makes worker 0 the chief).
     """
+    for job in SCRIPT_JOBS:
+        if spec.addresses(job):
+            raise SpecError(spec.source or "spec", f"cluster.{job}",
+                            f"psworker's own trainer has no '{job}' job (worker 0 is the chief); a spec with "
+                            f"chief or evaluator jobs runs your script: psworker run SPEC -- python train.py")
     pairs = extra_env.items() if isinstance(extra_env, Mapping) else extra_env
     env = {"PYTHONUNBUFFERED": "1"}
     env.update((str(k), str(v)) for k, v in pairs)

@@ -65,7 +65,7 @@ def resolve_local_spec(spec: ClusterSpec, train_dir: str | os.PathLike) -> Clust
     """
     source = spec.source or "spec"
     fixed: dict[int, str] = {}
-    for job in ("ps", "worker"):
+    for job in spec.jobs():
         for i, a in enumerate(spec.addresses(job)):
             if a.port == 0:
                 continue
@@ -74,19 +74,20 @@ def resolve_local_spec(spec: ClusterSpec, train_dir: str | os.PathLike) -> Clust
                 raise SpecError(source, here, f"port {a.port} is also used by {fixed[a.port]}; a local run "
                                               f"binds every task to {LOCAL_HOST}, so ports must differ")
             fixed[a.port] = here
-    n_auto = sum(a.port == 0 for a in spec.ps + spec.worker)
+    n_auto = sum(a.port == 0 for job in spec.jobs() for a in spec.addresses(job))
     auto = iter([p for p in pick_free_ports(n_auto + len(fixed), LOCAL_HOST) if p not in fixed][:n_auto])
 
     def local(a: Address) -> Address:
         return Address(LOCAL_HOST, a.port or next(auto))
 
-    resolved = with_addresses(spec, [local(a) for a in spec.ps], [local(a) for a in spec.worker])
+    new = {job: [local(a) for a in spec.addresses(job)] for job in spec.jobs()}
+    resolved = with_addresses(spec, **new)
     return dataclasses.replace(resolved, train=dataclasses.replace(spec.train, train_dir=str(train_dir)))
 
 
 def _mapping_lines(spec: ClusterSpec, resolved: ClusterSpec) -> list[str]:
     return [f"{job}:{i} {format_address(old)} -> {new}"
-            for job in ("ps", "worker")
+            for job in spec.jobs()
             for i, (old, new) in enumerate(zip(spec.addresses(job), resolved.addresses(job)))]
 
 

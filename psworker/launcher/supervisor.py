@@ -327,7 +327,7 @@ class Supervisor:
                 delay = policy.delay(slot.restarts) if hasattr(policy, "delay") else 0.0
                 slot.restart_cause = slot.cause or describe_returncode(slot.returncode)
                 slot.restart_at = now + delay
-                logger.warning("%s %s; restart %d in %.1f s", slot.name, slot.cause or reason,
+                logger.warning("%s %s; restart %d in %.1f s", slot.name, reason,
                                slot.restarts + 1, delay)
                 self.progress.set_state(slot.name, f"restarting {slot.restarts + 1}")
                 continue
