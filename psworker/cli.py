@@ -175,6 +175,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return launch(config)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """`psworker status RUN_DIR [--json]`: the status of a run, read from its cluster.yaml and task logs."""
+    import datetime
+    import time
+
+    from psworker.launcher.status import read_run_dir, render
+
+    if args.silent_secs <= 0:
+        raise UsageError(f"--silent_secs must be > 0, got {args.silent_secs:g}")
+    status = read_run_dir(args.run_dir, now=time.time())
+    silent = {name: t.last_output_at for name, t in status.tasks.items()
+              if t.state not in ("done", "failed", "not started") and status.now - t.last_output_at >= args.silent_secs}
+    if args.json:
+        print(json.dumps({**status.as_dict(), "silent": sorted(silent)}, indent=2))
+        return 0
+    from rich.console import Console
+    Console().print(render(status, args.silent_secs))
+    for name, since in silent.items():
+        stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
+    return 0
+
+
 def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
     """`--network`: run the local cluster in a private network namespace (loopback only) where possible."""
     from psworker.launcher import netns
@@ -299,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.epilog = ("after '--': the program and its arguments; {job_name} {task_index} {ps_hosts} {worker_hosts} "
                 "are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name}")
     p.set_defaults(command=[])
+
+    p = add("status", cmd_status, "show the status of a run from its run directory (started by any backend)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's train_dir (holds cluster.yaml and logs/)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--silent_secs", type=float, default=60.0,
+                   help="call a running task silent when its log has not grown for this long (default 60)")
 
     p = add("data", cmd_data, "download or write a data set")
     p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))

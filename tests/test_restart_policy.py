@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import signal
 import time
@@ -127,3 +128,12 @@ def test_malformed_faults_name_the_bad_part(text, message):
 def test_a_fault_must_name_a_task_of_the_run():
     with pytest.raises(UsageError, match=r"no task worker:5 in this run \(tasks: ps:0, worker:0\)"):
         parse_faults(["kill:worker:5@step=1"], ["ps:0", "worker:0"])
+
+
+def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(run):
+    """A ps exits by itself only when training is over; a worker still (re)starting then has nothing to do."""
+    chief = fake("worker", 0, "echo_exit", 0)
+    result, _ = run([fake("ps", 0, "echo_exit", 0, "--sleep", "1"), dataclasses.replace(chief, is_chief=True),
+                     fake("worker", 1, "sleep_forever")])
+    assert result.ok and result.reason == "the chief and every ps exited 0: training is over"
+    assert result.exits["worker:1"].stopped

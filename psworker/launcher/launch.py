@@ -42,7 +42,8 @@ class LaunchConfig:
     stall_timeout_secs: Optional[float] = None
     network: str = "auto"
     verbose: bool = False
-    live: Optional[bool] = None              # live status view; None: when the console is a terminal
+    live: Optional[bool] = None              # live status view; None: when the console is a terminal, else
+    status_every_secs: float = 15.0          # ... plain status lines this often; False: neither
     grace_period_secs: float = 10.0
     ps_exit_grace_secs: float = 15.0
     python: str = sys.executable

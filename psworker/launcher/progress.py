@@ -19,13 +19,15 @@ __all__ = ["Progress", "TaskProgress", "parse_step_line"]
 
 STEP_LINE = re.compile(r"^step (?P<step>\d+)\b(?:, loss = (?P<loss>[-+\w.]+))?"
                        r"(?: \((?P<rate>[\d.]+) examples/sec)?")
+DONE_LINE = re.compile(r"\bdone at global step (?P<step>\d+)\b")     # psworker's workers, once finished
 
 
 def parse_step_line(line: str) -> Optional[tuple[int, Optional[float], Optional[float]]]:
     """`(global step, loss, examples/sec)` from a step line, None for any other line."""
     m = STEP_LINE.match(line)
     if m is None:
-        return None
+        done = DONE_LINE.search(line)
+        return None if done is None else (int(done.group("step")), None, None)
 
     def num(text: Optional[str]) -> Optional[float]:
         try:
@@ -41,7 +43,7 @@ class TaskProgress:
     """What the launcher last saw of one task."""
 
     name: str
-    state: str = "starting"          # starting, training, done, restarting N, failed, stopped, stopped (SIGSTOP)
+    state: str = "starting"   # starting, running (output, no steps), training, done, restarting N, failed, stopped
     step: Optional[int] = None       # the last global step this task reported
     loss: Optional[float] = None
     examples_per_sec: Optional[float] = None
@@ -65,7 +67,8 @@ class Progress:
         with self._lock:
             t = self._tasks[name]
             if parsed is None:
-                self._tasks[name] = _replace(t, last_output_at=now)
+                self._tasks[name] = _replace(t, last_output_at=now,
+                                             state="running" if t.state == "starting" else t.state)
                 return None
             step, loss, rate = parsed
             moved = t.step is None or step != t.step
@@ -73,7 +76,7 @@ class Progress:
                 t, step=step, loss=loss if loss is not None else t.loss,
                 examples_per_sec=rate if rate is not None else t.examples_per_sec,
                 step_moved_at=now if moved else t.step_moved_at, last_output_at=now,
-                state="training" if t.state == "starting" else t.state)
+                state="training" if t.state in ("starting", "running") else t.state)
             return step
 
     def started(self, name: str, restarts: int, now: Optional[float] = None) -> None:

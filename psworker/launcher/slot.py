@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
@@ -60,3 +62,21 @@ class Slot:
     @property
     def running(self) -> bool:
         return self.popen is not None and self.returncode is None
+
+    def open_log(self, marker: Optional[str]) -> Any:
+        """Opens the log for appending; a new attempt (or a new run on an old log) starts with a marker line."""
+        log = open(self.log_path, "ab")
+        if marker is None and self.log_path.stat().st_size > 0:
+            marker = f"new run of {self.name}"
+        if marker is not None:
+            stamp = datetime.datetime.now().isoformat(timespec="milliseconds")
+            log.write(f"--- {marker} at {stamp} ---\n".encode())
+            log.flush()
+        return log
+
+    def new_attempt(self, popen: subprocess.Popen) -> None:
+        """Resets the per-attempt state for a just-started process."""
+        self.popen, self.started_at = popen, time.time()
+        self.ended_at = self.returncode = self.cause = self.forced_code = self.resume_at = None
+        self.judged = self.stopped = False
+        self.tail = collections.deque(maxlen=LOG_TAIL_LINES)

@@ -3,8 +3,6 @@ policy, injects faults, detects stalls, and stops everything at the end."""
 
 from __future__ import annotations
 
-import collections
-import datetime
 import logging
 import os
 import signal
@@ -21,7 +19,7 @@ from psworker.launcher.output import OutputCopier
 from psworker.launcher.process import LocalProcessBackend, ProcessBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
-from psworker.launcher.slot import LOG_TAIL_LINES, SERVER_JOBS, Slot, TaskLike
+from psworker.launcher.slot import SERVER_JOBS, Slot, TaskLike
 
 __all__ = ["Supervisor", "SERVER_JOBS"]
 
@@ -98,6 +96,7 @@ class Supervisor:
         self._result: Optional[RunResult] = None
         self._failure: Optional[TaskFailure] = None
         self._drain_deadline: Optional[float] = None
+        self._done_reason = f"every {'/'.join(sorted(self._done_jobs))} task exited 0"
         self._stop_request: Optional[str] = None
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
                                     self.progress)
@@ -158,7 +157,7 @@ class Supervisor:
             self._collect(now)
             self._watch(now)
             for slot in self._slots.values():
-                if slot.restart_at is not None and now >= slot.restart_at:
+                if slot.restart_at is not None and now >= slot.restart_at and self._drain_deadline is None:
                     slot.restart_at = None
                     self._restart(slot, slot.restart_cause)
             return self._decide(now)
@@ -270,23 +269,13 @@ class Supervisor:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"           # lines reach the log as printed; task.env may override
         env.update(dict(slot.task.env))
-        log = open(slot.log_path, "ab")
+        log = slot.open_log(marker)
         try:
-            if marker is None and slot.log_path.stat().st_size > 0:
-                marker = f"new run of {slot.name}"
-            if marker is not None:
-                stamp = datetime.datetime.now().isoformat(timespec="milliseconds")
-                log.write(f"--- {marker} at {stamp} ---\n".encode())
-                log.flush()
             popen = self._backend.start(list(slot.task.argv), env)
         except BaseException:
             log.close()
             raise
-        slot.popen = popen
-        slot.started_at = time.time()
-        slot.ended_at = slot.returncode = slot.cause = slot.forced_code = slot.resume_at = None
-        slot.judged = slot.stopped = False
-        slot.tail = collections.deque(maxlen=LOG_TAIL_LINES)
+        slot.new_attempt(popen)
         self.progress.started(slot.name, slot.restarts, slot.started_at)
         slot.reader = threading.Thread(target=self._output.pump, args=(slot.name, popen.stdout, log, slot.tail),
                                        name=f"psworker-log-{slot.name}", daemon=True)
@@ -314,11 +303,19 @@ class Supervisor:
     def _decide(self, now: float) -> Optional[RunResult]:
         slots = list(self._slots.values())
         done = all(s.returncode == 0 for s in slots if s.task.job in self._done_jobs)
+        servers = [s for s in slots if s.task.job in SERVER_JOBS]
+        # A ps exits by itself only once training is over: with the chief done too, late workers are stopped.
+        over = (not done and servers and all(s.returncode == 0 and not s.stopped for s in servers)
+                and any(getattr(s.task, "is_chief", False) and s.returncode == 0 for s in slots))
+        if over and self._drain_deadline is None:
+            self._drain_deadline, self._done_reason = now, "the chief and every ps exited 0: training is over"
+            logger.warning("%s; stopping the other tasks", self._done_reason)
+        done = done or bool(over)
         for slot in slots:
             if slot.popen is None or slot.running or slot.judged:
                 continue
             slot.judged = True
-            reason = self._judge(slot, done)
+            reason = None if over else self._judge(slot, done)
             if reason is None:
                 self.progress.set_state(slot.name, "done" if slot.returncode == 0 else "exited")
                 continue
@@ -327,8 +324,7 @@ class Supervisor:
                 delay = policy.delay(slot.restarts) if hasattr(policy, "delay") else 0.0
                 slot.restart_cause = slot.cause or describe_returncode(slot.returncode)
                 slot.restart_at = now + delay
-                logger.warning("%s %s; restart %d in %.1f s", slot.name, reason,
-                               slot.restarts + 1, delay)
+                logger.warning("%s %s; restart %d in %.1f s", slot.name, reason, slot.restarts + 1, delay)
                 self.progress.set_state(slot.name, f"restarting {slot.restarts + 1}")
                 continue
             self.progress.set_state(slot.name, "failed")
@@ -341,7 +337,7 @@ class Supervisor:
                 self._drain_deadline = now + self._ps_grace
                 logger.debug("the run is done; giving servers %.1f s to exit", self._ps_grace)
             if not any(s.running for s in slots) or now >= self._drain_deadline:
-                return self._finish(True, f"every {'/'.join(sorted(self._done_jobs))} task exited 0")
+                return self._finish(True, self._done_reason)
         return None
 
     def _judge(self, slot: Slot, done: bool) -> Optional[str]:

@@ -4,6 +4,7 @@
 K (once per state file) and sleeps forever: a stalled worker.
 """
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -18,8 +19,9 @@ state = Path(args.state) if args.state else None
 step = int(state.read_text()) if state and state.exists() else 0
 while step <= args.to:
     print(f"step {step}, loss = 1.50 (640.0 examples/sec; 0.050 sec/batch)", flush=True)
-    if state:
-        state.write_text(str(step))
+    if state:                      # atomically: the launcher may SIGKILL this process at any moment
+        state.with_suffix(".tmp").write_text(str(step))
+        os.replace(state.with_suffix(".tmp"), state)
     hung = state.with_suffix(".hung") if state else None
     if args.hang_at is not None and step >= args.hang_at and hung and not hung.exists():
         hung.write_text("")
