@@ -3,8 +3,9 @@ x {before the first periodic checkpoint, after it}. Every run must finish (sync:
 least), every task must exit 0, and the global step may roll back by at most the checkpoint interval after a
 ps kill and not at all after a worker kill.
 
-Rollback is read from the console: per worker, the largest step it printed before the injection line minus the
-smallest it printed after (each worker's own lines arrive in order).
+Rollback is read from the console: the global step at the injection (the largest step line seen) minus the
+smallest step printed after the killed task was restarted (the restart waits its backoff, so no step line from
+before the kill is still in flight; a chief restoring a checkpoint shows up there).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ KILL_AT = {"before": 50, "after": 150}          # global steps; the first period
 TARGETS = {"ps": "ps:0", "chief": "worker:0", "non-chief": "worker:1"}
 STEP = re.compile(r"^\[(worker:\d+)\] step (\d+), loss", re.MULTILINE)
 INJECTED = re.compile(r"^psworker: warning: injecting kill:\S+ at global step (\d+)", re.MULTILINE)
+RESTARTING = re.compile(r"^psworker: warning: restarting \S+ \(restart 1: ", re.MULTILINE)
 TASK_ROW = re.compile(r"^  ((?:ps|worker):\d+)\s+(.+?)  \[", re.MULTILINE)
 
 # Cells that fail because of task-side bugs tracked for the task redesign (issue #10), not the launcher.
@@ -36,16 +38,11 @@ XFAIL: dict[tuple[str, str, str], str] = {
 
 
 def rollback(output: str) -> int:
-    """The largest drop in any worker's own reported global step across the injection line."""
-    at = INJECTED.search(output)
-    assert at, output[-3000:]
-    worst = 0
-    for worker in {m.group(1) for m in STEP.finditer(output)}:
-        before = [int(m.group(2)) for m in STEP.finditer(output[:at.start()]) if m.group(1) == worker]
-        after = [int(m.group(2)) for m in STEP.finditer(output[at.end():]) if m.group(1) == worker]
-        if before and after:
-            worst = max(worst, max(before) - min(after))
-    return worst
+    """How far the global step went back: its value at the injection minus the least one seen after the restart."""
+    at, restarted = INJECTED.search(output), RESTARTING.search(output)
+    assert at and restarted, output[-3000:]
+    after = [int(m.group(2)) for m in STEP.finditer(output[restarted.end():])]
+    return max(0, int(at.group(1)) - min(after)) if after else 0
 
 
 CELLS = [pytest.param(target, mode, when, id=f"{target}-{mode}-{when}",

@@ -96,7 +96,7 @@ def test_run_local_success_writes_cluster_yaml_and_logs(tmp_path, fake_python, m
     assert f"worker:1 train_dir {train_dir}" in log and "worker:1 step 24" in log
     out = console.getvalue()
     assert f"[ps:0] ps:0 address {written.ps[0]}" in out and "[worker:0] worker:0 step 0" in out
-    assert "every worker task finished" in out
+    assert "all 2 workers finished" in out
 
 
 def test_run_local_failure_returns_the_exit_code_and_reports(tmp_path, fake_python, monkeypatch, capsys):

@@ -72,7 +72,7 @@ def test_a_classic_tf1_script_runs_unchanged(tmp_path):
                        command="run")
     assert run.returncode == 0, run.output[-4000:]
     assert "[worker:0] worker 0 done" in run.output and "[worker:1] worker 1 done" in run.output
-    assert "every worker task finished" in run.output
+    assert "all 2 workers finished" in run.output
     assert checkpoint_step(train_dir) >= 200
     assert_no_processes(run.pids)
 

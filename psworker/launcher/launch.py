@@ -1,4 +1,4 @@
-"""The launch seam: one frozen `LaunchConfig` from the CLI; a backend's `prepare(config) -> tasks`; then
+"""The launch seam: one frozen `LaunchConfig` from the CLI; a backend's `prepare(config) -> (config, tasks)`; then
 `supervise(tasks, processes, config)` -> `RunResult`; `launch` wires them and reports.
 
 Task argvs may name this machine only through the symbols `PYTHON` and `SPEC`, which the process backend
@@ -8,7 +8,6 @@ replaces where the task really starts (a remote backend puts its own interpreter
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import sys
 import threading
@@ -59,7 +58,7 @@ class LaunchConfig:
     def done_jobs(self) -> frozenset[str]:
         """The jobs whose tasks must all exit 0: the chief if any, else the workers (plus, for psworker's own
         trainer, every non-ps job)."""
-        jobs = set(self.spec.jobs()) if hasattr(self.spec, "jobs") else {"ps", "worker"}
+        jobs = set(self.spec.jobs())
         if not self.command:
             return frozenset(jobs - {"ps"})
         return frozenset({"chief"} if "chief" in jobs else {"worker"})
@@ -151,6 +150,3 @@ def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_si
     print(format_report(result), file=sys.stderr, flush=True)
     return exit_status(result.failure.returncode) if result.failure is not None else 1
 
-
-def with_train_dir(config: LaunchConfig, train_dir: Path) -> LaunchConfig:
-    return dataclasses.replace(config, train_dir=str(train_dir))

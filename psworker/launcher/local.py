@@ -147,8 +147,9 @@ def processes(config: LaunchConfig) -> LocalProcessBackend:
 
 def report_success(config: LaunchConfig, result: RunResult, seconds: float, console: TextIO) -> None:
     """What a person reads after a successful run: time, outputs, restarts, and the chief's evaluation."""
-    done = "/".join(sorted(config.done_jobs))
-    print(f"psworker: every {done} task finished in {seconds:.1f} s", file=console, flush=True)
+    done = sorted(config.done_jobs)
+    what = f"all {len(config.spec.worker)} workers" if done == ["worker"] else f"every {'/'.join(done)} task"
+    print(f"psworker: {what} finished in {seconds:.1f} s", file=console, flush=True)
     if any(e.restarts for e in result.exits.values()):
         from psworker.launcher.report import format_report
         print(format_report(result), file=console, flush=True)
