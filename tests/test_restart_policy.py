@@ -137,3 +137,22 @@ def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(run):
                      fake("worker", 1, "sleep_forever")])
     assert result.ok and result.reason == "the chief and every ps exited 0: training is over"
     assert result.exits["worker:1"].stopped
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--inject", "kill:worker:x@step=3"], "--inject 'kill:worker:x@step=3': task index 'x'"),
+    (["--inject", "kill:worker:7@step=3"], "no task worker:7 in this run"),
+    (["--max_restarts", "-1"], "--max_restarts must be >= 0"),
+    (["--stall_timeout_secs", "0"], "--stall_timeout_secs must be > 0"),
+])
+def test_bad_launch_flags_are_usage_errors(tmp_path, args, message):
+    import subprocess
+    import sys
+
+    from tests.cluster_utils import REPO, task_env
+
+    out = subprocess.run([sys.executable, "-m", "psworker", "local", str(REPO / "cluster_specs" / "local.yaml"),
+                          "--train_dir", str(tmp_path / "t"), "--network", "host", *args],
+                         capture_output=True, text=True, env=task_env(), timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
