@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
@@ -36,7 +36,7 @@ class LaunchConfig:
     spec: ClusterSpec
     train_dir: Optional[str] = None          # None: a fresh runs/<spec>-<time> here
     command: tuple[str, ...] = ()            # `psworker run`: the user's command; empty: psworker's trainer
-    policy: RestartPolicy = RestartPolicy()
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
     injections: tuple[str, ...] = ()         # `--inject` values, checked on construction
     stall_timeout_secs: Optional[float] = None
     network: str = "auto"
