@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from psworker.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
-from psworker.spec import (JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, load_spec,
+from psworker.spec import (ALL_JOBS, JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, load_spec,
                            merge_train)
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         from psworker.plan import task_counts
         n = task_counts(spec)
-        print(f"OK {path} ({n['ps']} ps, {n['worker']} workers)")
+        extra = "".join(f"{n[j]} {j}, " for j in ("chief", "evaluator") if n.get(j))
+        print(f"OK {path} ({extra}{n['ps']} ps, {n['worker']} workers)")
     return EXIT_USAGE if failed else EXIT_OK
 
 
@@ -95,6 +96,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         spec = laid_out
     elif args.hosts is not None:
         raise UsageError("--hosts lays out task counts (`ps: 2`); this spec lists addresses already")
+    elif spec.chief or spec.evaluator:
+        from psworker.launcher.command import format_command_plan
+        print(format_command_plan(spec))
+        return 0
     else:
         print(planning.format_plan(spec, planning.plan(spec, args.spec)))
     if args.model is not None:
@@ -131,22 +136,77 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
 
 
+def _launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[str, ...] = ()):
+    """The one `LaunchConfig` of `psworker local` and `psworker run`."""
+    from psworker.launcher.launch import LaunchConfig
+    from psworker.launcher.policy import RestartPolicy
+
+    for flag in ("grace_period_secs", "restart_backoff_secs"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag} must be >= 0, got {getattr(args, flag):g}")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    if args.stall_timeout_secs is not None and args.stall_timeout_secs <= 0:
+        raise UsageError(f"--stall_timeout_secs must be > 0, got {args.stall_timeout_secs:g}")
+    policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
+    return LaunchConfig(spec=spec, command=command, policy=policy, injections=tuple(args.inject),
+                        stall_timeout_secs=args.stall_timeout_secs, network=args.network, verbose=args.verbose,
+                        live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
+                        ps_exit_grace_secs=1.0 if command else 15.0)
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     """`psworker local SPEC ...`: starts the whole cluster on this machine and supervises it."""
-    if args.grace_period_secs < 0:
-        raise UsageError(f"--grace_period_secs must be >= 0, got {args.grace_period_secs:g}")
     spec = load_spec(args.spec)
-    # No train_dir given: run_local makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
+    # No train_dir given: the backend makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
     spec = dataclasses.replace(spec, train=merge_train(spec.train, _train_overrides(args),
                                                        num_workers=len(spec.worker)))
+    config = _launch_config(args, spec)
     _isolate_network(args.network, args.argv)
-    from psworker.backends.local import run_local
-    return run_local(spec, grace_period_secs=args.grace_period_secs, verbose=args.verbose)
+    from psworker.launcher.launch import launch
+    return launch(config)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`psworker run SPEC [flags] -- COMMAND...`: runs COMMAND once per task of the spec and supervises them."""
+    command = list(args.command)
+    if not command:
+        raise UsageError("psworker run needs a command after '--', e.g. psworker run SPEC -- python train.py")
+    spec = load_spec(args.spec)
+    if args.train_dir is not None:
+        spec = dataclasses.replace(spec, train=merge_train(spec.train, {"train_dir": args.train_dir}))
+    config = _launch_config(args, spec, tuple(command))
+    _isolate_network(args.network, args.argv)
+    from psworker.launcher.launch import launch
+    return launch(config)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`psworker status RUN_DIR [--json]`: the status of a run, read from its cluster.yaml and task logs."""
+    import datetime
+    import time
+
+    from psworker.launcher.status import read_run_dir, render
+
+    if args.silent_secs <= 0:
+        raise UsageError(f"--silent_secs must be > 0, got {args.silent_secs:g}")
+    status = read_run_dir(args.run_dir, now=time.time())
+    silent = {name: t.last_output_at for name, t in status.tasks.items()
+              if t.state not in ("done", "failed", "not started") and status.now - t.last_output_at >= args.silent_secs}
+    if args.json:
+        print(json.dumps({**status.as_dict(), "silent": sorted(silent)}, indent=2))
+        return 0
+    from rich.console import Console
+    Console().print(render(status, args.silent_secs))
+    for name, since in silent.items():
+        stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
+    return 0
 
 
 def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
     """`--network`: run the local cluster in a private network namespace (loopback only) where possible."""
-    from psworker import netns
+    from psworker.launcher import netns
 
     if netns.inside() and netns.interfaces() == ["lo"]:
         netns.bring_up_loopback()
@@ -216,7 +276,7 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
         run_dir = Path(args.run_dir).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
-        from psworker.backends.local import default_train_dir
+        from psworker.launcher.local import default_train_dir
         run_dir = default_train_dir(spec).resolve()
     spec_copy = run_dir / slurm.SUBMITTED_SPEC        # the job reads this copy: later edits do not change it
     shutil.copyfile(args.spec, spec_copy)
@@ -257,7 +317,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from psworker import tensorboard
+    from psworker.launcher import tensorboard
     # SIGTERM ends the command like Ctrl-C, through serve()'s exit, which stops TensorBoard.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tensorboard.serve(args.logdir, args.port) as url:
@@ -376,6 +436,33 @@ def _add_k8s_parsers(sub: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------- parser
 
+def _add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `local` and `run`: supervision, restarts, fault injection, console."""
+    p.add_argument("--grace_period_secs", type=float, default=10.0,
+                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
+    p.add_argument("--max_restarts", type=int, default=0, metavar="N",
+                   help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
+                        "for a peer gone) up to N times; other exits fail the run at once (default 0)")
+    p.add_argument("--restart_backoff_secs", type=float, default=1.0, metavar="SECS",
+                   help="wait before the first restart of a task, doubled for each next one, +-20%% jitter "
+                        "(default 1)")
+    p.add_argument("--stall_timeout_secs", type=float, default=None, metavar="SECS",
+                   help="kill (and restart under --max_restarts) a worker whose step line has not shown a new "
+                        "global step for this long (default: off)")
+    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="inject a fault, repeatable: kill:worker:1@step=300, kill:ps:0@time=20, "
+                        "stop:worker:1@step=200,for=10, exit:worker:0@step=100,code=143")
+    p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
+                   help="isolated: run the cluster in a private network namespace where only loopback exists "
+                        "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
+                        "when this machine allows it; host: no isolation")
+    p.add_argument("--verbose", action="store_true",
+                   help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
+                        "errors; the full output is always in <train_dir>/logs/)")
+    p.add_argument("--no_live", action="store_true",
+                   help="plain periodic status lines even on a terminal (no live view)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser (no side effects; called by `main`)."""
     parser = argparse.ArgumentParser(prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker tasks, train, evaluate.")
@@ -399,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--job", required=True, choices=JOBS)
+    p.add_argument("--job", required=True, choices=ALL_JOBS)
     p.add_argument("--task_index", required=True, type=int)
 
     p = add("ps", cmd_ps, "run one parameter server task")
@@ -418,16 +505,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("local", cmd_local, "run a whole spec's cluster on this machine")
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--grace_period_secs", type=float, default=10.0,
-                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
-    p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
-                   help="isolated: run the cluster in a private network namespace where only loopback exists "
-                        "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
-                        "when this machine allows it; host: no isolation")
-    p.add_argument("--verbose", action="store_true",
-                   help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
-                        "errors; the full output is always in <train_dir>/logs/)")
+    _add_launch_flags(p)
     _add_train_flags(p)
+
+    p = add("run", cmd_run, "run your own distributed-TensorFlow script once per task of a spec "
+                            "(TF_CONFIG and classic flags filled in)")
+    p.add_argument("spec", metavar="SPEC")
+    _add_launch_flags(p)
+    p.add_argument("--train_dir", default=None,
+                   help="the run directory (cluster.yaml, logs/); default: a fresh runs/<spec>-<time>")
+    p.epilog = ("after '--': the program and its arguments; {job_name} {task_index} {ps_hosts} {worker_hosts} "
+                "are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name}")
+    p.set_defaults(command=[])
+
+    p = add("status", cmd_status, "show the status of a run from its run directory (started by any backend)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's train_dir (holds cluster.yaml and logs/)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--silent_secs", type=float, default=60.0,
+                   help="call a running task silent when its log has not grown for this long (default 60)")
 
     p = add("data", cmd_data, "download or write a data set")
     p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))
@@ -487,8 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     """Task commands log with timestamps (their output is a log file); launchers talk to a person."""
-    if args.func is cmd_local:
-        from psworker.console import PeopleFormatter
+    if args.func in (cmd_local, cmd_run):
+        from psworker.launcher.console import PeopleFormatter
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(PeopleFormatter())
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
@@ -514,12 +609,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         The exit status: 0 on success, the error's `exit_code` (see `psworker.errors`), 130 on Ctrl-C.
     """
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else list(argv)
+    command: list[str] = []
+    if given[:1] == ["run"] and "--" in given:     # `psworker run SPEC [flags] -- COMMAND...`: COMMAND is not ours
+        at = given.index("--")
+        given, command = given[:at], given[at + 1:]
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(given)
     except SystemExit as e:  # --help or a usage error already printed by argparse
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     args.argv = sys.argv[1:] if argv is None else None   # None: called in-process, never re-exec
     task_process = getattr(args, "task_process", False)
+    if args.func is cmd_run:
+        args.command = command
     _configure_logging(args)
     try:
         code = int(args.func(args) or 0)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
 from psworker.errors import SpecError, UsageError
-from psworker.spec import AUTO_PORT, JOBS, ClusterSpec, build_cluster, format_address, load_spec
+from psworker.spec import ALL_JOBS, AUTO_PORT, JOBS, ClusterSpec, build_cluster, format_address, load_spec
 
 TF_CONFIG_SOURCE = "TF_CONFIG"
 FLAGS_SOURCE = "--flags"
@@ -22,11 +22,12 @@ _TASK_KEYS = ("type", "index", "trial")
 
 
 def _count(n: int, job: str) -> str:
-    noun = "ps task" if job == "ps" else "worker"
+    noun = "worker" if job == "worker" else f"{job} task"
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def check_task(spec: ClusterSpec, job: str, index: int, what: str = "--task_index") -> None:
+def check_task(spec: ClusterSpec, job: str, index: int, what: str = "--task_index",
+               jobs: tuple[str, ...] = JOBS) -> None:
     """Checks that `job` is a psworker job and `index` one of its tasks.
 
     Args:
@@ -34,12 +35,13 @@ def check_task(spec: ClusterSpec, job: str, index: int, what: str = "--task_inde
         job: `ps` or `worker`.
         index: the task index.
         what: how the index was given, for the message (`--task_index`, `TF_CONFIG task.index`).
+        jobs: the jobs allowed (default: psworker's own, ps and worker).
 
     Raises:
         UsageError: unknown job or index out of range; the message names both numbers.
     """
-    if job not in JOBS:
-        raise UsageError(f"unknown job {job!r}; psworker jobs are {', '.join(JOBS)}")
+    if job not in jobs:
+        raise UsageError(f"unknown job {job!r}; psworker jobs are {', '.join(jobs)}")
     n = len(spec.addresses(job))
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
         raise UsageError(f"{what} {index} but the spec has {_count(n, job)} "
@@ -47,7 +49,7 @@ def check_task(spec: ClusterSpec, job: str, index: int, what: str = "--task_inde
 
 
 def _require_fixed_ports(spec: ClusterSpec, target: str) -> None:
-    for job in JOBS:
+    for job in spec.jobs():
         for i, a in enumerate(spec.addresses(job)):
             if a.port == AUTO_PORT:
                 raise SpecError(spec.source or "spec", f"cluster.{job}[{i}]",
@@ -60,7 +62,7 @@ def to_tf_config(spec: ClusterSpec, job: str, index: int) -> dict[str, Any]:
 
     Args:
         spec: the cluster; every port must be fixed.
-        job: `ps` or `worker`.
+        job: `ps`, `worker`, or `chief`/`evaluator` when the spec has them.
         index: the task index within the job.
 
     Returns:
@@ -69,7 +71,7 @@ def to_tf_config(spec: ClusterSpec, job: str, index: int) -> dict[str, Any]:
     Raises:
         UsageError: bad job or index. SpecError: the spec has automatic ports.
     """
-    check_task(spec, job, index)
+    check_task(spec, job, index, jobs=ALL_JOBS)
     _require_fixed_ports(spec, "TF_CONFIG")
     return {"cluster": spec.as_dict(), "task": {"type": job, "index": index}}
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Union
 
 from psworker.errors import SpecError
-from psworker.spec import JOBS, Address, ClusterSpec, CountSpec, build_cluster, format_address, parse_address
+from psworker.spec import (JOBS, SCRIPT_JOBS, Address, ClusterSpec, CountSpec, build_cluster, format_address,
+                           parse_address)
 
 HOSTS_SOURCE = "--hosts"
 
@@ -55,7 +56,15 @@ def plan(spec: ClusterSpec, spec_path: Union[str, os.PathLike], *, python: str =
 
     Returns:
         One Task per process, in start order.
+
+    Raises:
+        SpecError: the spec has chief or evaluator jobs (psworker's trainer makes worker 0 the chief).
     """
+    for job in SCRIPT_JOBS:
+        if spec.addresses(job):
+            raise SpecError(spec.source or "spec", f"cluster.{job}",
+                            f"psworker's own trainer has no '{job}' job (worker 0 is the chief); a spec with "
+                            f"chief or evaluator jobs runs your script: psworker run SPEC -- python train.py")
     pairs = extra_env.items() if isinstance(extra_env, Mapping) else extra_env
     env = {"PYTHONUNBUFFERED": "1"}
     env.update((str(k), str(v)) for k, v in pairs)
@@ -107,7 +116,7 @@ def task_counts(spec: Union[ClusterSpec, CountSpec]) -> dict[str, int]:
     """`{job: number of tasks}` of either kind of spec, in JOBS order, jobs with no tasks left out."""
     if isinstance(spec, CountSpec):
         return {job: n for job, n in spec.counts if n}
-    return {job: len(spec.addresses(job)) for job in JOBS if spec.addresses(job)}
+    return {job: len(spec.addresses(job)) for job in spec.jobs()}
 
 
 def placeholder_hosts(n: int) -> list[str]:

@@ -21,7 +21,9 @@ import yaml
 from psworker.errors import SpecError
 from psworker.models import registry as model_registry
 
-JOBS = ("ps", "worker")
+JOBS = ("ps", "worker")                      # psworker's own trainer
+SCRIPT_JOBS = ("chief", "evaluator")         # TF2 ParameterServerStrategy roles, for `psworker run` scripts
+ALL_JOBS = ("chief", "ps", "worker", "evaluator")
 MODES = ("async", "sync")
 REPLICATIONS = ("between-graph", "in-graph")
 DEFAULT_PORT_BASE = 2222      # `cluster.port` of a count spec: the first port on each host
@@ -66,20 +68,29 @@ TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A whole cluster: ps and worker addresses plus trainer defaults. Worker 0 is the chief."""
+    """A whole cluster: ps and worker addresses plus trainer defaults. Worker 0 is psworker's chief; the
+    optional `chief` and `evaluator` jobs (one task each) are for scripts under `psworker run` (TF2's
+    ParameterServerStrategy topology) and are refused by psworker's own trainer."""
 
     ps: tuple[Address, ...]
     worker: tuple[Address, ...]
     train: TrainConfig = field(default_factory=TrainConfig)
     # the file it came from, for messages; not part of equality (a dumped and reloaded spec is equal)
     source: Optional[str] = field(default=None, compare=False)
+    chief: tuple[Address, ...] = ()
+    evaluator: tuple[Address, ...] = ()
 
     def addresses(self, job: str) -> tuple[Address, ...]:
-        return {"ps": self.ps, "worker": self.worker}[job]
+        return {"ps": self.ps, "worker": self.worker, "chief": self.chief, "evaluator": self.evaluator}[job]
+
+    def jobs(self) -> tuple[str, ...]:
+        """The jobs with tasks, in `ALL_JOBS` order."""
+        return tuple(j for j in ALL_JOBS if self.addresses(j))
 
     def as_dict(self) -> dict[str, list[str]]:
-        """`{"ps": ["h:p", ...], "worker": [...]}`: what tf.train.ClusterSpec and TF_CONFIG take."""
-        return {"ps": [str(a) for a in self.ps], "worker": [str(a) for a in self.worker]}
+        """`{"ps": ["h:p", ...], "worker": [...]}` (plus chief/evaluator when present): what
+        tf.train.ClusterSpec and TF_CONFIG take."""
+        return {j: [str(a) for a in self.addresses(j)] for j in self.jobs()}
 
 
 @dataclass(frozen=True)
@@ -287,7 +298,8 @@ def _check_duplicates(jobs: Iterable[tuple[str, tuple[Address, ...]]], source: s
 
 
 def build_cluster(ps: Any, worker: Any, source: str, *, train: Optional[TrainConfig] = None,
-                  ps_path: str = "cluster.ps", worker_path: str = "cluster.worker") -> ClusterSpec:
+                  ps_path: str = "cluster.ps", worker_path: str = "cluster.worker", chief: Any = None,
+                  evaluator: Any = None) -> ClusterSpec:
     """Builds and validates a ClusterSpec from raw address lists (strings or Addresses).
 
     Args:
@@ -297,6 +309,7 @@ def build_cluster(ps: Any, worker: Any, source: str, *, train: Optional[TrainCon
         train: trainer defaults; `TrainConfig()` when None.
         ps_path: field path of the ps list in messages (`--ps_hosts` for flags).
         worker_path: field path of the worker list in messages.
+        chief, evaluator: optional one-address lists (`psworker run` scripts only).
 
     Returns:
         The validated, frozen ClusterSpec.
@@ -306,8 +319,16 @@ def build_cluster(ps: Any, worker: Any, source: str, *, train: Optional[TrainCon
     """
     ps_addrs = _addresses_from(ps, ps_path, source)
     worker_addrs = _addresses_from(worker, worker_path, source)
-    _check_duplicates([(ps_path, ps_addrs), (worker_path, worker_addrs)], source)
-    spec = ClusterSpec(ps=ps_addrs, worker=worker_addrs, train=train or TrainConfig(), source=source)
+    extra = {}
+    for job, items in (("chief", chief), ("evaluator", evaluator)):
+        if items is not None:
+            extra[job] = _addresses_from(items, f"cluster.{job}", source)
+            if len(extra[job]) > 1:
+                raise SpecError(source, f"cluster.{job}", f"has {len(extra[job])} addresses; TensorFlow allows "
+                                                          f"one {job} task")
+    _check_duplicates([(ps_path, ps_addrs), (worker_path, worker_addrs)]
+                      + [(f"cluster.{j}", a) for j, a in extra.items()], source)
+    spec = ClusterSpec(ps=ps_addrs, worker=worker_addrs, train=train or TrainConfig(), source=source, **extra)
     check_cross_fields(spec)
     return spec
 
@@ -474,14 +495,11 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
                                            f"got {_describe(cluster)}")
     counted = _counted_jobs(cluster)
     for key in cluster:
-        if key not in JOBS and not (counted and key == PORT_KEY):
+        if key not in ALL_JOBS and not (counted and key == PORT_KEY):
             if key == PORT_KEY:
                 raise SpecError(source, "cluster.port", "a base port applies only to task counts "
                                                         "(`ps: 2`); address lists carry their own ports")
-            if key == "chief":
-                raise SpecError(source, "cluster.chief", "psworker has no 'chief' job; worker 0 is the "
-                                                         "chief, so list its address first under 'worker'")
-            raise _unknown_key(key, JOBS + ((PORT_KEY,) if counted else ()), source, f"cluster.{key}")
+            raise _unknown_key(key, ALL_JOBS + ((PORT_KEY,) if counted else ()), source, f"cluster.{key}")
     train = data.get("train")
     if train is None:
         train = {}
@@ -490,7 +508,8 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
     config = _train_from(TrainConfig(), train, source, "train", False, None)
     if counted:
         return _count_spec(cluster, config, source, allow_counts)
-    return build_cluster(cluster.get("ps"), cluster.get("worker"), source, train=config)
+    return build_cluster(cluster.get("ps"), cluster.get("worker"), source, train=config,
+                         chief=cluster.get("chief"), evaluator=cluster.get("evaluator"))
 
 
 def _counted_jobs(cluster: Mapping[str, Any]) -> list[str]:
@@ -563,19 +582,20 @@ def dump_spec(spec: ClusterSpec) -> str:
         YAML text; automatic ports are written as `host:auto`, unset (None) train fields are omitted.
     """
     train = {k: v for k, v in dataclasses.asdict(spec.train).items() if v is not None}
-    data = {"cluster": {"ps": [format_address(a) for a in spec.ps],
-                        "worker": [format_address(a) for a in spec.worker]},
+    data = {"cluster": {j: [format_address(a) for a in spec.addresses(j)] for j in spec.jobs()},
             "train": train}
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def with_addresses(spec: ClusterSpec, ps: Iterable[Any], worker: Iterable[Any]) -> ClusterSpec:
+def with_addresses(spec: ClusterSpec, ps: Iterable[Any], worker: Iterable[Any], **extra: Iterable[Any]
+                   ) -> ClusterSpec:
     """Returns `spec` with new ps and worker addresses (e.g. once automatic ports are chosen).
 
     Args:
         spec: the original spec; its train section and source are kept.
         ps: new ps addresses, as Address objects or `host:port` strings.
         worker: new worker addresses, likewise.
+        **extra: new `chief` / `evaluator` addresses (default: the spec's own).
 
     Returns:
         A new validated ClusterSpec.
@@ -583,18 +603,19 @@ def with_addresses(spec: ClusterSpec, ps: Iterable[Any], worker: Iterable[Any]) 
     Raises:
         SpecError: a new address is invalid or duplicated.
     """
-    new = build_cluster(list(ps), list(worker), spec.source or "spec", train=spec.train)
+    jobs = {j: list(extra.get(j, spec.addresses(j))) or None for j in SCRIPT_JOBS}
+    new = build_cluster(list(ps), list(worker), spec.source or "spec", train=spec.train, **jobs)
     return dataclasses.replace(new, source=spec.source)
 
 
 def has_auto_ports(spec: ClusterSpec) -> bool:
     """True when any task's port is automatic (0 / `auto`): the launcher must pick it."""
-    return any(a.port == AUTO_PORT for a in spec.ps + spec.worker)
+    return any(a.port == AUTO_PORT for j in spec.jobs() for a in spec.addresses(j))
 
 
 __all__ = [
-    "JOBS", "MODES", "REPLICATIONS", "TRAIN_FIELDS", "AUTO_PORT", "DEFAULT_PORT_BASE", "Address", "TrainConfig",
-    "ClusterSpec", "CountSpec",
+    "JOBS", "SCRIPT_JOBS", "ALL_JOBS", "MODES", "REPLICATIONS", "TRAIN_FIELDS", "AUTO_PORT", "DEFAULT_PORT_BASE",
+    "Address", "TrainConfig", "ClusterSpec", "CountSpec",
     "load_spec", "parse_spec", "parse_address", "format_address", "build_cluster", "merge_train",
     "check_cross_fields", "dump_spec", "with_addresses", "has_auto_ports",
 ]

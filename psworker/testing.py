@@ -29,9 +29,9 @@ import psutil
 import yaml
 
 from psworker.plan import Task, plan
-from psworker.ports import pick_free_ports
+from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
-from psworker.supervisor import Supervisor
+from psworker.launcher.supervisor import Supervisor
 
 STEP_LINE = re.compile(r"^step (\d+), loss", re.MULTILINE)   # a worker's progress line (global step)
 RESTART_MARKER = "===== psworker: restart"                   # the supervisor's line before a restarted task's log

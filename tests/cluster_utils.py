@@ -49,8 +49,8 @@ class LauncherRun:
     pids: set[int]
 
 
-def run_launcher(args: Sequence[str], cwd: Path, timeout: float, on_line=None) -> LauncherRun:
-    """Runs `psworker local ARGS` to the end (killing its process group after `timeout` seconds, then failing).
+def run_launcher(args: Sequence[str], cwd: Path, timeout: float, on_line=None, command: str = "local") -> LauncherRun:
+    """Runs `psworker COMMAND ARGS` (`local` by default) to the end (killing its process group after `timeout` seconds, then failing).
 
     Args:
         args: arguments after `psworker local`.
@@ -61,7 +61,7 @@ def run_launcher(args: Sequence[str], cwd: Path, timeout: float, on_line=None) -
     """
     import threading
 
-    proc = subprocess.Popen([sys.executable, "-m", "psworker", "local", *args], cwd=cwd, env=task_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "psworker", command, *args], cwd=cwd, env=task_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     pids: set[int] = set()
     lines: list[str] = []

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from psworker.testing import LocalCluster
+from tests.fake_tasks.fakes import HERE
 
 # Synthetic CIFAR-10 examples per class (train, test) when a test module does not set CIFAR_PER_CLASS.
 DEFAULT_CIFAR_PER_CLASS = (100, 20)
@@ -71,3 +73,16 @@ def sshd(tmp_path_factory):
         pytest.skip(reason)
     with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
         yield server
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """An executable that run_local can use as `python`: it runs tests/fake_tasks/fake_psworker.py."""
+    exe = tmp_path / "bin" / "python"
+    exe.parent.mkdir()
+    exe.write_text(f"#!{sys.executable}\n"
+                   "import runpy, sys\n"
+                   f"sys.argv[0] = {str(HERE / 'fake_psworker.py')!r}\n"
+                   "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    exe.chmod(0o755)
+    return str(exe)

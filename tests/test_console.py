@@ -1,6 +1,6 @@
 """What the launcher's console shows of a task's output (lines copied from a real run's logs)."""
 
-from psworker.console import for_console
+from psworker.launcher.console import for_console
 
 HIDDEN = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",

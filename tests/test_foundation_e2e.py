@@ -101,7 +101,7 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
 
 def test_sigint_to_the_launcher_leaves_no_process(tmp_path):
     """Also: where the machine allows it, the cluster's ports are unreachable from outside its namespace."""
-    from psworker import netns
+    from psworker.launcher import netns
     from psworker.spec import load_spec
 
     train_dir = tmp_path / "t"

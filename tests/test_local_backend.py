@@ -7,37 +7,23 @@ import io
 import os
 import signal
 import socket
-import sys
 import threading
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.fake_tasks.fakes import HERE, kill_quietly, wait_for, wait_gone
-from psworker import backends
-from psworker.backends.local import default_train_dir, resolve_local_spec, run_local
+from tests.fake_tasks.fakes import kill_quietly, wait_for, wait_gone
+from psworker import launcher as backends
+from psworker.launcher.local import default_train_dir, resolve_local_spec, run_local
 from psworker.errors import SpecError
-from psworker.ports import pick_free_ports
+from psworker.launcher.ports import pick_free_ports
 from psworker.spec import Address, TrainConfig, build_cluster, load_spec
 
 
 def make_spec(ps=("ps.example:auto",), worker=("w0.example:auto", "w1.example:auto"), train_dir=None,
               source="specs/mycluster.yaml"):
     return build_cluster(list(ps), list(worker), source, train=TrainConfig(max_steps=7, train_dir=train_dir))
-
-
-@pytest.fixture
-def fake_python(tmp_path):
-    """An executable that run_local can use as `python`: it runs tests/fake_tasks/fake_psworker.py."""
-    exe = tmp_path / "bin" / "python"
-    exe.parent.mkdir()
-    exe.write_text(f"#!{sys.executable}\n"
-                   "import runpy, sys\n"
-                   f"sys.argv[0] = {str(HERE / 'fake_psworker.py')!r}\n"
-                   "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    exe.chmod(0o755)
-    return str(exe)
 
 
 # -- pure parts ---------------------------------------------------------------------------------------------
@@ -80,7 +66,8 @@ def test_default_train_dir_is_fresh_and_named_after_the_spec(tmp_path):
 
 
 def test_backend_registry_has_local():
-    assert "local" in backends.names() and backends.get("local") is run_local
+    from psworker.launcher import local
+    assert "local" in backends.names() and backends.get("local") is local
     with pytest.raises(KeyError, match="local"):
         backends.get("nope")
 

@@ -26,7 +26,6 @@ BAD_CASES = {
     "unknown_top_key.yaml": ("trian", "unknown key 'trian'; did you mean 'train'?"),
     "unknown_cluster_key.yaml": ("cluster.workers", "did you mean 'worker'?"),
     "unknown_train_key.yaml": ("train.max_step", "did you mean 'max_steps'?"),
-    "chief_job.yaml": ("cluster.chief", "worker 0 is the chief"),
     "missing_cluster.yaml": ("cluster", "missing"),
     "missing_ps.yaml": ("cluster.ps", "missing"),
     "empty_worker.yaml": ("cluster.worker", "empty"),

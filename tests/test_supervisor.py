@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from tests.fake_tasks.fakes import HERE, FakeTask, fake, kill_quietly, wait_for, wait_gone
-from psworker.supervisor import Supervisor, exit_status, format_report
+from psworker.launcher.report import exit_status, format_report
+from psworker.launcher.supervisor import Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -211,7 +212,7 @@ def test_kill_task_and_start_task_restart_a_task(make_sup):
     assert result.exits["worker:0"].returncode == 0 and result.exits["worker:0"].restarts == 1
     log = log_text(sup, "worker:0")
     assert log.count("w0 line 0") == 2
-    marker = [line for line in log.splitlines() if "restart 1 of worker:0" in line]
+    marker = [line for line in log.splitlines() if line.startswith("--- restart 1 (start_task after killed by SIGKILL)")]
     assert len(marker) == 1 and log.index(marker[0]) < log.rindex("w0 line 0")
 
 

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
-from psworker import tensorboard
+from psworker.launcher import tensorboard
 from psworker.train import summaries  # noqa: E402
 from psworker.testing import assert_processes_gone as assert_no_processes  # noqa: E402
 from tests.cluster_utils import descendants  # noqa: E402

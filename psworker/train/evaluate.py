@@ -109,32 +109,41 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
     batch_size = batch_size or 128
     seen: Optional[str] = None
     evals = 0
-    while True:
-        checkpoint = latest_checkpoint(train_dir)
-        if checkpoint is None and once:
-            raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
-        if checkpoint is not None and checkpoint != seen:
-            try:
-                result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
-            except tf.errors.NotFoundError as exc:
+    writer = None
+    try:
+        while True:
+            checkpoint = latest_checkpoint(train_dir)
+            if checkpoint is None and once:
+                raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
+            if checkpoint is not None and checkpoint != seen:
+                try:
+                    result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
+                except tf.errors.NotFoundError as exc:
+                    if once:
+                        raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
+                    # The chief keeps only the last few checkpoints: this one was deleted while we looked.
+                    log.warning("%s vanished before it could be read; looking again in %g s", checkpoint,
+                                eval_interval_secs)
+                    sleep(eval_interval_secs)
+                    continue
+                emit(format_result(result), flush=True)
+                seen = checkpoint
+                evals += 1
+                if writer is None:
+                    writer = summaries.make_writer(os.path.join(train_dir, summaries.EVAL_DIR))
+                writer.add_summary(summaries.scalar_summary({summaries.PRECISION_TAG: result.precision}),
+                                   result.global_step)
+                writer.flush()
                 if once:
-                    raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
-                # The chief keeps only the last few checkpoints: this one was deleted while we looked.
-                log.warning("%s vanished before it could be read; looking again in %g s", checkpoint,
-                            eval_interval_secs)
-                sleep(eval_interval_secs)
-                continue
-            emit(format_result(result), flush=True)
-            seen = checkpoint
-            evals += 1
-            summaries.write_eval_summary(train_dir, result.precision, result.global_step)
-            if once:
-                return 0
-            if max_evals is not None and evals >= max_evals:
-                return 0
-        elif checkpoint is None:
-            log.info("no checkpoint in %s yet; checking again in %g s", train_dir, eval_interval_secs)
-        sleep(eval_interval_secs)
+                    return 0
+                if max_evals is not None and evals >= max_evals:
+                    return 0
+            elif checkpoint is None:
+                log.info("no checkpoint in %s yet; checking again in %g s", train_dir, eval_interval_secs)
+            sleep(eval_interval_secs)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _train_settings(train_dir: str):

@@ -13,7 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: fake_tasks
 
 from fake_tasks.fakes import fake  # noqa: E402
-from psworker.supervisor import Supervisor, exit_status, stop_on_signals  # noqa: E402
+from psworker.launcher.launch import stop_on_signals  # noqa: E402
+from psworker.launcher.report import exit_status  # noqa: E402
+from psworker.launcher.supervisor import Supervisor  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("log_dir")

@@ -21,6 +21,7 @@ class FakeTask:
     index: int
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    is_chief: bool = False
 
     @property
     def name(self) -> str:

@@ -58,7 +58,7 @@ def serve(logdir: str, port: int = 0, *, timeout_secs: float = 60.0, reload_inte
         raise TensorBoardError("TensorBoard is not installed (TensorFlow 2.21 no longer brings it): "
                                "pip install 'tensorboard==2.21.*'")
     if port == 0:
-        from psworker.ports import pick_free_ports
+        from psworker.launcher.ports import pick_free_ports
 
         port = pick_free_ports(1, HOST)[0]
     url = f"http://{HOST}:{port}/"

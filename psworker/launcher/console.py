@@ -41,7 +41,7 @@ def for_console(line: str) -> str | None:
     psworker's own log lines lose their timestamp, logger and task name (the console prefix names the task);
     warnings and errors keep their level.
     """
-    if is_noise(line):
+    if is_noise(line) or not line.strip():     # blank lines: gRPC error blocks are full of them
         return None
     m = _OWN_LINE.match(line)
     if m is None:

@@ -1,0 +1,81 @@
+"""Straggler benchmark: sync training with one backup worker (3 workers, 2 gradients per step), with and without
+one worker frozen by `--inject stop:worker:2@step=S,for=SECS` (SIGSTOP, then SIGCONT).
+
+Training time is measured from the launcher's console: from the first step line to the last one (start-up and
+shutdown are the same in both runs and left out). The straggler's share is 1/3 of the workers, so a backup worker
+doing its job keeps the ratio (with / without the straggler) at or below 1 / (1 - 1/3) = 1.5.
+
+Prints one line per run, then as its LAST line one JSON object (keys: baseline_s, straggler_s, ratio, bound).
+
+    python benchmarks/straggler.py [--max_steps 1000] [--stop_at 200] [--stop_secs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.cluster_utils import task_env, write_spec  # noqa: E402
+
+STEP = re.compile(r"^\[worker:\d+\] step (\d+), loss")
+
+
+def training_secs(spec: Path, train_dir: Path, inject: list[str], timeout: float) -> tuple[float, int]:
+    """Runs `psworker local` and returns (seconds from the first step line to the last, last step seen)."""
+    argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--no_live",
+            *[a for fault in inject for a in ("--inject", fault)]]
+    proc = subprocess.Popen(argv, env=task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    first = last = None
+    step = 0
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            m = STEP.match(line)
+            if m:
+                now = time.monotonic()
+                first = first or now
+                last, step = now, max(step, int(m.group(1)))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"straggler run not done after {timeout} s")
+        if proc.wait(timeout=60) != 0:
+            raise RuntimeError(f"psworker local exited {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    if first is None:
+        raise RuntimeError("no step lines")
+    return last - first, step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max_steps", type=int, default=1000)
+    parser.add_argument("--stop_at", type=int, default=200)
+    parser.add_argument("--stop_secs", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = write_spec(Path(tmp) / "cluster.yaml", num_workers=3, mode="sync", replicas_to_aggregate=2,
+                          max_steps=args.max_steps, batch_size=32, log_every_steps=20, save_checkpoint_steps=100000)
+        base, base_step = training_secs(spec, Path(tmp) / "base", [], args.timeout)
+        print(f"baseline: {base:.1f} s of training to step {base_step}", flush=True)
+        fault = f"stop:worker:2@step={args.stop_at},for={args.stop_secs:g}"
+        slow, slow_step = training_secs(spec, Path(tmp) / "straggler", [fault], args.timeout)
+        print(f"with {fault}: {slow:.1f} s of training to step {slow_step}", flush=True)
+    print(json.dumps({"baseline_s": round(base, 2), "straggler_s": round(slow, 2), "ratio": round(slow / base, 3),
+                      "bound": 1.5, "fault": fault}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Which task exits are retried and after how long: per-task restart limits, exponential backoff with jitter,
+and the exit-code classes of `psworker.errors` (1-127 permanent; 128-255 and signals retryable)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = ["RestartPolicy", "is_retryable"]
+
+
+def is_retryable(returncode: int) -> bool:
+    """Whether a task exit may be retried: killed by a signal (negative, or 128-255 as a shell reports it),
+    or `EXIT_PEER_GONE` (170, inside that range). 0 and 1-127 (bugs, usage, training failures) are not."""
+    return returncode < 0 or returncode >= 128
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart a task whose exit is retryable, at most `max_restarts` times per task.
+
+    The n-th restart (from 0) waits `min(backoff_secs * 2**n, max_backoff_secs)`, times a random factor in
+    `[1 - jitter, 1 + jitter]` (`seed` makes it repeatable).
+    """
+
+    max_restarts: int = 0
+    backoff_secs: float = 1.0
+    max_backoff_secs: float = 30.0
+    jitter: float = 0.2
+    seed: Optional[int] = None
+    _rng: random.Random = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.backoff_secs < 0 or self.max_backoff_secs < 0:
+            raise ValueError("restart backoff must be >= 0")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"jitter must be in [0, 1], got {self.jitter}")
+        object.__setattr__(self, "_rng", random.Random(self.seed))
+
+    def __call__(self, name: str, returncode: int, restarts: int) -> bool:
+        """Whether to restart task `name` that exited with `returncode` after `restarts` restarts."""
+        return restarts < self.max_restarts and is_retryable(returncode)
+
+    def delay(self, restarts: int) -> float:
+        """Seconds to wait before restart number `restarts + 1`."""
+        base = min(self.backoff_secs * (2 ** restarts), self.max_backoff_secs)
+        return base * self._rng.uniform(1 - self.jitter, 1 + self.jitter)
+

@@ -1,0 +1,103 @@
+"""Progress the launcher reads from the tasks' own output: `step N, loss = L (E examples/sec; ...)` lines.
+
+One mechanism serves stall detection, step-triggered fault injection and the live view: the supervisor feeds
+every output line of every task to `Progress.feed`. Workers print a step line every `log_every_steps` local
+steps (the global step), so the step seen lags the true one by at most that many steps per worker. A script
+under `psworker run` opts in by printing lines that start with `step N` (a loss and rate are optional).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["Progress", "TaskProgress", "parse_step_line"]
+
+STEP_LINE = re.compile(r"^step (?P<step>\d+)\b(?:, loss = (?P<loss>[-+\w.]+))?"
+                       r"(?: \((?P<rate>[\d.]+) examples/sec)?")
+DONE_LINE = re.compile(r"\bdone at global step (?P<step>\d+)\b")     # psworker's workers, once finished
+
+
+def parse_step_line(line: str) -> Optional[tuple[int, Optional[float], Optional[float]]]:
+    """`(global step, loss, examples/sec)` from a step line, None for any other line."""
+    m = STEP_LINE.match(line)
+    if m is None:
+        done = DONE_LINE.search(line)
+        return None if done is None else (int(done.group("step")), None, None)
+
+    def num(text: Optional[str]) -> Optional[float]:
+        try:
+            return None if text is None else float(text)
+        except ValueError:
+            return None
+
+    return int(m.group("step")), num(m.group("loss")), num(m.group("rate"))
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """What the launcher last saw of one task."""
+
+    name: str
+    state: str = "starting"   # starting, running (output, no steps), training, done, restarting N, failed, stopped
+    step: Optional[int] = None       # the last global step this task reported
+    loss: Optional[float] = None
+    examples_per_sec: Optional[float] = None
+    started_at: float = 0.0          # time.time() of the current attempt's start
+    step_moved_at: float = 0.0       # time.time() when `step` last changed (or the attempt started)
+    last_output_at: float = 0.0      # time.time() of its last output line
+    restarts: int = 0
+
+
+class Progress:
+    """Thread-safe per-task progress; the global step is the largest step any task reported."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._lock = threading.Lock()
+        self._tasks = {n: TaskProgress(n) for n in names}
+
+    def feed(self, name: str, line: str, now: Optional[float] = None) -> Optional[int]:
+        """Records one output line of task `name`; returns its step if it is a step line."""
+        now = time.time() if now is None else now
+        parsed = parse_step_line(line)
+        with self._lock:
+            t = self._tasks[name]
+            if parsed is None:
+                self._tasks[name] = _replace(t, last_output_at=now,
+                                             state="running" if t.state == "starting" else t.state)
+                return None
+            step, loss, rate = parsed
+            moved = t.step is None or step != t.step
+            self._tasks[name] = _replace(
+                t, step=step, loss=loss if loss is not None else t.loss,
+                examples_per_sec=rate if rate is not None else t.examples_per_sec,
+                step_moved_at=now if moved else t.step_moved_at, last_output_at=now,
+                state="training" if t.state in ("starting", "running") else t.state)
+            return step
+
+    def started(self, name: str, restarts: int, now: Optional[float] = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            t = self._tasks[name]
+            self._tasks[name] = _replace(t, state="starting", started_at=now, step_moved_at=now,
+                                         last_output_at=now, restarts=restarts)
+
+    def set_state(self, name: str, state: str) -> None:
+        with self._lock:
+            self._tasks[name] = _replace(self._tasks[name], state=state)
+
+    def snapshot(self) -> dict[str, TaskProgress]:
+        with self._lock:
+            return dict(self._tasks)
+
+    def global_step(self) -> int:
+        with self._lock:
+            return max((t.step for t in self._tasks.values() if t.step is not None), default=0)
+
+
+def _replace(t: TaskProgress, **changes) -> TaskProgress:
+    return dataclasses.replace(t, **changes)

@@ -1,0 +1,95 @@
+"""What a run ends with: one `TaskExit` per task, the root-cause `TaskFailure`, and the report for people."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report"]
+
+
+@dataclass(frozen=True)
+class TaskExit:
+    """How one task ended. `stopped`: the supervisor ended it (TERM, then KILL); it did not exit itself."""
+
+    name: str
+    returncode: int                 # negative: killed by that signal (subprocess convention)
+    started_at: float               # time.time() of the last (re)start
+    ended_at: float
+    log_path: str
+    restarts: int
+    stopped: bool = False
+    restart_causes: tuple[str, ...] = ()   # why each restart happened, in order
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """The root cause of a failed run: the first task, by time, that failed."""
+
+    name: str
+    returncode: int
+    log_tail: tuple[str, ...]       # the last lines of its output (current attempt)
+    at: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of a run, one `TaskExit` per task name."""
+
+    ok: bool
+    exits: dict[str, TaskExit]
+    failure: Optional[TaskFailure]
+    reason: str = ""                # why the run ended, for people
+
+
+def describe_returncode(returncode: int) -> str:
+    """`"exit code 3"` or `"killed by SIGKILL"` for a subprocess return code."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status for a subprocess return code: 128 + N for signal N, 1 for a 0 that failed."""
+    if returncode < 0:
+        return 128 - returncode
+    return returncode or 1
+
+
+def format_report(result: RunResult) -> str:
+    """A report for people: the first failing task, its exit, its last log lines, then one row per task
+    with its exit and its restarts (and their causes)."""
+    lines = []
+    if result.ok:
+        lines.append("psworker: run succeeded" + (f" ({result.reason})" if result.reason else ""))
+    elif result.failure is not None:
+        f = result.failure
+        at = datetime.datetime.fromtimestamp(f.at).strftime("%H:%M:%S.%f")[:-3]
+        lines.append(f"psworker: run failed: {f.name} {f.reason or describe_returncode(f.returncode)} "
+                     f"(first failure, at {at})")
+        log_path = result.exits[f.name].log_path if f.name in result.exits else "?"
+        lines.append(f"--- last {len(f.log_tail)} lines of {f.name} (full log: {log_path}) ---")
+        lines.extend(f"  {line}" for line in f.log_tail)
+        if not f.log_tail:
+            lines.append("  (no output)")
+    else:
+        lines.append("psworker: run stopped" + (f" ({result.reason})" if result.reason else ""))
+    lines.append("--- tasks ---")
+    width = max((len(name) for name in result.exits), default=4)
+    for name, e in result.exits.items():
+        status = describe_returncode(e.returncode)
+        if e.stopped:
+            status = f"stopped by launcher ({status})"
+        if result.failure is not None and name == result.failure.name:
+            status += "  <-- first failure"
+        restarts = f", {e.restarts} restart{'s' if e.restarts != 1 else ''}" if e.restarts else ""
+        took = f"{e.ended_at - e.started_at:.1f} s{restarts}"
+        lines.append(f"  {name:<{width}}  {status}  [{took}]  {e.log_path}")
+        lines.extend(f"  {'':<{width}}    restart {i}: {cause}" for i, cause in enumerate(e.restart_causes, 1))
+    return "\n".join(lines)

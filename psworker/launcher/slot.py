@@ -1,0 +1,82 @@
+"""The supervisor's record of one task: what it runs (`TaskLike`) and its mutable runtime state (`Slot`)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Protocol, Sequence
+
+__all__ = ["SERVER_JOBS", "LOG_TAIL_LINES", "Slot", "TaskLike"]
+
+SERVER_JOBS = frozenset({"ps"})   # serve until stopped; by default every other job must exit 0
+LOG_TAIL_LINES = 20
+
+
+class TaskLike(Protocol):
+    """What the supervisor needs from a `psworker.plan.Task`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def job(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def argv(self) -> Sequence[str]: ...
+    @property
+    def env(self) -> Sequence[tuple[str, str]]: ...
+
+
+@dataclass(eq=False)
+class Slot:
+    """One task's mutable runtime state, owned by the supervisor (private to the launcher)."""
+
+    task: Any
+    log_path: Path
+    popen: Optional[subprocess.Popen] = None
+    reader: Optional[threading.Thread] = None
+    tail: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES))
+    started_at: float = 0.0
+    ended_at: Optional[float] = None
+    returncode: Optional[int] = None
+    judged: bool = False            # its exit has been through the run policy
+    stopped: bool = False
+    restarts: int = 0
+    causes: list = dataclasses.field(default_factory=list)
+    cause: Optional[str] = None     # why the launcher ended this attempt (injection, stall)
+    forced_code: Optional[int] = None   # an injected `exit` fault: the code to judge instead of the real one
+    restart_at: Optional[float] = None  # a restart waiting for its backoff
+    restart_cause: str = ""
+    resume_at: Optional[float] = None   # SIGSTOPped by an injected fault until then
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.returncode is None
+
+    def open_log(self, marker: Optional[str]) -> Any:
+        """Opens the log for appending; a new attempt (or a new run on an old log) starts with a marker line."""
+        log = open(self.log_path, "ab")
+        if marker is None and self.log_path.stat().st_size > 0:
+            marker = f"new run of {self.name}"
+        if marker is not None:
+            stamp = datetime.datetime.now().isoformat(timespec="milliseconds")
+            log.write(f"--- {marker} at {stamp} ---\n".encode())
+            log.flush()
+        return log
+
+    def new_attempt(self, popen: subprocess.Popen) -> None:
+        """Resets the per-attempt state for a just-started process."""
+        self.popen, self.started_at = popen, time.time()
+        self.ended_at = self.returncode = self.cause = self.forced_code = self.resume_at = None
+        self.judged = self.stopped = False
+        self.tail = collections.deque(maxlen=LOG_TAIL_LINES)

@@ -1,0 +1,221 @@
+"""Status of a run for people: a live view while `psworker local|run` supervises (rich, on a terminal), plain
+periodic lines elsewhere (CI, pipes), and `psworker status RUN_DIR` for a run started anywhere, read from
+`<run_dir>/cluster.yaml` and `<run_dir>/logs/<job>-<index>.log` (step lines and restart markers)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from psworker.launcher.progress import Progress, TaskProgress
+
+__all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
+
+_ACTIVE = ("starting", "training", "running")
+_RESTART_MARKER = re.compile(r"^--- restart (\d+) \(")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStatus:
+    """One view of a run: its tasks' progress, the global step, max_steps if known, and the rate."""
+
+    tasks: dict[str, TaskProgress]
+    global_step: int
+    max_steps: Optional[int]
+    steps_per_sec: Optional[float]
+    now: float
+
+    @property
+    def examples_per_sec(self) -> Optional[float]:
+        rates = [t.examples_per_sec for t in self.tasks.values() if t.examples_per_sec and t.state == "training"]
+        return sum(rates) if rates else None
+
+    @property
+    def loss(self) -> Optional[float]:
+        latest = max((t for t in self.tasks.values() if t.loss is not None), key=lambda t: t.step_moved_at,
+                     default=None)
+        return latest.loss if latest else None
+
+    @property
+    def eta_secs(self) -> Optional[float]:
+        if not self.max_steps or not self.steps_per_sec:
+            return None
+        return max(self.max_steps - self.global_step, 0) / self.steps_per_sec
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"global_step": self.global_step, "max_steps": self.max_steps, "steps_per_sec": self.steps_per_sec,
+                "examples_per_sec": self.examples_per_sec, "loss": self.loss, "eta_secs": self.eta_secs,
+                "tasks": {n: {**dataclasses.asdict(t), "silent_secs": round(self.now - t.last_output_at, 1)}
+                          for n, t in self.tasks.items()}}
+
+
+class _Rate:
+    """Global steps per second since the first step seen."""
+
+    def __init__(self) -> None:
+        self._first: Optional[tuple[float, int]] = None
+
+    def __call__(self, now: float, step: int) -> Optional[float]:
+        if self._first is None and step > 0:
+            self._first = (now, step)
+        if self._first is None or now <= self._first[0] or step <= self._first[1]:
+            return None
+        return (step - self._first[1]) / (now - self._first[0])
+
+
+def _num(value: Optional[float], fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _eta(secs: Optional[float]) -> str:
+    return "-" if secs is None else time.strftime("%H:%M:%S", time.gmtime(secs)) if secs >= 3600 else \
+        f"{int(secs) // 60}:{int(secs) % 60:02d}"
+
+
+def plain_line(s: RunStatus) -> str:
+    """One line for logs and pipes."""
+    of = f"/{s.max_steps}" if s.max_steps else ""
+    tasks = ", ".join(f"{n} {t.state}" + (f" @{t.step}" if t.step is not None else "") for n, t in s.tasks.items())
+    return (f"psworker: status: step {s.global_step}{of}, {_num(s.examples_per_sec, '.0f')} examples/s, "
+            f"loss {_num(s.loss, '.3f')}, eta {_eta(s.eta_secs)}; {tasks}")
+
+
+def render(s: RunStatus, silent_after_secs: float = 60.0) -> Group:
+    """A progress bar line and a task table (rich renderables)."""
+    head = Table.grid(padding=(0, 1))
+    of = f"/{s.max_steps}" if s.max_steps else ""
+    bar = ProgressBar(total=s.max_steps or None, completed=s.global_step, width=30)
+    head.add_row(f"step {s.global_step}{of}", bar, f"eta {_eta(s.eta_secs)}",
+                 f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}")
+    table = Table(box=None, padding=(0, 2), show_edge=False)
+    for col in ("task", "state", "last step", "restarts", "silent"):
+        table.add_column(col)
+    for name, t in s.tasks.items():
+        quiet = s.now - t.last_output_at
+        table.add_row(name, t.state, "-" if t.step is None else str(t.step), str(t.restarts),
+                      f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state in _ACTIVE else "")
+    return Group(head, table)
+
+
+class _LiveConsole(io.TextIOBase):
+    """A text stream that prints whole lines above a rich Live view."""
+
+    def __init__(self, live: Live) -> None:
+        self._live = live
+
+    def write(self, text: str) -> int:
+        self._live.console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def live_view(config: Any, tasks: Sequence[Any], console: TextIO) -> Iterator[tuple[TextIO, Any]]:
+    """While inside: a live view (terminal, `config.live` not False) or plain status lines every
+    `config.status_every_secs` (otherwise; none with `config.live` False). Yields (the console to copy task output to,
+    `attach(progress)` to call once the supervisor's Progress exists)."""
+    max_steps = None if config.command else config.spec.train.max_steps
+    holder: dict[str, Progress] = {}
+    rate = _Rate()
+
+    def status() -> Optional[RunStatus]:
+        progress = holder.get("p")
+        if progress is None:
+            return None
+        now, step = time.time(), progress.global_step()
+        return RunStatus(progress.snapshot(), step, max_steps, rate(now, step), now)
+
+    isatty = getattr(console, "isatty", lambda: False)()
+    if config.live is None and isatty or config.live:
+        class _View:
+            def __rich__(self) -> Any:
+                s = status()
+                return render(s) if s is not None else "starting..."
+
+        with Live(_View(), console=Console(file=console), refresh_per_second=2, transient=False) as live, \
+                _logging_to(_LiveConsole(live)):
+            yield _LiveConsole(live), lambda p: holder.setdefault("p", p)
+        return
+    stop = threading.Event()
+
+    def plain() -> None:
+        while not stop.wait(config.status_every_secs):
+            s = status()
+            if s is not None:
+                with contextlib.suppress(Exception):
+                    print(plain_line(s), file=console, flush=True)
+
+    thread = threading.Thread(target=plain, name="psworker-status", daemon=True)
+    if config.live is None:
+        thread.start()
+    try:
+        yield console, lambda p: holder.setdefault("p", p)
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(5.0)
+
+
+@contextlib.contextmanager
+def _logging_to(stream: TextIO) -> Iterator[None]:
+    """The root logger's console handlers write to `stream` while inside (so they print above a live view)."""
+    import logging
+    import sys
+
+    handlers = [h for h in logging.getLogger().handlers
+                if isinstance(h, logging.StreamHandler) and h.stream in (sys.stderr, sys.stdout)]
+    old = [h.setStream(stream) for h in handlers]
+    try:
+        yield
+    finally:
+        for h, s in zip(handlers, old):
+            h.setStream(s)
+
+
+def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
+    """The status of a run from its directory: every task of `cluster.yaml`, from its log file (a missing log
+    means the task never started; a log's modification time is when the task was last heard of).
+
+    Raises:
+        SpecError: no readable cluster.yaml in `run_dir`.
+    """
+    from psworker.spec import load_spec
+
+    spec = load_spec(Path(run_dir) / "cluster.yaml")
+    names = [f"{j}:{i}" for j in spec.jobs() for i in range(len(spec.addresses(j)))]
+    progress = Progress(names)
+    now = time.time() if now is None else now
+    for name in names:
+        log = Path(run_dir) / "logs" / f"{name.replace(':', '-')}.log"
+        if not log.exists():
+            progress.set_state(name, "not started")
+            continue
+        heard = log.stat().st_mtime
+        restarts, state = 0, "running"
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            marker = _RESTART_MARKER.match(line)
+            if marker:
+                restarts, state = int(marker.group(1)), "running"
+            progress.feed(name, line, heard)
+            if "every worker is done; exiting" in line or re.search(r"\bdone at global step\b", line):
+                state = "done"
+            elif line.startswith("psworker: error:") or line.startswith("Traceback"):
+                state = "failed"
+        progress.started(name, restarts, heard)        # restarts, and the time it was last heard of
+        if state == "running":
+            state = "running" if progress.snapshot()[name].step is None else "training"
+        progress.set_state(name, state)
+    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now)

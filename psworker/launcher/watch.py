@@ -1,0 +1,67 @@
+"""What the supervisor does to running tasks on its own: injected faults (`psworker.launcher.inject`) and
+killing stalled workers. Both read the global step from `psworker.launcher.progress`; the killed task's exit
+then goes through the run and restart policy like any other, with the cause recorded."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Iterable, Mapping
+
+from psworker.launcher.inject import Fault
+from psworker.launcher.process import ProcessBackend
+from psworker.launcher.progress import Progress
+from psworker.launcher.slot import Slot
+
+__all__ = ["STALL_JOBS", "fire_faults", "kill_stalled", "resume_stopped"]
+
+logger = logging.getLogger(__name__)
+
+STALL_JOBS = frozenset({"worker", "chief"})   # the jobs that print step lines
+
+
+def resume_stopped(slots: Iterable[Slot], backend: ProcessBackend, progress: Progress, now: float) -> None:
+    """SIGCONT to every task whose injected SIGSTOP has lasted its time."""
+    for slot in slots:
+        if slot.resume_at is not None and now >= slot.resume_at and slot.running:
+            slot.resume_at = None
+            logger.warning("injected fault over: SIGCONT to %s", slot.name)
+            backend.signal(slot.popen, signal.SIGCONT)
+            progress.set_state(slot.name, "training")
+
+
+def fire_faults(slots: Mapping[str, Slot], faults: list[Fault], backend: ProcessBackend, progress: Progress,
+                elapsed: float, now: float) -> None:
+    """Fires (and removes from `faults`) every fault that is due and whose task is running."""
+    step = progress.global_step()
+    for fault in list(faults):
+        slot = slots[fault.task]
+        if not slot.running or not fault.due(elapsed, step):
+            continue
+        faults.remove(fault)
+        logger.warning("injecting %s at global step %d, %.1f s after start", fault.text, step, elapsed)
+        if fault.action == "stop":
+            slot.resume_at = now + fault.for_secs
+            backend.signal(slot.popen, signal.SIGSTOP)
+            progress.set_state(slot.name, "stopped (injected)")
+            continue
+        slot.cause = f"injected {fault.text}"
+        slot.forced_code = fault.code
+        backend.signal(slot.popen, signal.SIGKILL)
+
+
+def kill_stalled(slots: Iterable[Slot], backend: ProcessBackend, progress: Progress, timeout_secs: float,
+                 now: float) -> None:
+    """SIGKILL to every running worker whose step has not moved for `timeout_secs` (counted from its start
+    until its first step line), unless an injected fault stopped it."""
+    seen = progress.snapshot()
+    for slot in slots:
+        if (not slot.running or slot.task.job not in STALL_JOBS or slot.cause is not None
+                or slot.resume_at is not None):
+            continue
+        p = seen[slot.name]
+        if now - p.step_moved_at >= timeout_secs:
+            what = "no step line" if p.step is None else f"step {p.step} unchanged"
+            slot.cause = f"stalled: {what} for {now - p.step_moved_at:.0f} s"
+            logger.warning("%s %s; killing it", slot.name, slot.cause)
+            backend.signal(slot.popen, signal.SIGKILL)

@@ -1,0 +1,158 @@
+"""Restart policy, fault injection and stall detection in the supervisor, over fake tasks (no TensorFlow)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import signal
+import time
+
+import pytest
+
+from psworker.errors import UsageError
+from psworker.launcher.inject import parse_fault, parse_faults
+from psworker.launcher.policy import RestartPolicy, is_retryable
+from psworker.launcher.report import exit_status, format_report
+from psworker.launcher.supervisor import Supervisor
+from tests.fake_tasks.fakes import fake, kill_quietly
+
+
+@pytest.fixture
+def run(tmp_path):
+    """Runs fake tasks under a supervisor to the end (60 s at most); returns (result, supervisor)."""
+    made = []
+
+    def go(tasks, **kwargs):
+        kwargs.setdefault("console", io.StringIO())
+        sup = Supervisor(tasks, tmp_path / "logs", grace_period_secs=2.0, ps_exit_grace_secs=0.2, **kwargs)
+        made.append(sup)
+        sup.start()
+        return sup.wait(timeout=60), sup
+
+    yield go
+    for sup in made:
+        pids = list(sup.pids().values())
+        sup.stop("teardown")
+        kill_quietly(pids)
+
+
+def stepper(tmp_path, index=0, *args):
+    return fake("worker", index, "stepper", "--state", tmp_path / f"w{index}.state", *args)
+
+
+def test_exit_codes_decide_what_is_retried():
+    assert all(is_retryable(c) for c in (-9, -15, 130, 137, 143, 170))
+    assert not any(is_retryable(c) for c in (0, 1, 2, 3, 127))
+    policy = RestartPolicy(max_restarts=2)
+    assert policy("worker:0", -9, 0) and policy("worker:0", 170, 1)
+    assert not policy("worker:0", -9, 2) and not policy("worker:0", 2, 0) and not policy("worker:0", 3, 0)
+
+
+def test_backoff_doubles_up_to_its_bound_with_jitter():
+    policy = RestartPolicy(max_restarts=9, backoff_secs=1.0, max_backoff_secs=5.0, jitter=0.2, seed=7)
+    assert 0.8 <= policy.delay(0) <= 1.2 and 1.6 <= policy.delay(1) <= 2.4 and 4.0 <= policy.delay(6) <= 6.0
+    a, b = RestartPolicy(max_restarts=9, seed=7), RestartPolicy(max_restarts=9, seed=7)
+    assert [a.delay(i) for i in range(3)] == [b.delay(i) for i in range(3)]     # a seed makes it repeatable
+
+
+def test_an_injected_kill_restarts_the_task_and_marks_its_log(tmp_path, run):
+    fault = parse_fault("kill:worker:0@step=30")
+    result, sup = run([fake("ps", 0, "sleep_forever"), stepper(tmp_path)], faults=[fault],
+                      restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0.1))
+    assert result.ok, format_report(result)
+    assert result.exits["worker:0"].restarts == 1
+    assert result.exits["worker:0"].restart_causes == ("injected kill:worker:0@step=30",)
+    log = sup.log_path("worker:0").read_text()
+    assert "--- restart 1 (injected kill:worker:0@step=30) at " in log
+    assert log.rindex("step 100,") > log.index("--- restart 1")            # the attempt after it finished
+    assert "restart 1: injected kill:worker:0@step=30" in format_report(result)
+
+
+def test_a_permanent_exit_fails_the_run_at_once(run):
+    result, _ = run([fake("ps", 0, "sleep_forever"), fake("worker", 0, "echo_exit", 2)],
+                    restart_policy=RestartPolicy(max_restarts=3, backoff_secs=0.0))
+    assert not result.ok and result.failure.name == "worker:0" and result.failure.returncode == 2
+    assert result.exits["worker:0"].restarts == 0
+
+
+@pytest.mark.parametrize("code, restarted", [(3, False), (143, True)])
+def test_an_injected_exit_code_goes_through_the_policy(tmp_path, run, code, restarted):
+    fault = parse_fault(f"exit:worker:0@step=20,code={code}")
+    result, _ = run([stepper(tmp_path)], faults=[fault], restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0))
+    assert result.ok is restarted, format_report(result)
+    if not restarted:
+        assert result.failure.returncode == 3 and exit_status(result.failure.returncode) == 3
+        assert "worker:0 ended (injected exit:worker:0@step=20,code=3)" in format_report(result)
+
+
+def test_without_restarts_an_injected_kill_fails_the_run_with_137(tmp_path, run):
+    result, _ = run([stepper(tmp_path)], faults=[parse_fault("kill:worker:0@time=0.5")])
+    assert not result.ok and exit_status(result.failure.returncode) == 137
+    assert result.failure.returncode == -signal.SIGKILL
+
+
+def test_a_stalled_worker_is_killed_and_restarted(tmp_path, run):
+    result, sup = run([stepper(tmp_path, 0, "--hang-at", "20")], stall_timeout_secs=1.5,
+                      restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0))
+    assert result.ok, format_report(result)
+    (cause,) = result.exits["worker:0"].restart_causes
+    assert cause.startswith("stalled: step 20 unchanged for"), cause
+
+
+def test_a_stop_fault_pauses_the_task_then_resumes_it(tmp_path, run):
+    started = time.monotonic()
+    result, _ = run([stepper(tmp_path, 0, "--to", "40")], faults=[parse_fault("stop:worker:0@step=10,for=1.5")])
+    assert result.ok and result.exits["worker:0"].restarts == 0
+    assert time.monotonic() - started >= 1.5
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kill:worker:1", "missing '@'"),
+    ("smash:worker:1@step=3", "action 'smash'"),
+    ("kill:worker:x@step=3", "task index 'x'"),
+    ("kill:worker@step=3", "ACTION:JOB:INDEX"),
+    ("kill:worker:1@step=3,time=4", "exactly one trigger"),
+    ("kill:worker:1@steps=3", "unknown option 'steps'"),
+    ("kill:worker:1@step=-3", "step='-3'"),
+    ("stop:worker:1@step=3", "stop needs for=SECS"),
+    ("exit:worker:1@step=3", "exit needs code=N"),
+    ("exit:worker:1@step=3,code=300", "code=300 must be in 1-255"),
+    ("kill:worker:1@step=3,code=1", "code=N applies to exit only"),
+])
+def test_malformed_faults_name_the_bad_part(text, message):
+    with pytest.raises(UsageError, match=message) as err:
+        parse_fault(text)
+    assert err.value.exit_code == 2 and repr(text) in str(err.value)
+
+
+def test_a_fault_must_name_a_task_of_the_run():
+    with pytest.raises(UsageError, match=r"no task worker:5 in this run \(tasks: ps:0, worker:0\)"):
+        parse_faults(["kill:worker:5@step=1"], ["ps:0", "worker:0"])
+
+
+def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(run):
+    """A ps exits by itself only when training is over; a worker still (re)starting then has nothing to do."""
+    chief = fake("worker", 0, "echo_exit", 0)
+    result, _ = run([fake("ps", 0, "echo_exit", 0, "--sleep", "1"), dataclasses.replace(chief, is_chief=True),
+                     fake("worker", 1, "sleep_forever")])
+    assert result.ok and result.reason == "the chief and every ps exited 0: training is over"
+    assert result.exits["worker:1"].stopped
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--inject", "kill:worker:x@step=3"], "--inject 'kill:worker:x@step=3': task index 'x'"),
+    (["--inject", "kill:worker:7@step=3"], "no task worker:7 in this run"),
+    (["--max_restarts", "-1"], "--max_restarts must be >= 0"),
+    (["--stall_timeout_secs", "0"], "--stall_timeout_secs must be > 0"),
+])
+def test_bad_launch_flags_are_usage_errors(tmp_path, args, message):
+    import subprocess
+    import sys
+
+    from tests.cluster_utils import REPO, task_env
+
+    out = subprocess.run([sys.executable, "-m", "psworker", "local", str(REPO / "cluster_specs" / "local.yaml"),
+                          "--train_dir", str(tmp_path / "t"), "--network", "host", *args],
+                         capture_output=True, text=True, env=task_env(), timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,82 @@
+"""Live status and `psworker status RUN_DIR`: over fake tasks and hand-written run directories (no TensorFlow)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+from psworker.launcher.local import run_local
+from psworker.launcher.status import read_run_dir
+from psworker.spec import TrainConfig, build_cluster
+from tests.cluster_utils import task_env
+
+STEP = "step {}, loss = 0.{} (1000.0 examples/sec; 0.030 sec/batch)"
+
+
+def make_run_dir(tmp_path, old: float):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "cluster.yaml").write_text("cluster: {ps: ['127.0.0.1:2221'], worker: ['127.0.0.1:2222', "
+                                      "'127.0.0.1:2223', '127.0.0.1:2224']}\ntrain: {max_steps: 500}\n")
+    (run / "logs" / "ps-0.log").write_text("ps:0 serving\n--- restart 1 (killed by SIGKILL) at x ---\nps:0 serving\n")
+    (run / "logs" / "worker-0.log").write_text("\n".join(STEP.format(s, s % 7) for s in (100, 200, 300)) + "\n")
+    (run / "logs" / "worker-1.log").write_text(STEP.format(120, 5) + "\nworker:1: done at global step 500 x\n")
+    for name in ("ps-0", "worker-0"):
+        os.utime(run / "logs" / f"{name}.log", (old, old))
+    return run
+
+
+def test_status_of_a_run_dir_reads_steps_restarts_and_silence(tmp_path):
+    now = time.time()
+    run = make_run_dir(tmp_path, now - 120)
+    status = read_run_dir(run, now=now)
+    assert status.global_step == 500 and status.max_steps == 500      # worker:1: "done at global step 500"
+    t = status.tasks
+    assert (t["ps:0"].restarts, t["ps:0"].state) == (1, "running")
+    assert (t["worker:0"].step, t["worker:0"].state, t["worker:0"].loss) == (300, "training", 0.6)
+    assert t["worker:1"].state == "done" and t["worker:2"].state == "not started"
+    out = subprocess.run([sys.executable, "-m", "psworker", "status", str(run), "--silent_secs", "60"],
+                         capture_output=True, text=True, env=task_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "step 500/500" in out.stdout and "silent: worker:0 since" in out.stdout
+    assert "silent: ps:0 since" in out.stdout and "silent: worker:1" not in out.stdout
+    out = subprocess.run([sys.executable, "-m", "psworker", "status", str(run), "--json"], capture_output=True,
+                         text=True, env=task_env(), timeout=60)
+    doc = json.loads(out.stdout)
+    assert doc["silent"] == ["ps:0", "worker:0"] and doc["tasks"]["worker:0"]["step"] == 300
+    assert doc["tasks"]["worker:0"]["silent_secs"] >= 119
+
+
+def test_status_without_a_run_dir_is_an_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "psworker", "status", str(tmp_path)], capture_output=True,
+                         text=True, env=task_env(), timeout=60)
+    assert out.returncode == 2 and "cluster.yaml: no such file" in out.stderr
+
+
+def spec(train_dir):
+    return build_cluster(["h:auto"], ["h:auto", "h:auto"], "s.yaml", train=TrainConfig(max_steps=7,
+                                                                                       train_dir=str(train_dir)))
+
+
+def test_off_a_terminal_plain_status_lines_are_printed(tmp_path, fake_python, monkeypatch):
+    monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "60")
+    monkeypatch.setenv("PSWORKER_FAKE_WORKER_SECS", "1.0")
+    console = io.StringIO()
+    assert run_local(spec(tmp_path / "t"), console=console, python=fake_python, grace_period_secs=2.0,
+                     ps_exit_grace_secs=0.2, live=None, status_every_secs=0.2) == 0
+    lines = [line for line in console.getvalue().splitlines() if line.startswith("psworker: status: step ")]
+    assert lines and "/7, " in lines[0] and "worker:1 " in lines[-1], console.getvalue()
+
+
+def test_the_live_view_shows_task_output_and_the_task_table(tmp_path, fake_python, monkeypatch):
+    monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "60")
+    console = io.StringIO()
+    assert run_local(spec(tmp_path / "t"), console=console, python=fake_python, grace_period_secs=2.0,
+                     ps_exit_grace_secs=0.2, live=True) == 0
+    out = console.getvalue()
+    assert "[worker:1] worker:1 step 24" in out
+    assert "task" in out and "worker:1" in out and "done" in out and "state" in out, out[-2000:]
