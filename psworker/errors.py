@@ -15,6 +15,8 @@ policy both read them: 1-127 are permanent, 128-255 are retryable):
 
 from __future__ import annotations
 
+from typing import Mapping
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -100,6 +102,39 @@ class ServerError(PsworkerError):
     exit_code = EXIT_FAILED
 
 
+
+class ClusterError(PsworkerError):
+    """The Kubernetes API refused a request or cannot be reached."""
+
+    exit_code = EXIT_FAILED
+
+
+class UnreachableHosts(PsworkerError):
+    """One or more hosts refused or did not answer an `ssh HOST true` before anything started."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, failures: Mapping[str, str]) -> None:
+        self.failures = dict(failures)
+        lines = "\n".join(f"  {host}: {why}" for host, why in self.failures.items())
+        super().__init__(f"{len(self.failures)} host(s) unreachable over ssh; nothing was started:\n{lines}")
+
+
+class SubmitError(PsworkerError):
+    """sbatch refused the job or could not be run."""
+
+    exit_code = EXIT_FAILED
+
+
+class TensorBoardError(PsworkerError):
+    """TensorBoard is not installed, exited, or did not answer in time."""
+
+
+class ExportExistsError(PsworkerError):
+    """The export directory of this global step exists already (exports are never overwritten)."""
+
+
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",
            "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "StoppedEarly",
-           "TrainingFailed", "ServerError"]
+           "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
+           "ClusterError"]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from psworker.errors import PsworkerError, UsageError
+from psworker.errors import PsworkerError, ClusterError, UsageError
 from psworker.k8s.manifests import LABEL_JOB, LABEL_RUN
 
 log = logging.getLogger(__name__)
@@ -22,12 +22,6 @@ EXTRA = "pip install 'psworker[k8s]'"
 KINDS = (("networking.k8s.io/v1", "NetworkPolicy"), ("v1", "Service"), ("batch/v1", "Job"),
          ("kubeflow.org/v1", "TFJob"), ("jobset.x-k8s.io/v1alpha2", "JobSet"))
 INDEX_LABELS = ("batch.kubernetes.io/job-completion-index", "training.kubeflow.org/replica-index")
-
-
-class ClusterError(PsworkerError):
-    """The Kubernetes API refused a request or cannot be reached."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,12 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterator, Optional
 
-from psworker.errors import PsworkerError
+from psworker.errors import PsworkerError, TensorBoardError
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
-
-
-class TensorBoardError(PsworkerError):
-    """TensorBoard is not installed, exited, or did not answer in time."""
 
 
 def command(logdir: str, port: int, *, reload_interval_secs: float = 5.0) -> list[str]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from psworker import plan
-from psworker.errors import PsworkerError, UsageError
+from psworker.errors import PsworkerError, SubmitError, UsageError
 from psworker.spec import DEFAULT_PORT_BASE, JOBS, ClusterSpec, CountSpec
 
 __all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "cluster_dict", "count_spec",
@@ -40,12 +40,6 @@ __all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ
 SCRIPT_NAME = "psworker.sbatch"
 SUBMITTED_SPEC = "submitted-spec.yaml"
 _SBATCH_VALUE = re.compile(r"[^\s'\"\\#]+\Z")
-
-
-class SubmitError(PsworkerError):
-    """sbatch refused the job or could not be run."""
-
-    exit_code = 1
 
 
 # ---------------------------------------------------------------------------------------- allocation
@@ -252,7 +246,6 @@ def srun_argv(task: SlurmTask, argv: Sequence[str], *, srun: str = "srun",
     return [srun, "--nodes=1", "--ntasks=1", f"--nodelist={task.host}", "--overlap",
             f"--job-name={step_job_name(task.job, task.index)}", "--export=ALL", "--unbuffered",
             *extra, "--", *argv]
-
 
 
 def steps_argv(job_id: str, *, squeue: str = "squeue") -> list[str]:

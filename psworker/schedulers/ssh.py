@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional, Union
 
-from psworker.errors import PsworkerError, UsageError
+from psworker.errors import PsworkerError, UnreachableHosts, UsageError
 
 __all__ = ["SSH_OPTIONS", "UnreachableHosts", "check_reachable", "remote_command", "require_reachable",
            "ssh_argv"]
@@ -41,17 +41,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _HOST = re.compile(r"[^\s\-][^\s]*\Z")
 
 EnvLike = Union[Mapping[str, str], Iterable[tuple[str, str]]]
-
-
-class UnreachableHosts(PsworkerError):
-    """One or more hosts refused or did not answer an `ssh HOST true` before anything started."""
-
-    exit_code = 1
-
-    def __init__(self, failures: Mapping[str, str]) -> None:
-        self.failures = dict(failures)
-        lines = "\n".join(f"  {host}: {why}" for host, why in self.failures.items())
-        super().__init__(f"{len(self.failures)} host(s) unreachable over ssh; nothing was started:\n{lines}")
 
 
 def _check_host(host: str) -> str:

@@ -114,8 +114,7 @@ def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> 
     result = evaluate.evaluate_checkpoint(model, checkpoint, data_dir=config.data_dir)
     summaries.write_eval_summary(config.train_dir, result.precision, result.global_step)
     try:
-        path = export.export_saved_model(model, checkpoint, os.path.join(config.train_dir, export.EXPORT_SUBDIR))
-        log.info("%s: exported the model of global step %d to %s", name, result.global_step, path)
+        export.export_saved_model(model, checkpoint, os.path.join(config.train_dir, export.EXPORT_SUBDIR))
     except export.ExportExistsError as exc:   # a restarted chief that ends at the same step
         log.info("%s: %s", name, exc)
     emit(evaluate.format_result(result), flush=True)   # last: the run's result line

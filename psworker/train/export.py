@@ -15,7 +15,7 @@ import shutil
 import uuid
 from typing import Optional
 
-from psworker.errors import PsworkerError
+from psworker.errors import ExportExistsError, TrainingFailed, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -25,24 +25,20 @@ OUTPUT_KEYS = ("logits", "classes")
 EXPORT_SUBDIR = "export"
 
 
-class ExportExistsError(PsworkerError):
-    """The export directory of this global step exists already (exports are never overwritten)."""
-
-
 def checkpoint_global_step(checkpoint: str) -> int:
     """The `global_step` stored in `checkpoint` (a checkpoint prefix).
 
     Raises:
-        PsworkerError: the checkpoint cannot be read or holds no global step.
+        TrainingFailed: the checkpoint cannot be read or holds no global step.
     """
     import tensorflow as tf
 
     try:
         reader = tf.train.load_checkpoint(checkpoint)
     except (tf.errors.NotFoundError, ValueError) as exc:
-        raise PsworkerError(f"cannot read checkpoint {checkpoint}: {str(exc).splitlines()[0]}") from None
+        raise TrainingFailed(f"cannot read checkpoint {checkpoint}: {str(exc).splitlines()[0]}") from None
     if not reader.has_tensor("global_step"):
-        raise PsworkerError(f"checkpoint {checkpoint} has no global_step")
+        raise TrainingFailed(f"checkpoint {checkpoint} has no global_step")
     return int(reader.get_tensor("global_step"))
 
 
@@ -64,7 +60,7 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
 
     Raises:
         ExportExistsError: that directory exists already.
-        PsworkerError: the checkpoint cannot be read, or does not match the model.
+        TrainingFailed: the checkpoint cannot be read, or does not match the model.
     """
     import tensorflow as tf
 
@@ -90,15 +86,18 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
                 try:
                     saver.restore(sess, checkpoint)
                 except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
-                    raise PsworkerError(f"cannot restore {checkpoint} into model {model.name!r}: "
+                    raise TrainingFailed(f"cannot restore {checkpoint} into model {model.name!r}: "
                                         f"{exc.message.splitlines()[0]}") from None
-                signature = v1.saved_model.signature_def_utils.predict_signature_def(
-                    inputs={INPUT_KEY: images}, outputs={"logits": logits, "classes": classes})
-                builder = v1.saved_model.Builder(temp)
-                builder.add_meta_graph_and_variables(
-                    sess, [v1.saved_model.tag_constants.SERVING],
-                    signature_def_map={SIGNATURE_KEY: signature}, strip_default_attrs=True)
-                builder.save()
+                from tensorflow.python.util import deprecation
+
+                with deprecation.silence():   # TF's "designed for TensorFlow v1" notes: nothing a user can act on
+                    signature = v1.saved_model.signature_def_utils.predict_signature_def(
+                        inputs={INPUT_KEY: images}, outputs={"logits": logits, "classes": classes})
+                    builder = v1.saved_model.Builder(temp)
+                    builder.add_meta_graph_and_variables(
+                        sess, [v1.saved_model.tag_constants.SERVING],
+                        signature_def_map={SIGNATURE_KEY: signature}, strip_default_attrs=True)
+                    builder.save()
         try:
             os.rename(temp, final)
         except OSError as exc:
@@ -124,24 +123,24 @@ def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: 
         The export directory.
 
     Raises:
-        PsworkerError: no train dir, no checkpoint, an unknown model, or the export exists.
+        UsageError, TrainingFailed, ExportExistsError: no train dir or unknown model; no checkpoint; the export exists.
     """
     import tensorflow as tf
 
     from psworker import models
 
     if not os.path.isdir(train_dir):
-        raise PsworkerError(f"--train_dir {train_dir} does not exist")
+        raise UsageError(f"--train_dir {train_dir} does not exist")
     if checkpoint is None:
         checkpoint = tf.train.latest_checkpoint(train_dir)
         if checkpoint is None:
-            raise PsworkerError(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
+            raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
     if model_name is None:
         model_name = recorded_model(train_dir) or "mlp"
     try:
         model = models.get(model_name)
     except KeyError as exc:
-        raise PsworkerError(str(exc.args[0])) from None
+        raise UsageError(str(exc.args[0])) from None
     return export_saved_model(model, checkpoint, export_base or os.path.join(train_dir, EXPORT_SUBDIR))
 
 
