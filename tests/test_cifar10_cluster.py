@@ -71,6 +71,31 @@ def _gpus() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
 
+RATE = re.compile(r"^\[(worker:\d+)\] step \d+, loss = \S+ \(([0-9.]+) examples/sec", re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_gpu_towers_train_and_report_their_throughput(tmp_path, cifar_dir):
+    """On a GPU host: 2 workers with `--num_devices 1`, then `auto` (a tower on every GPU), both train; prints the
+    cluster's examples/s (the sum of each worker's last progress line) for each."""
+    gpus = _gpus()
+    if not gpus:
+        pytest.skip("no GPU visible")
+    rates = {}
+    for towers, devices in (("1", "/gpu:0"), ("auto", ", ".join(f"/gpu:{i}" for i in range(gpus)))):
+        train_dir = tmp_path / f"train-{towers}"
+        run = run_launcher([str(SPEC), "--train_dir", str(train_dir), "--data_dir", str(cifar_dir), "--max_steps",
+                            "600", "--batch_size", "128", "--num_devices", towers, "--log_every_steps", "100"],
+                           cwd=tmp_path, timeout=300)
+        assert run.returncode == 0, run.output[-4000:]
+        assert f"[worker:0] towers: {devices.count('/gpu:')} on {devices}" in run.output, run.output[-4000:]
+        last = {who: float(rate) for who, rate in RATE.findall(run.output)}
+        assert last, run.output[-4000:]
+        rates[towers] = sum(last.values())
+    print(f"\ncifar10, 2 async workers, batch 128 per tower, {gpus} GPUs: examples/s with 1 tower per worker "
+          f"{rates['1']:.0f}, with {gpus} towers per worker {rates['auto']:.0f}")
+
+
 @pytest.mark.slow
 def test_towers_cluster_run(tmp_path, cifar_dir):
     """--num_devices 2: each worker splits its batch over 2 CPU towers that share the variables on the ps."""
