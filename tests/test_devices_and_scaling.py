@@ -117,3 +117,11 @@ def test_the_graph_uses_the_scaled_rate(cifar_dir):
             with tf.compat.v1.Session() as sess:
                 sess.run(tf.compat.v1.global_variables_initializer())
                 assert sess.run(tg.learning_rate) == pytest.approx(want)
+
+
+def test_auto_and_the_opt_out_round_trip_through_a_dumped_spec():
+    from psworker.spec import dump_spec
+
+    spec = parse_spec(CLUSTER + "train:\n  num_devices: auto\n  scale_learning_rate: false\n", "s.yaml")
+    again = parse_spec(dump_spec(spec), "dumped")
+    assert again == spec and (again.train.num_devices, again.train.scale_learning_rate) == ("auto", False)
