@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from psworker.errors import SpecError
+from psworker.fieldtypes import PARSERS, TYPE_PARSERS
 from psworker.models import registry as model_registry
 
 JOBS = ("ps", "worker")                      # psworker's own trainer
@@ -58,9 +59,10 @@ class TrainConfig:
     replicas_to_aggregate: Optional[int] = None    # sync only; None: number of workers
     startup_timeout_secs: float = 120.0
     step_timeout_secs: float = 300.0          # one training step (sync: waiting for the other workers) at most
-    num_devices: int = 1                      # towers per worker
+    num_devices: Union[int, str] = 1          # towers per worker, or "auto": every visible GPU (CPU when none)
     replication: str = "between-graph"        # REPLICATIONS
     seed: Optional[int] = None
+    scale_learning_rate: bool = True          # linear scaling with the global batch (models with a reference batch)
 
 
 TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
@@ -115,7 +117,7 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?", re.ASCII)
 _SHELL_META = set(";&|$`'\"\\<>(){}*?!#~^=,%@")
 
 # Rules for TrainConfig fields beyond their types: minimums, strictly positive numbers, enumerations.
-_MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1, "num_devices": 1,
+_MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1,
             "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0}
 _POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs", "step_timeout_secs")
 # Enumerations, read when a value is checked: the model registry is live (`models.register` extends it).
@@ -130,6 +132,8 @@ def _train_types() -> dict[str, tuple[type, bool]]:
         args = typing.get_args(hint)
         if typing.get_origin(hint) is Union and type(None) in args:
             out[name] = (next(a for a in args if a is not type(None)), True)
+        elif typing.get_origin(hint) is Union:   # e.g. num_devices: an int or "auto" (fieldtypes.PARSERS)
+            out[name] = (args[0], False)
         else:
             out[name] = (hint, False)
     return out
@@ -350,6 +354,9 @@ def _coerce(name: str, value: Any, path: str, source: str, from_strings: bool) -
         if optional:
             return None
         raise SpecError(source, path, f"must be set (expected {kind.__name__}), got null")
+    parse = PARSERS.get(name) or TYPE_PARSERS.get(kind)
+    if parse is not None:
+        return parse(value, path, source)
     if from_strings and isinstance(value, str) and kind is not str:
         text = value.strip()
         try:

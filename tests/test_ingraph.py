@@ -57,8 +57,10 @@ def test_in_graph_cluster_run(tmp_path, cifar_dir):
     train_dir = tmp_path / "train"
     run = run_launcher([str(SPEC), "--train_dir", str(train_dir), "--data_dir", str(cifar_dir),
                         "--replication", "in-graph", "--max_steps", "30", "--batch_size", "16",
-                        "--learning_rate", "0.05", "--log_every_steps", "10"], cwd=tmp_path, timeout=240)
+                        "--log_every_steps", "10"], cwd=tmp_path, timeout=240)
     assert run.returncode == 0, run.output[-4000:]
+    # one update from both workers' batches: the tutorial's rate scaled to a global batch of 2 x 16
+    assert "[worker:0] learning rate 0.025 (0.1 x 32/128, linear scaling" in run.output, run.output[-4000:]
     assert checkpoint_step(train_dir) == 30   # synchronous by construction: exactly max_steps updates
     steps = STEP_LINE.findall(run.output)
     assert steps and {who for who, _ in steps} == {"worker:0"}, run.output[-3000:]   # one client

@@ -111,3 +111,46 @@ def test_batch_must_divide_into_towers():
         with pytest.raises(ValueError, match="divide"):
             towers.build_tower_gradients(model, model.optimizer(0.1), tf.zeros([5, 24, 24, 3]),
                                          tf.zeros([5], tf.int32), 2, devices=CPU_TOWERS)
+
+
+def _gpus_or_skip(needed: int) -> int:
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    if not gpus:
+        pytest.skip("no GPU visible")
+    if gpus < needed:
+        pytest.skip(f"needs {needed} GPUs, {gpus} visible")
+    return gpus
+
+
+def test_towers_run_on_two_gpus():
+    """A tiny tower graph on /gpu:0 and /gpu:1 (no soft placement): each tower's matmul runs on its GPU."""
+    from psworker.train import devices
+
+    gpus = _gpus_or_skip(2)
+    names = devices.device_names(devices.resolve_num_devices("auto", gpus), gpus)[:2]
+    assert names == ["/gpu:0", "/gpu:1"]
+
+    class Tiny:
+        def inference(self, images, *, training):
+            w = v1.get_variable("w", [4, 3], initializer=v1.ones_initializer())
+            return tf.matmul(images, w)
+
+        def loss(self, logits, labels):
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+    with tf.Graph().as_default():
+        with v1.device("/cpu:0"):
+            images, labels = tf.ones([8, 4]), tf.zeros([8], tf.int64)
+        optimizer = v1.train.GradientDescentOptimizer(0.1)
+        with v1.device("/cpu:0"):   # variables outside the towers, as on the ps
+            grads, loss = towers.build_tower_gradients(Tiny(), optimizer, images, labels, 2, devices=names)
+        matmuls = {op.name: op.device for op in v1.get_default_graph().get_operations()
+                   if op.name in ("tower_0/MatMul", "tower_1/MatMul")}
+        assert matmuls == {"tower_0/MatMul": "/device:GPU:0", "tower_1/MatMul": "/device:GPU:1"}
+        config = devices.server_config(2, gpus)
+        config.allow_soft_placement = False
+        with v1.Session(config=config) as sess:
+            sess.run(v1.global_variables_initializer())
+            before = sess.run(loss)
+            sess.run(optimizer.apply_gradients(grads))
+            assert sess.run(loss) < before

@@ -28,6 +28,9 @@ class Model(abc.ABC):
     name: str = ""
     num_classes: int = 10
     default_learning_rate: float = 0.1
+    # The global batch (examples per update) that `default_learning_rate` is tuned for. Set: the trainer scales the
+    # rate linearly with the actual global batch (`--scale_learning_rate`); None: the rate is used as given.
+    reference_batch_size: Optional[int] = None
     moving_average_decay: Optional[float] = None   # set: the trainer keeps EMAs, eval restores them
     image_shape: tuple[int, ...] = ()              # one example as `inference` takes it, e.g. (24, 24, 3)
 

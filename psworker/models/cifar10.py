@@ -35,6 +35,7 @@ class Cifar10Model(Model):
     name = "cifar10"
     num_classes = 10
     default_learning_rate = 0.1
+    reference_batch_size = 128   # the tutorial's batch; other global batches scale the rate linearly
     moving_average_decay = 0.9999
     image_shape = (24, 24, 3)
 

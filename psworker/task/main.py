@@ -55,7 +55,9 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
     name = f"ps:{index}"
     srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
     _import_tensorflow(name)
-    server = srv.start_server(spec, "ps", index)
+    from psworker.train.devices import ps_server_config
+
+    server = srv.start_server(spec, "ps", index, config=ps_server_config())
     if keep_running:
         log.info("%s: --keep_ps_running: serving until stopped", name)
         while True:   # drain each run's done tokens so that the queue never fills
@@ -81,11 +83,9 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     if index == 0 and config.train_dir is None:
         raise UsageError(CHIEF_NEEDS_TRAIN_DIR)
     _import_tensorflow(name)
-    server_config = None
-    if config.num_devices > 1:
-        from psworker.train import towers
+    from psworker.train import devices
 
-        server_config = towers.session_config_for_towers(config.num_devices)
+    config, server_config = devices.for_worker(config, name)   # --num_devices auto: every visible GPU
     server = srv.start_server(spec, "worker", index, config=server_config)
     from psworker.task import runner, shutdown
     from psworker.train.ingraph import CLIENT_INDEX

@@ -9,6 +9,7 @@ worker's first gradient belongs to the first step.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -19,6 +20,8 @@ from psworker.spec import TrainConfig
 # TF queues `replicas_to_aggregate` tokens when the chief starts, so a fast worker can push two gradients for the
 # first step before a slow one pushes any. With none, every worker's first gradient waits for the first update.
 SYNC_INIT_TOKENS = 0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,20 @@ class Optimization:
     ema: object              # an ExponentialMovingAverage, or None when the model keeps none
 
 
-def optimization(model: Model, config: TrainConfig, global_step, examples_per_step: int) -> Optimization:
-    """The model's learning rate (`--learning_rate` or its default, decayed by `examples_per_step`), optimizer and
-    moving averages, built in the current graph and device scope."""
+def optimization(model: Model, config: TrainConfig, global_step, examples_per_step: int,
+                 num_workers: int = 1) -> Optimization:
+    """The model's learning rate, optimizer and moving averages, built in the current graph and device scope.
+
+    The rate is `--learning_rate` or the model's default, scaled to the global batch (`scaling.learning_rate`, logged)
+    and decayed by the model's schedule counting `examples_per_step` per step.
+    """
     import tensorflow as tf
 
-    base_lr = config.learning_rate if config.learning_rate is not None else model.default_learning_rate
-    lr = model.learning_rate(global_step, base_lr, examples_per_step, config.data_dir)
+    from psworker.train import scaling
+
+    rate = scaling.learning_rate(model, config, num_workers)
+    log.info("%s", rate.describe())
+    lr = model.learning_rate(global_step, rate.value, examples_per_step, config.data_dir)
     ema = None
     if model.moving_average_decay:
         ema = tf.compat.v1.train.ExponentialMovingAverage(model.moving_average_decay, global_step)
@@ -95,9 +105,11 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     """
     import tensorflow as tf
 
+    from psworker.train import devices
     from psworker.train.placement import GreedyByteStrategy
 
     v1 = tf.compat.v1
+    config = devices.resolve(config, devices.visible_gpus())   # --num_devices auto
     num_workers = len(cluster["worker"]) if cluster else 1
     if cluster:
         worker_device = f"/job:worker/task:{task_index}"
@@ -116,7 +128,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
                 data_dir=config.data_dir, batch_size=config.batch_size * config.num_devices,
                 shard_index=task_index, num_shards=num_workers, seed=config.seed,
             ))
-        opt = optimization(model, config, global_step, config.batch_size * config.num_devices)
+        opt = optimization(model, config, global_step, config.batch_size * config.num_devices, num_workers)
         lr, optimizer, ema = opt.learning_rate, opt.optimizer, opt.ema
         if config.num_devices > 1:
             from psworker.train import towers

@@ -39,11 +39,13 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
     """
     import tensorflow as tf
 
-    from psworker.train import towers
+    from psworker.train import devices, towers
     from psworker.train.graph import TrainGraph, finish_train_op, optimization
     from psworker.train.placement import GreedyByteStrategy
 
     v1 = tf.compat.v1
+    # `auto`: the client's GPUs; every worker is taken to have as many
+    config = devices.resolve(config, devices.visible_gpus())
     num_workers = len(cluster["worker"])
     per_worker_batch = config.batch_size * config.num_devices
     client_device = f"/job:worker/task:{CLIENT_INDEX}"
@@ -52,7 +54,7 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
     )
     with v1.device(setter):
         global_step = v1.train.get_or_create_global_step()
-        opt = optimization(model, config, global_step, per_worker_batch * num_workers)
+        opt = optimization(model, config, global_step, per_worker_batch * num_workers, num_workers)
         optimizer = opt.optimizer
         worker_grads, worker_losses = [], []
         for i in range(num_workers):
