@@ -2,8 +2,9 @@
 
 For each model (cnn: the CIFAR-10 tutorial CNN; mlp: the digits MLP) and each shape (in-process, 1 ps + 1 worker,
 1 ps + 2 workers, async) it measures examples/s of
-  - psworker: `python -m psworker local SPEC` (rates from the workers' progress lines, each worker's first
-    interval left out, summed over workers); in-process: `psworker.trainer.train_in_process` in a subprocess
+  - psworker: `python -m psworker local SPEC`; global steps/s from the task logs, from the moment every worker
+    trains (the later worker's first step) to the last step, as benchmarks/lifecycle.py measures (the sum of the
+    workers' progress-line rates is kept in the JSON as a second opinion); in-process: `psworker.trainer.train_in_process` in a subprocess
     (the redesign moves it to `psworker.train.trainer`);
   - pss: benchmarks/pss_peer.py (ClusterCoordinator, one step per closure; warm-up steps left out).
 Same model, data pipeline (CIFAR-10 records with the tutorial's distortions / standardised digits), batch per
@@ -24,6 +25,7 @@ table (examples/s; each side vs its own in-process; psworker vs pss) and last a 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -38,6 +40,10 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 RATE_LINE = re.compile(r"^\[(worker:\d+)\] step \d+, loss = [0-9.naif]+ \(([0-9.]+) examples/sec;", re.MULTILINE)
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILINE)
+LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
+DONE = re.compile(r"done at global step (\d+) after \d+ local steps")
 PSWORKER_MODEL = {"cnn": "cifar10", "mlp": "mlp"}
 SITECUSTOMIZE = '''\
 """Benchmark-only switches for psworker's moving averages (written by benchmarks/peers.py)."""
@@ -129,10 +135,31 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
     for worker, rate in RATE_LINE.findall(done.stdout):
         per_worker.setdefault(worker, []).append(float(rate))
     steady = {w: statistics.mean(r[1:]) for w, r in per_worker.items() if len(r) > 1}
-    if len(steady) != workers:
-        raise RuntimeError(f"{what}: too few progress lines (raise --steps):\n{done.stdout[-2000:]}")
-    return {"examples_per_sec": sum(steady.values()), "per_worker": steady,
-            "wall_s": time.monotonic() - started}
+    return {"examples_per_sec": global_rate(workdir / tag / "logs", workers, what) * args.batch_size,
+            "progress_lines_sum": sum(steady.values()), "wall_s": time.monotonic() - started}
+
+
+def _stamp(line: str) -> float:
+    m = LOG_TIME.match(line)
+    if not m:
+        raise RuntimeError(f"no timestamp in {line!r}")
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000.0
+
+
+def global_rate(log_dir: Path, workers: int, what: str) -> float:
+    """Global steps/s once every worker trains: from the later worker's first step (and the global step it saw)
+    to the last worker's last step (as benchmarks/lifecycle.py measures)."""
+    firsts, lasts, finals = [], [], []
+    for i in range(workers):
+        log = (log_dir / f"worker-{i}.log").read_text(errors="replace")
+        first, last, final = FIRST_STEP.search(log), LAST_STEP.search(log), DONE.search(log)
+        if not (first and last and final):
+            raise RuntimeError(f"{what}: worker:{i}'s log lacks its first/last step lines:\n{log[-2000:]}")
+        firsts.append((_stamp(first.group(0)), int(first.group(1))))
+        lasts.append(_stamp(last.group(0)))
+        finals.append(int(final.group(1)))
+    start_at, start_step = max(firsts)
+    return (max(finals) - start_step) / max(max(lasts) - start_at, 1e-9)
 
 
 # --------------------------------------------------------------------------------------------- pss side
@@ -179,8 +206,8 @@ def print_table(results: dict, models: list[str], shapes: list[int], args) -> di
         cells = []
         for s in shapes:
             v = row[s]
-            cells.append(f"{v:>10.0f}" + (f" ({v / base:.2f}x)" if base and s else "").rjust(10))
-            if base and s:
+            cells.append(f"{v:.0f}" + (f" ({v / base:.2f}x)" if base and s else ""))
+            if base and s and v == v:
                 ratios[f"{model}/{name}/{shape_name[s]}/vs_in_process"] = v / base
         print(f"{model:<5} {name:<26}" + "".join(f"{c:>20}" for c in cells))
     for model in models:
@@ -242,6 +269,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         samples: dict = {m: {name: {s: [] for s in shapes} for mm, name, _ in variants(models, args.pss_ema)
                              if mm == m} for m in models}
         n = 0
+        errors: list[str] = []
         for r in range(args.repeat):
             for model in models:
                 for s in shapes:
@@ -250,21 +278,27 @@ def main(argv: Optional[list[str]] = None) -> int:
                             continue
                         n += 1
                         tag = f"r{r}-{model}-{s}-{name.replace(' ', '')}-{n}"
-                        if opt["side"] == "psworker":
-                            out = psworker_run(model, s, ema=opt["ema"], args=args, workdir=workdir,
-                                               site_dir=site_dir, tag=tag)
-                        else:
-                            out = pss_run(model, s, ema=opt["ema"], args=args)
+                        try:
+                            if opt["side"] == "psworker":
+                                out = psworker_run(model, s, ema=opt["ema"], args=args, workdir=workdir,
+                                                   site_dir=site_dir, tag=tag)
+                            else:
+                                out = pss_run(model, s, ema=opt["ema"], args=args)
+                        except RuntimeError as exc:   # one failed run must not lose the others' numbers
+                            errors.append(f"{tag}: {exc}")
+                            print(f"[{time.strftime('%H:%M:%S')}] FAILED {tag}: {str(exc)[:2000]}", flush=True)
+                            continue
                         samples[model][name][s].append(out["examples_per_sec"])
                         print(f"[{time.strftime('%H:%M:%S')}] {model} {name} {s}w: "
                               f"{out['examples_per_sec']:.0f} examples/s", flush=True)
-    results = {m: {name: {s: statistics.median(v) for s, v in row.items()} for name, row in rows.items()}
-               for m, rows in samples.items()}
+    nan = float("nan")
+    results = {m: {name: {s: statistics.median(v) if v else nan for s, v in row.items()}
+                   for name, row in rows.items()} for m, rows in samples.items()}
     ratios = print_table(results, models, shapes, args)
     print(json.dumps({"batch_size": args.batch_size, "steps": args.steps, "mlp_factor": args.mlp_factor,
                       "repeat": args.repeat, "cpus": os.cpu_count(), "samples": samples, "median": results,
-                      "ratios": ratios}, sort_keys=True))
-    return 0
+                      "ratios": ratios, "errors": errors}, sort_keys=True))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -100,7 +100,9 @@ def breakdown(step_stats, graph) -> dict:
                     cats["ps: other (variable reads, ...)"].append(iv)
                 cats["ps: any op"].append(iv)
             else:
-                if kind in RECV_TYPES:
+                if any(m in ns.node_name for m in EMA_MARKERS) and kind not in RECV_TYPES:
+                    cats["worker: moving-average arithmetic"].append(iv)
+                elif kind in RECV_TYPES:
                     cats["worker: pull variables from ps (RecvTensor)"].append(iv)
                 elif kind in ("_Send", "_HostSend"):
                     cats["worker: send"].append(iv)
@@ -117,7 +119,7 @@ def breakdown(step_stats, graph) -> dict:
         out["ps partition starts after the worker's (RunGraph dispatch)"] = \
             (min(starts["ps"]) - min(starts["worker"])) / 1000.0
     if ends["compute"]:
-        out["tail: last worker compute op to step end"] = (last - max(ends["compute"])) / 1000.0
+        out["tail: worker's last model op to step end (apply, EMA)"] = (last - max(ends["compute"])) / 1000.0
     return {"union_ms": out, "compute_sum_ms_by_type": dict(compute_by_type),
             "ps_sum_ms_by_type": dict(ps_by_type)}
 
@@ -182,7 +184,8 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
         wall: dict[str, list[float]] = {k: [] for k in modes}
         cpu_me: dict[str, list[float]] = {k: [] for k in modes}
         cpu_ps: dict[str, list[float]] = {k: [] for k in modes}
-        per_round = max(1, args.steps // args.rounds)
+        steps = args.steps * (args.mlp_factor if name == "mlp" else 1)
+        per_round = max(1, steps // args.rounds)
         for _ in range(args.rounds):
             for key, run in modes.items():
                 c0, p0, t0 = sum(me.cpu_times()[:2]), sum(ps.cpu_times()[:2]), time.perf_counter()
@@ -235,7 +238,8 @@ def print_variant(variant: str, r: dict, batch_size: int) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp (cnn runs with and without EMA)")
-    p.add_argument("--steps", type=int, default=100, help="timed steps per mode (split into rounds)")
+    p.add_argument("--steps", type=int, default=100, help="CNN: timed steps per mode (split into rounds)")
+    p.add_argument("--mlp_factor", type=int, default=10, help="the MLP runs --steps times this")
     p.add_argument("--rounds", type=int, default=4, help="the modes alternate this many times")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--trace_steps", type=int, default=10)
