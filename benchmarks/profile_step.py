@@ -7,7 +7,7 @@ them to `psworker.train.trainer` and `psworker.task.server`). For each variant o
 the moving averages as shipped, computed on the ps (benchmarks/ema_on_ps.py), and off; MLP) it measures, alternating in rounds:
   - wall time per step of `sess.run(train_op)` on a bare session;
   - the same with the fetches psworker's ProgressHook adds (loss, global step);
-  - `MonitoredSession` with psworker's hooks (StopAtStepHook, NanTensorHook, ProgressHook, the chief's checkpoint
+  - `MonitoredSession` without hooks, and with psworker's hooks (StopAtStepHook, NanTensorHook, ProgressHook, the chief's checkpoint
     and summary hooks) and its `FastSessionCreator`, as `psworker.trainer.train` runs it;
   - CPU seconds per step of this process (worker + client) and of the ps process;
 then traces --trace_steps steps (`RunOptions(trace_level=FULL_TRACE)`) and splits each step's `step_stats` into:
@@ -173,7 +173,11 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
         creator = FastSessionCreator(scaffold, master=server.target, config=sconf, is_chief=True,
                                      checkpoint_dir=train_dir, max_wait_secs=60, name="worker:0")
         monitored = v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0)
+        plain = v1.train.MonitoredSession(session_creator=FastSessionCreator(
+            scaffold, master=server.target, config=sconf, is_chief=True, checkpoint_dir=train_dir, max_wait_secs=60,
+            name="worker:0"), hooks=[], stop_grace_period_secs=0)
         modes = {
+            "MonitoredSession, no hooks": lambda: plain.run(tg.train_op),
             "bare sess.run(train_op)": lambda: bare.run(tg.train_op),
             "bare + loss, global step fetched": lambda: bare.run([tg.train_op, tg.loss, tg.global_step]),
             "MonitoredSession + psworker hooks": lambda: monitored.run(tg.train_op),
