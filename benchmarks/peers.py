@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,7 @@ LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILINE)
 LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
 DONE = re.compile(r"done at global step (\d+) after \d+ local steps")
+STOP_GRACE_S = 30.0
 PSWORKER_MODEL = {"cnn": "cifar10", "mlp": "mlp"}
 SITECUSTOMIZE = '''\
 """Benchmark-only switches for psworker's moving averages (written by benchmarks/peers.py)."""
@@ -77,10 +79,20 @@ def _last_json(stdout: str, what: str) -> dict:
 
 def _run(argv: list[str], env: dict, timeout: float, what: str, cwd: Optional[Path] = None
          ) -> subprocess.CompletedProcess:
+    """Runs `argv` in its own session; on timeout: SIGTERM, STOP_GRACE_S, then SIGKILL to its whole group."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{what}: no result within {timeout:.0f} s (--timeout); it was killed") from None
+        proc.terminate()   # psworker local stops its tasks; pss_peer.py stops its servers
+        try:
+            proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=STOP_GRACE_S)
+        raise RuntimeError(f"{what}: no result within {timeout:.0f} s (--timeout); it was stopped") from None
+    done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed with exit code {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
     return done

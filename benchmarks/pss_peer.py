@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -339,6 +340,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--data_dir", help="CIFAR-10 records (cnn)")
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # SIGTERM (a caller's timeout) unwinds through run_cluster's `finally`, which stops the server processes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seconds = run_cluster(args) if args.workers else run_in_process(args)
     result = {"side": "pss", "model": args.model, "workers": args.workers, "ema": args.ema, "steps": args.steps,
               "batch_size": args.batch_size, "seconds": seconds, "steps_per_sec": args.steps / seconds,
