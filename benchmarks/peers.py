@@ -4,7 +4,8 @@ For each model (cnn: the CIFAR-10 tutorial CNN; mlp: the digits MLP) and each sh
 1 ps + 2 workers, async) it measures examples/s of
   - psworker: `python -m psworker local SPEC`; global steps/s from the task logs, from the moment every worker
     trains (the later worker's first step) to the last step, as benchmarks/lifecycle.py measures (the sum of the
-    workers' progress-line rates is kept in the JSON as a second opinion); in-process: `psworker.trainer.train_in_process` in a subprocess
+    workers' progress-line rates is kept in the JSON as a second opinion); in-process:
+    `psworker.trainer.train_in_process` in a subprocess
     (the redesign moves it to `psworker.train.trainer`);
   - pss: benchmarks/pss_peer.py (ClusterCoordinator, one step per closure; warm-up steps left out).
 Same model, data pipeline (CIFAR-10 records with the tutorial's distortions / standardised digits), batch per

@@ -4,10 +4,12 @@ The ps is a `tf.distribute.Server` subprocess (benchmarks/pss_peer.py's `serve`)
 psworker worker is: an in-process `tf.compat.v1.train.Server`, the training graph of
 `psworker.trainer.build_train_graph` and the session config of `psworker.server.session_config` (the redesign moves
 them to `psworker.train.trainer` and `psworker.task.server`). For each variant of the graph (CNN with and without
-the moving averages as shipped, computed on the ps (benchmarks/ema_on_ps.py), and off; MLP) it measures, alternating in rounds:
+the moving averages as shipped, computed on the ps (benchmarks/ema_on_ps.py), and off; MLP) it measures,
+alternating in rounds:
   - wall time per step of `sess.run(train_op)` on a bare session;
   - the same with the fetches psworker's ProgressHook adds (loss, global step);
-  - `MonitoredSession` without hooks, and with psworker's hooks (StopAtStepHook, NanTensorHook, ProgressHook, the chief's checkpoint
+  - `MonitoredSession` without hooks, and with psworker's hooks (StopAtStepHook, NanTensorHook, ProgressHook, the
+    chief's checkpoint
     and summary hooks) and its `FastSessionCreator`, as `psworker.trainer.train` runs it;
   - CPU seconds per step of this process (worker + client) and of the ps process;
 then traces --trace_steps steps (`RunOptions(trace_level=FULL_TRACE)`) and splits each step's `step_stats` into:
