@@ -1,0 +1,358 @@
+"""The peer to compare psworker with: TF2 `ParameterServerStrategy` + `ClusterCoordinator`, the same models.
+
+Standalone (imports nothing from psworker), written from TensorFlow's parameter-server training guide:
+ps and worker `tf.distribute.Server`s run as subprocesses on free loopback ports, the coordinator runs in this
+process (`SimpleClusterResolver(..., rpc_layer="grpc")`), each worker reads its own `tf.data` pipeline
+(`create_per_worker_dataset`) and the coordinator schedules one training step per closure.
+
+The models are psworker's, rebuilt with `tf.Variable` + `tf.nn` (no Keras):
+  - cnn: the CIFAR-10 tutorial CNN of psworker/models/cifar10.py (same layers, initialisers, 0.004 weight decay on
+    local3/local4, plain SGD at the same constant learning rate, a global step on the ps). Moving averages only
+    with --ema (decay 0.9999 with num_updates = global step, updated on the ps after the apply, as
+    `ExponentialMovingAverage` does in psworker). Data: synthetic/real CIFAR-10 binary records
+    (`python -m psworker data cifar10-synthetic --data_dir D`), read, cropped, flipped, brightness/contrast,
+    standardised, batched: the same pipeline as psworker/data/cifar10.py.
+  - mlp: 64-256-10 ReLU MLP of psworker/models/mlp.py on scikit-learn's digits (same split, same standardisation).
+
+    python benchmarks/pss_peer.py --model cnn --workers 1 --steps 200 --data_dir D   # 1 ps + 1 worker
+    python benchmarks/pss_peer.py --model mlp --workers 0 --steps 2000                 # in-process baseline
+
+Prints one line, and last a JSON line: {"examples_per_sec": ..., "steps_per_sec": ..., ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional
+
+WEIGHT_DECAY = 0.004
+EMA_DECAY = 0.9999
+DIGITS_TEST_FRACTION = 0.2
+SERVER_START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 5.0
+
+
+# ------------------------------------------------------------------------------------------------ servers
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports (all held open until every one is chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def serve(cluster: dict, job: str, index: int) -> None:
+    """Runs one `tf.distribute.Server` until killed (the `serve` subcommand)."""
+    import tensorflow as tf
+
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
+                                  protocol="grpc", start=True)
+    print(f"{job}:{index} serving at {server.target}", flush=True)
+    server.join()
+
+
+def wait_listening(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"no server listening on 127.0.0.1:{port} after {timeout_s:.0f} s")
+
+
+def start_servers(num_ps: int, num_workers: int) -> tuple[dict, list[subprocess.Popen]]:
+    """Starts the ps and worker servers as subprocesses; returns the cluster dict and the processes."""
+    ports = free_ports(num_ps + num_workers)
+    cluster = {"ps": [f"localhost:{p}" for p in ports[:num_ps]],
+               "worker": [f"localhost:{p}" for p in ports[num_ps:]]}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    procs = []
+    try:
+        for job, addresses in cluster.items():
+            for i in range(len(addresses)):
+                procs.append(subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "serve", "--cluster", json.dumps(cluster),
+                     "--job", job, "--index", str(i)], env=env, stdout=subprocess.DEVNULL))
+        for port in ports:
+            wait_listening(port, SERVER_START_TIMEOUT_S)
+    except BaseException:
+        stop_servers(procs)
+        raise
+    return cluster, procs
+
+
+def stop_servers(procs: list[subprocess.Popen]) -> None:
+    """Terminates each server process, then kills what is left after STOP_TIMEOUT_S."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=STOP_TIMEOUT_S)
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+def cifar_dataset(data_dir: str, batch_size: int, seed: Optional[int] = None):
+    """psworker/data/cifar10.py's training pipeline: records -> shuffle -> distort -> batch."""
+    import tensorflow as tf
+
+    folder = os.path.join(data_dir, "cifar-10-batches-bin")
+    folder = folder if os.path.isdir(folder) else data_dir
+    files = [os.path.join(folder, f"data_batch_{i}.bin") for i in range(1, 6)]
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+        raise SystemExit(f"missing CIFAR-10 files {missing}: run `python -m psworker data cifar10-synthetic "
+                         f"--data_dir {data_dir}` first")
+    ds = tf.data.FixedLengthRecordDataset(files, 1 + 32 * 32 * 3)
+    ds = ds.shuffle(20000, seed=seed, reshuffle_each_iteration=True).repeat()
+
+    def parse(record):
+        raw = tf.io.decode_raw(record, tf.uint8)
+        label = tf.cast(raw[0], tf.int32)
+        image = tf.transpose(tf.reshape(raw[1:], [3, 32, 32]), [1, 2, 0])
+        image = tf.cast(image, tf.float32)
+        image = tf.image.random_crop(image, [24, 24, 3])
+        image = tf.image.random_flip_left_right(image)
+        image = tf.image.random_brightness(image, max_delta=63)
+        image = tf.image.random_contrast(image, lower=0.2, upper=1.8)
+        image = tf.image.per_image_standardization(image)
+        image.set_shape([24, 24, 3])
+        return image, label
+
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def digits_dataset(batch_size: int, seed: Optional[int] = None):
+    """psworker/data/digits.py's training split: [0,1] pixels standardised by train mean and std + 0.1."""
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    rng = np.random.default_rng(0)
+    test = np.zeros(len(y), dtype=bool)
+    for label in np.unique(y):
+        idx = np.flatnonzero(y == label)
+        rng.shuffle(idx)
+        test[idx[: int(round(len(idx) * DIGITS_TEST_FRACTION))]] = True
+    x, y = x[~test], y[~test]
+    x = ((x - x.mean(axis=0)) / (x.std(axis=0) + 0.1)).astype(np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+class Net:
+    """The model's variables (created in the caller's strategy scope) and its loss."""
+
+    def __init__(self, kind: str, ema: bool):
+        import tensorflow as tf
+
+        self.kind = kind
+        tn = tf.random.truncated_normal
+
+        def var(name, value):
+            return tf.Variable(value, name=name, dtype=tf.float32)
+
+        if kind == "cnn":
+            self.params = {
+                "conv1/weights": var("conv1_w", tn([5, 5, 3, 64], stddev=5e-2)),
+                "conv1/biases": var("conv1_b", tf.zeros([64])),
+                "conv2/weights": var("conv2_w", tn([5, 5, 64, 64], stddev=5e-2)),
+                "conv2/biases": var("conv2_b", tf.fill([64], 0.1)),
+                "local3/weights": var("local3_w", tn([6 * 6 * 64, 384], stddev=0.04)),
+                "local3/biases": var("local3_b", tf.fill([384], 0.1)),
+                "local4/weights": var("local4_w", tn([384, 192], stddev=0.04)),
+                "local4/biases": var("local4_b", tf.fill([192], 0.1)),
+                "softmax/weights": var("softmax_w", tn([192, 10], stddev=1 / 192.0)),
+                "softmax/biases": var("softmax_b", tf.zeros([10])),
+            }
+        elif kind == "mlp":
+            self.params = {
+                "hidden1/weights": var("hidden1_w", tn([64, 256], stddev=(2.0 / 64) ** 0.5)),
+                "hidden1/biases": var("hidden1_b", tf.zeros([256])),
+                "softmax/weights": var("softmax_w", tn([256, 10], stddev=1.0 / 256)),
+                "softmax/biases": var("softmax_b", tf.zeros([10])),
+            }
+        else:
+            raise ValueError(f"unknown model {kind!r}")
+        self.global_step = tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False)
+        self.shadows = {k: tf.Variable(v.read_value(), name=k.replace("/", "_") + "_ema", trainable=False)
+                        for k, v in self.params.items()} if ema else {}
+
+    def loss(self, images, labels):
+        import tensorflow as tf
+
+        p = self.params
+        if self.kind == "mlp":
+            x = tf.nn.relu(tf.matmul(images, p["hidden1/weights"]) + p["hidden1/biases"])
+            logits = tf.matmul(x, p["softmax/weights"]) + p["softmax/biases"]
+            decay = 0.0
+        else:
+            x = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(images, p["conv1/weights"], 1, "SAME"), p["conv1/biases"]))
+            x = tf.nn.max_pool2d(x, ksize=3, strides=2, padding="SAME")
+            x = tf.nn.lrn(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)
+            x = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, p["conv2/weights"], 1, "SAME"), p["conv2/biases"]))
+            x = tf.nn.lrn(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)
+            x = tf.nn.max_pool2d(x, ksize=3, strides=2, padding="SAME")
+            x = tf.reshape(x, [-1, 6 * 6 * 64])
+            x = tf.nn.relu(tf.matmul(x, p["local3/weights"]) + p["local3/biases"])
+            x = tf.nn.relu(tf.matmul(x, p["local4/weights"]) + p["local4/biases"])
+            logits = tf.matmul(x, p["softmax/weights"]) + p["softmax/biases"]
+            decay = WEIGHT_DECAY * (tf.nn.l2_loss(p["local3/weights"]) + tf.nn.l2_loss(p["local4/weights"]))
+        xent = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.cast(labels, tf.int64), logits=logits))
+        return xent + decay
+
+    def train_step(self, images, labels, learning_rate: float):
+        """One SGD step: gradients on the worker, `v -= lr * g` on the variable's ps, step += 1, then the EMAs."""
+        import tensorflow as tf
+
+        names = list(self.params)
+        with tf.GradientTape() as tape:
+            loss = self.loss(images, labels)
+        grads = tape.gradient(loss, [self.params[n] for n in names])
+        for n, g in zip(names, grads):
+            v = self.params[n]
+            with tf.device(v.device):
+                v.assign_sub(learning_rate * g)
+        step = self.global_step.assign_add(1)
+        if self.shadows:
+            with tf.device(self.global_step.device):
+                n_upd = tf.cast(step, tf.float32)
+                decay = tf.minimum(EMA_DECAY, (1.0 + n_upd) / (10.0 + n_upd))
+            for n, shadow in self.shadows.items():
+                with tf.device(shadow.device):
+                    shadow.assign_sub((1.0 - decay) * (shadow - self.params[n]))
+        return loss
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+def make_dataset(model: str, batch_size: int, data_dir: Optional[str]):
+    if model == "cnn":
+        if not data_dir:
+            raise SystemExit("--data_dir is required for the cnn")
+        return cifar_dataset(data_dir, batch_size)
+    return digits_dataset(batch_size)
+
+
+def run_in_process(args) -> float:
+    """Seconds for `args.steps` steps of the same tf.function step in this process, no servers."""
+    import tensorflow as tf
+
+    net = Net(args.model, args.ema)
+    it = iter(make_dataset(args.model, args.batch_size, args.data_dir))
+
+    @tf.function
+    def step(iterator):
+        images, labels = next(iterator)
+        return net.train_step(images, labels, args.learning_rate)
+
+    for _ in range(args.warmup):
+        step(it)
+    step(it).numpy()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step(it)
+    loss.numpy()
+    return time.perf_counter() - started
+
+
+def run_cluster(args) -> float:
+    """Seconds for `args.steps` steps scheduled by a ClusterCoordinator on 1 ps + `args.workers` workers."""
+    import tensorflow as tf
+
+    cluster, procs = start_servers(1, args.workers)
+    try:
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster), rpc_layer="grpc")
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+        with strategy.scope():
+            net = Net(args.model, args.ema)
+
+        def dataset_fn():
+            return make_dataset(args.model, args.batch_size, args.data_dir)
+
+        per_worker = coordinator.create_per_worker_dataset(dataset_fn)
+        it = iter(per_worker)
+
+        @tf.function
+        def step(iterator):
+            images, labels = next(iterator)
+            return strategy.run(net.train_step, args=(images, labels, args.learning_rate))
+
+        for _ in range(args.warmup):
+            coordinator.schedule(step, args=(it,))
+        coordinator.join()
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            coordinator.schedule(step, args=(it,))
+        coordinator.join()
+        return time.perf_counter() - started
+    finally:
+        stop_servers(procs)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:
+        p = argparse.ArgumentParser(prog="pss_peer.py serve")
+        p.add_argument("--cluster", required=True)
+        p.add_argument("--job", required=True)
+        p.add_argument("--index", type=int, required=True)
+        a = p.parse_args(argv[1:])
+        serve(json.loads(a.cluster), a.job, a.index)
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=("cnn", "mlp"), default="mlp")
+    p.add_argument("--workers", type=int, default=1, help="0: in-process baseline, no servers")
+    p.add_argument("--steps", type=int, default=200, help="timed steps (global steps in a cluster)")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batch_size", type=int, default=64, help="per step (per worker)")
+    p.add_argument("--learning_rate", type=float, default=0.1)
+    p.add_argument("--ema", action="store_true", help="also update moving averages of the weights on the ps")
+    p.add_argument("--data_dir", help="CIFAR-10 records (cnn)")
+    args = p.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # SIGTERM (a caller's timeout) unwinds through run_cluster's `finally`, which stops the server processes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    seconds = run_cluster(args) if args.workers else run_in_process(args)
+    result = {"side": "pss", "model": args.model, "workers": args.workers, "ema": args.ema, "steps": args.steps,
+              "batch_size": args.batch_size, "seconds": seconds, "steps_per_sec": args.steps / seconds,
+              "examples_per_sec": args.steps * args.batch_size / seconds}
+    shape = f"1 ps + {args.workers} worker(s)" if args.workers else "in-process"
+    print(f"pss {args.model} {shape}: {result['examples_per_sec']:.1f} examples/s "
+          f"({result['steps_per_sec']:.1f} steps/s)")
+    print(json.dumps(result, sort_keys=True), flush=True)
+    # The coordinator's threads can outlive the servers; leave without waiting for them.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
