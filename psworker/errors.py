@@ -15,7 +15,8 @@ policy both read them: 1-127 are permanent, 128-255 are retryable):
 
 from __future__ import annotations
 
-from typing import Mapping
+import difflib
+from typing import Any, Iterable, Mapping
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -57,6 +58,24 @@ class SpecError(PsworkerError):
 
     def __reduce__(self):  # keep it picklable across processes despite the 3-argument constructor
         return (type(self), (self.source, self.field_path, self.message))
+
+
+def describe_value(value: Any) -> str:
+    """`bool true`, `int 5`, `str 'x'`, `list [...]`: a bad value and its type, for messages."""
+    if isinstance(value, bool):
+        return f"bool {str(value).lower()}"
+    if value is None:
+        return "null"
+    kind = {dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
+    return f"{kind} {value!r}"
+
+
+def unknown_key(key: Any, valid: Iterable[str], source: str, path: str) -> SpecError:
+    """The SpecError for an unknown key, suggesting the closest valid one."""
+    valid = list(valid)
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return SpecError(source, path, f"unknown key {key!r}{hint} (valid keys: {', '.join(valid)})")
 
 
 class UsageError(PsworkerError):
@@ -134,7 +153,7 @@ class ExportExistsError(PsworkerError):
     """The export directory of this global step exists already (exports are never overwritten)."""
 
 
-__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",
+__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",
            "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "StoppedEarly",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
            "ClusterError"]
