@@ -89,3 +89,38 @@ def test_a_restarted_non_chief_rejoins_and_training_completes(make_cluster):
     assert f"done at global step {max_steps} after" in rejoined
     assert checkpoint_step(cluster.train_dir) == max_steps
     assert_processes_gone(cluster.pids)
+
+
+SYNC_CHIEF_KILL_STEPS = (12, 40, 75, 110, 150)   # global steps after which the chief is killed (one run)
+
+
+def test_a_sync_chief_killed_again_and_again_recovers_every_time(make_cluster):
+    """Sync, 1 ps + 2 workers, start scripts: the chief is killed with SIGKILL after each global step in
+    SYNC_CHIEF_KILL_STEPS and started again with the same command. A kill lands in a different phase of a sync step
+    each time (computing, pushing some gradients but not others, aggregating, between steps); before the fix about
+    one restart in two left both workers waiting for a token. Every restart must resume training (its first step
+    completes, then it passes the step it was killed at), and the run must end at max_steps exactly with every
+    task exiting 0. A deadlock fails within the short --step_timeout_secs, not after minutes."""
+    from tests.cluster_utils import launch_script
+
+    max_steps = 190
+    cluster = make_cluster(train=dict(mode="sync", max_steps=max_steps, batch_size=32, log_every_steps=2,
+                                      save_checkpoint_steps=200, step_timeout_secs=30.0,
+                                      startup_timeout_secs=60.0), argv=launch_script)
+    for n, step in enumerate(SYNC_CHIEF_KILL_STEPS):
+        cluster.wait_for_step(step, 120, name="worker:0")
+        cluster.kill("worker:0")
+        cluster.restart("worker:0")
+        try:
+            cluster.wait_for_log("worker:0", r"worker:0: first step done at global step \d+", 150, current=True)
+        except AssertionError as exc:
+            raise AssertionError(f"restart {n + 1} (killed after global step {step}): the restarted chief's first "
+                                 f"sync step did not complete (deadlock?)\n{cluster.tails()}") from exc
+    assert_all_exited_0(cluster, ["worker:0", "worker:1", "ps:0"], timeout=120)
+    assert cluster.log("worker:0").count("sync state reset on the live ps") == len(SYNC_CHIEF_KILL_STEPS)
+    for i in range(2):
+        assert f"done at global step {max_steps} after" in cluster.log(f"worker:{i}", current=True)
+    assert cluster.steps("worker:1") == sorted(cluster.steps("worker:1"))
+    assert "ps:0: every worker is done; exiting" in cluster.log("ps:0")
+    assert checkpoint_step(cluster.train_dir) == max_steps
+    assert_processes_gone(cluster.pids)
