@@ -104,8 +104,8 @@ def test_a_sync_chief_killed_again_and_again_recovers_every_time(make_cluster):
     from tests.cluster_utils import launch_script
 
     max_steps = 190
-    cluster = make_cluster(train=dict(mode="sync", max_steps=max_steps, batch_size=32, log_every_steps=2,
-                                      save_checkpoint_steps=200, step_timeout_secs=30.0,
+    cluster = make_cluster(train=dict(mode="sync", max_steps=max_steps, batch_size=256, log_every_steps=2,
+                                      save_checkpoint_steps=200, step_timeout_secs=60.0,
                                       startup_timeout_secs=60.0), argv=launch_script)
     for n, step in enumerate(SYNC_CHIEF_KILL_STEPS):
         cluster.wait_for_step(step, 120, name="worker:0")

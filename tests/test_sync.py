@@ -89,8 +89,11 @@ def test_sync_restart_reset_unblocks_a_step_the_killed_chief_left_half_aggregate
             sess.run(sync.chief_init_op)        # what TF's chief init does on a restart: not enough
             sess.run(push_a, {local: 0})
             assert sess.run(acc_a.num_accumulated()) == 1 and sess.run(acc_b.num_accumulated()) == 1
+            # the state TF leaves: the aggregation cannot complete, and the other worker waits for a token
+            with pytest.raises(tf.errors.DeadlineExceededError):
+                sess.run(sync_op, options=v1.RunOptions(timeout_in_ms=1500))
             done = reset.run(sess)
-            assert done == {"global_step": 0, "gradients_dropped": 2, "tokens_dropped": 0, "tokens_queued": 1}
+            assert done == {"global_step": 0, "gradients_held": [1, 1], "tokens_dropped": 0, "tokens_queued": 1}
             assert sess.run(acc_a.num_accumulated()) == 0 and sess.run(acc_b.num_accumulated()) == 0
             assert sess.run(queue.dequeue()) == 0   # the waiting worker's token, for step 0
             # a normal step 0 now completes: two gradients in each accumulator, the chief's aggregation applies them

@@ -140,10 +140,12 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         if replication.is_chief and tg.sync_reset is not None:
             def on_live_model(session) -> None:
                 done = tg.sync_reset.run(session)
-                log.info("%s: sync state reset on the live ps at global step %d: dropped %d gradients left by the "
-                         "previous chief's last step and %d stale tokens; queued %d tokens for the other workers",
-                         name, done["global_step"], done["gradients_dropped"], done["tokens_dropped"],
-                         done["tokens_queued"])
+                held = done["gradients_held"]
+                log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
+                         "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
+                         name, done["global_step"], " ".join(map(str, held)),
+                         "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
+                         done["tokens_dropped"], done["tokens_queued"])
 
         creator = FastSessionCreator(
             scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,

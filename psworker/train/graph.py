@@ -82,7 +82,8 @@ class SyncRestartReset:
             self._global_step = tf.identity(global_step)
 
     def run(self, session) -> dict:
-        """Runs the reset in `session`; returns what it did: `global_step`, `gradients_dropped`, `tokens_dropped`,
+        """Runs the reset in `session`; returns what it did: `global_step`, `gradients_held` (per accumulator, what it
+        held and dropped: unequal counts mean the previous chief died inside a step), `tokens_dropped`,
         `tokens_queued`.
 
         Raises:
@@ -91,12 +92,12 @@ class SyncRestartReset:
         import tensorflow as tf
 
         options = tf.compat.v1.RunOptions(timeout_in_ms=int(SYNC_RESET_RUN_SECS * 1000))
-        dropped = 0
+        held = []
         for num_accumulated, take, _, count in self._accumulators:
             n = int(session.run(num_accumulated, options=options))
             if n > 0:   # pushes only add to the count (the old chief's takes died with it): this take cannot wait
                 session.run(take, {count: n}, options=options)
-                dropped += n
+            held.append(n)
         for _, _, set_step, _ in self._accumulators:
             session.run(set_step, options=options)
         tokens_dropped = 0
@@ -107,7 +108,7 @@ class SyncRestartReset:
                 break
             tokens_dropped += 1
         session.run(self._enqueue, options=options)
-        return {"global_step": int(session.run(self._global_step, options=options)), "gradients_dropped": dropped,
+        return {"global_step": int(session.run(self._global_step, options=options)), "gradients_held": held,
                 "tokens_dropped": tokens_dropped, "tokens_queued": self.num_tokens}
 
 
