@@ -172,8 +172,9 @@ class DoneReader:
     `GoneWatch`) never blocks in TensorFlow: every run has a timeout (`QUEUE_RUN_SECS`), and a run that fails or
     times out is logged and tried again, never fatal.
 
-    A run on a ps's own server can stall: a worker killed in the middle of a step leaves the ps aborting that
-    step's rendezvous, and a ps whose only waiting loop sat in such a run never looked at the workers' ports again.
+    Issue #7: a ps whose only worker was killed mid-step sometimes never exited; its log ended in the rendezvous
+    aborts of that step, without the watch's "gone" line, as when the one loop that also ran the watch sat in a run
+    on its own server (those runs had no timeout). Now no run can keep the watch from running.
 
     Tokens are kept until `get` takes them, also across `serve_until_done` calls (`--keep_ps_running`).
     """
