@@ -495,8 +495,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep_ps_running", action="store_true",
                    help="keep serving after the workers finish (default: exit once every worker is done)")
     p.add_argument("--workers_gone_timeout_secs", type=float, default=300.0, metavar="FLOAT",
-                   help="when every worker has been seen and then all have gone away without saying they are done "
-                        "(crashed), exit with an error after this long instead of serving forever (default 300)")
+                   help="when every worker has gone away without saying it is done (crashed), exit with an error "
+                        "(170) after this long instead of serving forever (default 300); workers never seen get at "
+                        "least the spec's startup_timeout_secs, and if the spec's train_dir shows training "
+                        "complete (a ps restarted after the end) the ps exits 0")
 
     p = add("worker", cmd_worker, "run one worker task (worker 0 is the chief)")
     p.set_defaults(task_process=True)

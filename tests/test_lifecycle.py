@@ -37,6 +37,87 @@ def test_port_open_and_wait_until_closed():
     assert wait_until_closed({"worker:0": address}, timeout_secs=5, who="ps:0")
 
 
+class _SilentReader:
+    """A `DoneReader` stand-in: no token ever comes; `stalled` says whether its runs stopped answering."""
+
+    def __init__(self, stalled: bool = False):
+        self.stalled = stalled
+        self.stopped = False
+
+    def get(self, timeout):
+        time.sleep(min(timeout, 0.01))
+        return None
+
+    def stalled_for(self):
+        return 1e6 if self.stalled else 0.0
+
+    def stop(self):
+        self.stopped = True
+
+
+def _closed_ports_spec(tmp_path, n_workers: int, **train):
+    from psworker.spec import load_spec
+    from psworker.testing import write_spec
+
+    return load_spec(write_spec(tmp_path / "c.yaml", num_ps=1, num_workers=n_workers, **train))
+
+
+def test_a_ps_whose_workers_never_come_exits_complete_when_the_train_dir_says_so(tmp_path, caplog):
+    """A ps restarted after training ended: no worker is ever up. After the larger of --workers_gone_timeout_secs
+    and the spec's startup_timeout_secs it asks the train_dir: complete -> returns PS_COMPLETE (exit 0)."""
+    from psworker.task import shutdown
+
+    caplog.set_level("INFO")
+    spec = _closed_ports_spec(tmp_path, 2, startup_timeout_secs=0.6, max_steps=150, train_dir=str(tmp_path))
+    started = time.monotonic()
+    how = shutdown.serve_ps_until_workers_done("unused", spec, 0, gone_timeout_secs=0.3, reader=_SilentReader(),
+                                               complete=lambda s: 150)
+    assert how == shutdown.PS_COMPLETE
+    assert time.monotonic() - started >= 0.6
+    assert re.search(r"ps:0: no worker for 0\.6 s, and the latest checkpoint in \S+ is at global step 150 "
+                     r"\(max_steps 150\): training is complete", caplog.text), caplog.text
+
+
+def test_a_ps_whose_workers_never_come_and_training_is_not_complete_exits_peer_gone(tmp_path):
+    from psworker.errors import PeerGone
+    from psworker.task import shutdown
+
+    spec = _closed_ports_spec(tmp_path, 2, startup_timeout_secs=0.3, train_dir=str(tmp_path))
+    with pytest.raises(PeerGone, match=r"ps:0: worker:0, worker:1 never came up within 0\.5 s \(the larger of "
+                                       r"--workers_gone_timeout_secs and the spec's startup_timeout_secs\)"):
+        shutdown.serve_ps_until_workers_done("unused", spec, 0, gone_timeout_secs=0.5, reader=_SilentReader(),
+                                             complete=shutdown.training_complete)   # no checkpoint there
+
+
+def test_a_ps_whose_done_queue_stalls_still_watches_the_workers(tmp_path, caplog):
+    """The flaky exit of issue #7: the ps's only loop sat in a run on its own queue. Now the reads run in their own
+    thread; the waiting loop sees the stall, says so, and still gives up on workers that are gone."""
+    from psworker.errors import PeerGone
+    from psworker.task import shutdown
+
+    spec = _closed_ports_spec(tmp_path, 1, startup_timeout_secs=0.2)
+    with pytest.raises(PeerGone, match="never came up"):
+        shutdown.serve_ps_until_workers_done("unused", spec, 0, gone_timeout_secs=0.2,
+                                             reader=_SilentReader(stalled=True), complete=lambda s: None)
+    assert "ps:0: its done queue has not answered for" in caplog.text
+
+
+def test_training_complete_reads_the_latest_checkpoint(tmp_path):
+    import tensorflow as tf
+
+    from psworker.task.shutdown import training_complete
+
+    assert training_complete(_closed_ports_spec(tmp_path, 1, max_steps=5, train_dir=str(tmp_path / "t"))) is None
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(step.assign(5))
+            tf.compat.v1.train.Saver().save(sess, str(tmp_path / "t" / "model.ckpt"), global_step=step)
+    assert training_complete(_closed_ports_spec(tmp_path, 1, max_steps=5, train_dir=str(tmp_path / "t"))) == 5
+    assert training_complete(_closed_ports_spec(tmp_path, 1, max_steps=6, train_dir=str(tmp_path / "t"))) is None
+
+
 def test_step_timeout_is_a_validated_train_setting():
     from psworker.errors import SpecError
     from psworker.spec import TrainConfig, merge_train
@@ -131,3 +212,22 @@ def test_a_task_started_by_itself_needs_fixed_ports(tmp_path):
                        env={**os.environ, "PSWORKER_PYTHON": sys.executable})
     assert r.returncode == 2
     assert "cluster.ps[0]: automatic port 'localhost:auto' cannot go into a ps task started by itself" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_ps_restarted_after_training_ended_exits_0(tmp_path, make_cluster):
+    """Issue #7: a ps started again after every worker had finished used to serve forever (empty done queue, workers
+    never seen). It gives the workers the spec's startup_timeout_secs to come, finds the train_dir's checkpoint at
+    max_steps, and exits 0."""
+    max_steps = 60
+    cluster = make_cluster(train=dict(max_steps=max_steps, batch_size=32, log_every_steps=20, startup_timeout_secs=15.0),
+                           args={"ps:0": ["--workers_gone_timeout_secs", "3"]}, argv=launch_script)
+    assert cluster.wait_exits(180) == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, cluster.tails()
+    assert checkpoint_step(cluster.train_dir) >= max_steps
+    cluster.restart("ps:0")
+    assert cluster.wait_exit("ps:0", 120) == 0, cluster.tail("ps:0")
+    log = cluster.log("ps:0", current=True)
+    assert re.search(rf"ps:0: no worker for 15 s, and the latest checkpoint in \S+ is at global step \d+ "
+                     rf"\(max_steps {max_steps}\): training is complete", log), log[-2000:]
+    assert "ps:0: training is complete; exiting" in log
+    assert_processes_gone(cluster.pids)

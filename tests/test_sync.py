@@ -53,6 +53,58 @@ def test_stale_gradients_are_dropped_by_the_accumulators_sync_mode_uses():
             np.testing.assert_allclose(sess.run(acc.take_grad(2)), [2.0, 4.0])
 
 
+def test_sync_restart_reset_unblocks_a_step_the_killed_chief_left_half_aggregated():
+    """The state a chief killed inside its aggregation step leaves on the ps, built by hand in one process: the
+    accumulator of `a` was taken (its counter one step ahead, the gradients gone), `b` holds one gradient, the global
+    step did not move and no token was queued; the other worker waits for a token. Without the reset a step can
+    never complete (`a` drops every gradient for the current step). The reset empties both, sets them to the global
+    step, and queues one token for the other worker; then a normal step completes."""
+    import tensorflow as tf
+
+    from psworker.train.graph import SyncRestartReset
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        a = v1.get_variable("a", initializer=tf.constant([1.0, 2.0]), use_resource=True)
+        b = v1.get_variable("b", initializer=tf.constant([3.0]), use_resource=True)
+        sync = v1.train.SyncReplicasOptimizer(v1.train.GradientDescentOptimizer(1.0), replicas_to_aggregate=2,
+                                              total_num_replicas=2)
+        sync.apply_gradients([(tf.constant([1.0, 1.0]), a), (tf.constant([1.0]), b)], global_step=step)
+        reset = SyncRestartReset(sync)
+        (acc_a, _), (acc_b, _) = sync._accumulator_list
+        local = v1.placeholder(tf.int64, [])
+        push_a = acc_a.apply_grad(tf.constant([1.0, 1.0]), local_step=local)
+        push_b = acc_b.apply_grad(tf.constant([1.0]), local_step=local)
+        sync_op = sync.get_chief_queue_runner().enqueue_ops[0]
+        queue = sync._sync_token_queue
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(sync.chief_init_op)
+            # step 0: worker:1 pushed a and b, the old chief pushed a; the chief's take of a ran, then it died
+            sess.run(push_a, {local: 0})
+            sess.run(push_b, {local: 0})
+            sess.run(push_a, {local: 0})
+            sess.run(acc_a.take_grad(2))
+            sess.run(sync.chief_init_op)        # what TF's chief init does on a restart: not enough
+            sess.run(push_a, {local: 0})
+            assert sess.run(acc_a.num_accumulated()) == 1 and sess.run(acc_b.num_accumulated()) == 1
+            # the state TF leaves: the aggregation cannot complete, and the other worker waits for a token
+            with pytest.raises(tf.errors.DeadlineExceededError):
+                sess.run(sync_op, options=v1.RunOptions(timeout_in_ms=1500))
+            done = reset.run(sess)
+            assert done == {"global_step": 0, "gradients_held": [1, 1], "tokens_dropped": 0, "tokens_queued": 1}
+            assert sess.run(acc_a.num_accumulated()) == 0 and sess.run(acc_b.num_accumulated()) == 0
+            assert sess.run(queue.dequeue()) == 0   # the waiting worker's token, for step 0
+            # a normal step 0 now completes: two gradients in each accumulator, the chief's aggregation applies them
+            for _ in range(2):
+                sess.run([push_a, push_b], {local: 0})
+            sess.run(sync_op, options=v1.RunOptions(timeout_in_ms=10000))
+            assert sess.run(step) == 1
+            np.testing.assert_allclose(sess.run(a), [0.0, 1.0])
+            assert sess.run(queue.size()) == 2
+
+
 def test_step_watchdog_reports_a_long_step_then_every_interval():
     from psworker.train.hooks import StepWatchdog
 

@@ -44,10 +44,12 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
     """Starts ps `index` and serves until every worker is done (forever with `keep_running`).
 
     Returns:
-        EXIT_OK.
+        EXIT_OK: every worker said it was done, or none has been up for `workers_gone_timeout_secs` and the
+        spec's train_dir holds a checkpoint at `max_steps` (e.g. this ps was restarted after training ended).
 
     Raises:
-        PeerGone: every worker went away without saying it was done for `workers_gone_timeout_secs`.
+        PeerGone: every worker has been down (gone, or never seen) for `workers_gone_timeout_secs` without saying
+            it was done, and training is not known to be complete.
     """
     from psworker.task import server as srv
     from psworker.task import shutdown
@@ -58,13 +60,18 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
     from psworker.train.devices import ps_server_config
 
     server = srv.start_server(spec, "ps", index, config=ps_server_config())
+    reader = shutdown.DoneReader(server.target, "ps", index, len(spec.worker))
     if keep_running:
         log.info("%s: --keep_ps_running: serving until stopped", name)
         while True:   # drain each run's done tokens so that the queue never fills
-            shutdown.serve_ps_until_workers_done(server.target, spec, index, wait_for_exit=False)
+            shutdown.serve_ps_until_workers_done(server.target, spec, index, wait_for_exit=False, reader=reader)
             log.info("%s: every worker is done; still serving (--keep_ps_running)", name)
-    shutdown.serve_ps_until_workers_done(server.target, spec, index, gone_timeout_secs=workers_gone_timeout_secs)
-    log.info("%s: every worker is done; exiting", name)
+    how = shutdown.serve_ps_until_workers_done(server.target, spec, index, gone_timeout_secs=workers_gone_timeout_secs,
+                                               reader=reader)
+    if how == shutdown.PS_COMPLETE:
+        log.info("%s: training is complete; exiting", name)
+    else:
+        log.info("%s: every worker is done; exiting", name)
     return EXIT_OK
 
 

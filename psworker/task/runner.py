@@ -155,10 +155,22 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         def wait_for_peers() -> None:
             srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name)
 
+        on_live_model = None
+        if replication.is_chief and tg.sync_reset is not None:
+            def on_live_model(session) -> None:
+                done = tg.sync_reset.run(session)
+                held = done["gradients_held"]
+                log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
+                         "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
+                         name, done["global_step"], " ".join(map(str, held)),
+                         "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
+                         done["tokens_dropped"], done["tokens_queued"])
+
         creator = FastSessionCreator(
             scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
             checkpoint_dir=config.train_dir if replication.is_chief else None,
             max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
+            on_live_model=on_live_model,
         )
         started = time.monotonic()
         watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)

@@ -9,7 +9,9 @@ ports meanwhile (`GoneWatch`) so that one that went away without a token cannot 
 from __future__ import annotations
 
 import logging
+import queue as pyqueue
 import socket
+import threading
 import time
 from typing import Callable, Iterable, Optional, TypeVar
 
@@ -28,6 +30,8 @@ SEND_DONE_SECS = 5.0          # one done-token enqueue
 SEND_DONE_AFTER_FAILURE_SECS = 2.0   # the same, from a worker that is failing (be quick)
 VANISHED_GRACE_SECS = 2.0     # once training is over, a worker whose port stays closed this long counts as done
 PS_EXIT_WAIT_SECS = 10.0      # a ps waits at most this long for the workers' ports to close before it exits
+QUEUE_RUN_SECS = 5.0          # one run on a task's own done queue (its size, or one dequeue)
+READER_STALL_SECS = 10.0      # the done-queue reader has not answered this long: said in the log (once per stall)
 
 DONE_QUEUE_PREFIX = "psworker_done_"
 
@@ -115,9 +119,8 @@ class GoneWatch:
         return 0.0 if since is None else self._clock() - since
 
     def all_gone_for(self) -> float:
-        """Seconds since the last peer went away, once every peer has been seen up; else 0."""
-        if len(self.seen) < len(self._peers):
-            return 0.0
+        """Seconds since the last peer went away (0 while one is up). A peer never seen up counts as gone since
+        the watch was made, so that peers which never come (or had finished before it was made) end a wait too."""
         return min(self.gone_for(i) for i in self._peers)
 
 
@@ -164,53 +167,165 @@ def signal_done(target: str, spec: ClusterSpec, worker: int, *, timeout_secs: fl
     send_done(target, worker, [("ps", p) for p in range(len(spec.ps))], len(spec.worker), timeout_secs=timeout_secs)
 
 
-def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], num_workers: int, *,
-                     on_idle: Callable[[set[int]], None]) -> set[int]:
-    """Dequeues tokens from this task's done queue until every one of `senders` is done; returns them.
+class DoneReader:
+    """Reads task `job:index`'s own done queue in a daemon thread of its own, so that the waiting loop (and its
+    `GoneWatch`) never blocks in TensorFlow: every run has a timeout (`QUEUE_RUN_SECS`), and a run that fails or
+    times out is logged and tried again, never fatal.
 
-    `on_idle(done)` runs whenever the queue is empty: it may add senders that went away to `done`, or raise.
+    Issue #7: a ps whose only worker was killed mid-step sometimes never exited; its log ended in the rendezvous
+    aborts of that step, without the watch's "gone" line, as when the one loop that also ran the watch sat in a run
+    on its own server (those runs had no timeout). Now no run can keep the watch from running.
+
+    Tokens are kept until `get` takes them, also across `serve_until_done` calls (`--keep_ps_running`).
     """
-    import tensorflow as tf
 
+    def __init__(self, target: str, job: str, index: int, num_workers: int, *,
+                 run_secs: float = QUEUE_RUN_SECS, clock: Callable[[], float] = time.monotonic):
+        self._target, self._job, self._index, self._num_workers = target, job, index, num_workers
+        self._run_secs = run_secs
+        self._clock = clock
+        self._tokens: "pyqueue.Queue[int]" = pyqueue.Queue()
+        self._stop = threading.Event()
+        self.answered_at = clock()      # when a run on the queue last returned (a heartbeat)
+        self.failures = 0
+        self._thread = threading.Thread(target=self._loop, name=f"done-reader-{job}{index}", daemon=True)
+        self._thread.start()
+
+    def get(self, timeout: float) -> Optional[int]:
+        """The next sender's index, or None when none came within `timeout` seconds."""
+        try:
+            return self._tokens.get(timeout=timeout)
+        except pyqueue.Empty:
+            return None
+
+    def stalled_for(self) -> float:
+        """Seconds since a run on the queue last returned."""
+        return self._clock() - self.answered_at
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        import tensorflow as tf
+
+        who = f"{self._job}:{self._index}"
+        graph = tf.Graph()
+        with graph.as_default():
+            queue = done_queue(self._job, self._index, self._num_workers)
+            dequeue, size = queue.dequeue(), queue.size()
+        config = tf.compat.v1.ConfigProto(device_filters=[f"/job:{self._job}/task:{self._index}"],
+                                          operation_timeout_in_ms=int(self._run_secs * 1000))
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._run_secs * 1000))
+        sess = None   # left open at the end: the process leaves through os._exit
+        while not self._stop.is_set():
+            try:
+                if sess is None:
+                    sess = tf.compat.v1.Session(self._target, graph=graph, config=config)
+                # Poll the size rather than dequeue with a timeout: a timed-out dequeue logs a warning every time.
+                waiting = sess.run(size, options=options)
+                if waiting and not self._stop.is_set():
+                    self._tokens.put(int(sess.run(dequeue, options=options)))
+                self.answered_at = self._clock()
+            except tf.errors.OpError as exc:
+                self.failures += 1
+                log.warning("%s: reading its done queue failed (%s); trying again", who,
+                            exc.message.splitlines()[0] if exc.message else type(exc).__name__)
+                waiting = 0
+            if not waiting:
+                self._stop.wait(POLL_SECS)
+
+
+def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], num_workers: int, *,
+                     on_idle: Callable[[set[int]], Optional[bool]], reader: Optional[DoneReader] = None) -> set[int]:
+    """Takes tokens from this task's done queue until every one of `senders` is done; returns them.
+
+    `on_idle(done)` runs whenever no token came for `POLL_SECS`: it may add senders that went away to `done`,
+    return True to stop waiting, or raise. It runs on this thread, which never waits in TensorFlow (`DoneReader`).
+    """
     expected = set(senders)
-    graph = tf.Graph()
-    with graph.as_default():
-        queue = done_queue(job, index, num_workers)
-        dequeue, size = queue.dequeue(), queue.size()
-    config = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"])
+    own = reader is None
+    if reader is None:
+        reader = DoneReader(target, job, index, num_workers)
+    who = f"{job}:{index}"
     done: set[int] = set()
-    with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
+    stall_logged = False
+    try:
         while not expected <= done:
-            # Poll the size rather than dequeue with a timeout: a timed-out dequeue logs a warning every time.
-            if not sess.run(size):
-                on_idle(done)
-                time.sleep(POLL_SECS)
+            sender = reader.get(timeout=POLL_SECS)
+            if sender is None:
+                stalled = reader.stalled_for()
+                if stalled >= READER_STALL_SECS and not stall_logged:
+                    stall_logged = True
+                    log.warning("%s: its done queue has not answered for %.0f s; still watching the workers' "
+                                "ports", who, stalled)
+                elif stalled < READER_STALL_SECS:
+                    stall_logged = False
+                if on_idle(done):
+                    break
                 continue
-            sender = int(sess.run(dequeue))
             if sender in expected and sender not in done:
                 done.add(sender)
-                log.info("%s:%d: worker:%d is done (%d of %d)", job, index, sender, len(done & expected),
-                         len(expected))
+                log.info("%s: worker:%d is done (%d of %d)", who, sender, len(done & expected), len(expected))
+    finally:
+        if own:
+            reader.stop()
     return done
 
 
+def training_complete(spec: ClusterSpec) -> Optional[int]:
+    """The global step of the latest checkpoint in the spec's `train.train_dir` when it has reached the spec's
+    `train.max_steps`, else None (no train_dir in the spec, not readable from this host, or training not over).
+
+    How a ps that has seen no worker for a long time tells "training is over" from "the workers crashed". A ps
+    reads only the spec (its command takes no training flags), and on a real cluster it may not see the train_dir
+    at all: then it cannot tell, and says so.
+    """
+    train_dir = spec.train.train_dir
+    if not train_dir:
+        return None
+    try:
+        import tensorflow as tf
+
+        path = tf.train.latest_checkpoint(train_dir)
+        if not path:
+            return None
+        step = int(tf.train.load_checkpoint(path).get_tensor("global_step"))
+    except Exception as exc:   # unreadable, half-written, or another format: not proof of anything
+        log.info("cannot read the latest checkpoint in %s: %s", train_dir, exc)
+        return None
+    return step if step >= spec.train.max_steps else None
+
+
+PS_DONE = "done"            # every worker said it is done (or went away after one had)
+PS_COMPLETE = "complete"    # no worker for --workers_gone_timeout_secs, and the train_dir shows training complete
+
+
 def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
-                                gone_timeout_secs: Optional[float] = None, wait_for_exit: bool = True) -> None:
+                                gone_timeout_secs: Optional[float] = None, wait_for_exit: bool = True,
+                                reader: Optional[DoneReader] = None,
+                                complete: Callable[[ClusterSpec], Optional[int]] = training_complete) -> str:
     """A ps's loop: returns once every worker has put its token here (or went away after training ended).
 
     Once any worker is done, training is over (every worker stops at the same global step), so a worker whose port
     stays closed for `VANISHED_GRACE_SECS` counts as done too: it ended while this ps was down and restarting.
-    Before that, with `gone_timeout_secs`: every worker was up once and all have been gone that long.
+    Before that, with `gone_timeout_secs`: every worker has been down that long (gone after being up), or, when
+    some worker was never seen since this ps started (a ps restarted after training ended, a worker that never
+    came), for the larger of that and the spec's `startup_timeout_secs`. Then `complete(spec)` decides: training
+    is complete (`PS_COMPLETE` is returned) or not known to be (`PeerGone`).
+
+    Returns:
+        `PS_DONE` or `PS_COMPLETE`.
 
     Raises:
-        PeerGone: every worker went away without saying it was done and none came back.
+        PeerGone: every worker is down, none said it was done, and training is not known to be complete.
     """
     name = f"ps:{index}"
     workers = {i: str(a) for i, a in enumerate(spec.worker)}
     watch = GoneWatch(workers)
     warned = False
+    finished: list[int] = []
 
-    def on_idle(done: set[int]) -> None:
+    def on_idle(done: set[int]) -> bool:
         nonlocal warned
         watch.update()
         if done:
@@ -218,22 +333,44 @@ def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
                 if watch.gone_for(i) >= VANISHED_GRACE_SECS:
                     done.add(i)
                     log.info("%s: worker:%d has gone away after training ended; counting it as done", name, i)
-            return
+            return False
         gone = watch.all_gone_for()
         if not gone_timeout_secs or not gone:
             warned = False
-            return
+            return False
+        never = sorted(set(workers) - watch.seen)
+        # a worker not seen yet may still be starting: give it what a worker gives its ps (the spec's setting)
+        limit = max(gone_timeout_secs, spec.train.startup_timeout_secs) if never else gone_timeout_secs
+        names = ", ".join(f"worker:{i}" for i in never)
         if not warned:
             warned = True
-            log.warning("%s: every worker has gone away without saying it is done; waiting %g s for them to "
-                        "come back", name, gone_timeout_secs)
-        if gone >= gone_timeout_secs:
-            raise PeerGone(f"{name}: every worker went away without saying it was done and none came back within "
-                           f"{gone_timeout_secs:g} s (--workers_gone_timeout_secs); exiting")
+            if not never:
+                log.warning("%s: every worker has gone away without saying it is done; waiting %g s for them to "
+                            "come back", name, gone_timeout_secs)
+            elif watch.seen:
+                log.warning("%s: every worker is down without saying it is done (never seen: %s); waiting %g s for "
+                            "them", name, names, limit)
+        if gone < limit:
+            return False
+        step = complete(spec)
+        if step is not None:
+            log.info("%s: no worker for %g s, and the latest checkpoint in %s is at global step %d (max_steps %d): "
+                     "training is complete", name, limit, spec.train.train_dir, step, spec.train.max_steps)
+            finished.append(step)
+            return True
+        if never:
+            raise PeerGone(f"{name}: {names} never came up within {limit:g} s (the larger of "
+                           "--workers_gone_timeout_secs and the spec's startup_timeout_secs), no other worker is up, "
+                           "and the spec's train_dir does not show training complete; exiting")
+        raise PeerGone(f"{name}: every worker went away without saying it was done and none came back within "
+                       f"{gone_timeout_secs:g} s (--workers_gone_timeout_secs); exiting")
 
-    serve_until_done(target, "ps", index, workers, len(workers), on_idle=on_idle)
+    serve_until_done(target, "ps", index, workers, len(workers), on_idle=on_idle, reader=reader)
+    if finished:
+        return PS_COMPLETE
     if wait_for_exit:
         wait_until_closed({f"worker:{i}": a for i, a in workers.items()}, timeout_secs=PS_EXIT_WAIT_SECS, who=name)
+    return PS_DONE
 
 
 def serve_until_client_done(target: str, spec: ClusterSpec, index: int, client: int, *,
@@ -275,4 +412,5 @@ def release_workers(target: str, spec: ClusterSpec, client: int, *, timeout_secs
 
 
 __all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "done_queue", "send_done", "signal_done",
-           "serve_until_done", "serve_ps_until_workers_done", "serve_until_client_done", "release_workers"]
+           "DoneReader", "serve_until_done", "training_complete", "PS_DONE", "PS_COMPLETE",
+           "serve_ps_until_workers_done", "serve_until_client_done", "release_workers"]

@@ -23,6 +23,8 @@ class FastSessionCreator(_base_creator()):
     - The chief, when the ps tasks already hold an initialised model (the chief was restarted while they lived),
       continues from it; only when they do not (first start, or a ps was restarted) does it restore the latest
       checkpoint in `checkpoint_dir`, or initialise.
+      Before the session is handed over (and the hooks' `after_create_session` run), `on_live_model(session)`
+      runs on that path only: sync mode resets the `SyncReplicasOptimizer`'s state on the ps there.
     - Non-chief workers poll for the model every `RECOVERY_WAIT_SECS` instead of TF's 30 s, and give up after
       `max_wait_secs` with a `DeadlineExceededError`.
     - Once `abandon_on_close()` was called, closing a session it made does nothing: the process is about to leave
@@ -32,7 +34,8 @@ class FastSessionCreator(_base_creator()):
     """
 
     def __init__(self, scaffold, *, master: str, config, is_chief: bool, checkpoint_dir: Optional[str],
-                 max_wait_secs: float, name: str, before_create: Optional[Callable[[], None]] = None):
+                 max_wait_secs: float, name: str, before_create: Optional[Callable[[], None]] = None,
+                 on_live_model: Optional[Callable[[object], None]] = None):
         self._scaffold = scaffold
         self._master = master
         self._config = config
@@ -41,6 +44,7 @@ class FastSessionCreator(_base_creator()):
         self._max_wait_secs = max_wait_secs
         self._name = name
         self._before_create = before_create
+        self._on_live_model = on_live_model
         self.sessions_created = 0
         self._abandon = False
         self._abandoned: list = []
@@ -87,6 +91,12 @@ class FastSessionCreator(_base_creator()):
         sess = self._live_model_session(graph)
         if sess is not None:
             log.info("%s: the ps tasks already hold a model; continuing from it (no checkpoint restore)", self._name)
+            if self._on_live_model is not None:
+                try:
+                    self._on_live_model(sess)
+                except Exception:
+                    sess.close()
+                    raise
             return sess
         checkpoint = tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
         if checkpoint:
