@@ -122,9 +122,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
     spec, index = _resolve("ps", args)
     if args.workers_gone_timeout_secs <= 0:
         raise UsageError(f"--workers_gone_timeout_secs must be > 0, got {args.workers_gone_timeout_secs:g}")
+    if args.rejoin_grace_secs is not None and args.rejoin_grace_secs < 0:
+        raise UsageError(f"--rejoin_grace_secs must be >= 0, got {args.rejoin_grace_secs:g}")
     from psworker.task import main
     return main.run_ps(spec, index, keep_running=args.keep_ps_running,
                        workers_gone_timeout_secs=args.workers_gone_timeout_secs,
+                       rejoin_grace_secs=args.rejoin_grace_secs,
                        allow_public_bind=args.allow_public_bind)
 
 
@@ -494,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_flags(p)
     p.add_argument("--keep_ps_running", action="store_true",
                    help="keep serving after the workers finish (default: exit once every worker is done)")
+    p.add_argument("--rejoin_grace_secs", type=float, default=None, metavar="FLOAT",
+                   help="once some worker is done, how long a worker that went away without saying so may take to "
+                        "come back before it counts as done (default 2; launchers that restart tasks pass the "
+                        "time a restart takes)")
     p.add_argument("--workers_gone_timeout_secs", type=float, default=300.0, metavar="FLOAT",
                    help="when every worker has gone away without saying it is done (crashed), exit with an error "
                         "(170) after this long instead of serving forever (default 300); workers never seen get at "

@@ -28,14 +28,7 @@ INJECTED = re.compile(r"^psworker: warning: injecting kill:\S+ at global step (\
 RESTARTING = re.compile(r"^psworker: warning: restarting \S+ \(restart 1: ", re.MULTILINE)
 TASK_ROW = re.compile(r"^  ((?:ps|worker):\d+)\s+(.+?)  \[", re.MULTILINE)
 
-# Cells that fail because of task-side bugs tracked for the task redesign (issue #10), not the launcher.
-# Async: while the killed worker restarts (TensorFlow's import takes seconds), the survivor finishes training, and
-# the ps counts the dead worker as done ("has gone away after training ended") and exits; the restarted worker
-# then finds no ps (chief: the run fails, the last checkpoint predates max_steps; non-chief: it is stopped, not 0).
-_PS_EXITS_UNDER_A_RESTART = ("task side (#10): the ps counts a worker that is being restarted as done once the "
-                             "others finish, and exits before it rejoins")
-XFAIL: dict[tuple[str, str, str], str] = {
-    (target, "async", when): _PS_EXITS_UNDER_A_RESTART for target in ("chief", "non-chief") for when in KILL_AT}
+XFAIL: dict[tuple[str, str, str], str] = {}   # every cell must pass
 
 
 def rollback(output: str) -> int:

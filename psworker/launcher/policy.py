@@ -16,6 +16,9 @@ def is_retryable(returncode: int) -> bool:
     return returncode < 0 or returncode >= 128
 
 
+RESTART_START_SECS = 60.0
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     """Restart a task whose exit is retryable, at most `max_restarts` times per task.
@@ -39,6 +42,14 @@ class RestartPolicy:
         if not 0 <= self.jitter <= 1:
             raise ValueError(f"jitter must be in [0, 1], got {self.jitter}")
         object.__setattr__(self, "_rng", random.Random(self.seed))
+
+    def rejoin_secs(self) -> float:
+        """At most how long a restarted task takes to be back: the longest backoff with jitter, plus
+        `RESTART_START_SECS` for its start (TensorFlow's import and server on a loaded host). 0 without restarts."""
+        if not self.max_restarts:
+            return 0.0
+        longest = min(self.backoff_secs * 2 ** (self.max_restarts - 1), self.max_backoff_secs)
+        return longest * (1 + self.jitter) + RESTART_START_SECS
 
     def __call__(self, name: str, returncode: int, restarts: int) -> bool:
         """Whether to restart task `name` that exited with `returncode` after `restarts` restarts."""

@@ -6,6 +6,8 @@ the process through `exit_now`, the one hard exit (TensorFlow's gRPC threads can
 
 from __future__ import annotations
 
+from typing import Optional
+
 import logging
 import os
 import sys
@@ -40,7 +42,7 @@ def _import_tensorflow(name: str):
 
 
 def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers_gone_timeout_secs: float = 300.0,
-           allow_public_bind: bool = False) -> int:
+           rejoin_grace_secs: Optional[float] = None, allow_public_bind: bool = False) -> int:
     """Starts ps `index` and serves until every worker is done (forever with `keep_running`).
 
     Returns:
@@ -66,8 +68,9 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
         while True:   # drain each run's done tokens so that the queue never fills
             shutdown.serve_ps_until_workers_done(server.target, spec, index, wait_for_exit=False, reader=reader)
             log.info("%s: every worker is done; still serving (--keep_ps_running)", name)
+    grace = shutdown.VANISHED_GRACE_SECS if rejoin_grace_secs is None else rejoin_grace_secs
     how = shutdown.serve_ps_until_workers_done(server.target, spec, index, gone_timeout_secs=workers_gone_timeout_secs,
-                                               reader=reader)
+                                               reader=reader, rejoin_grace_secs=grace)
     if how == shutdown.PS_COMPLETE:
         log.info("%s: training is complete; exiting", name)
     else:

@@ -155,16 +155,8 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         def wait_for_peers() -> None:
             srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name)
 
-        on_live_model = None
-        if replication.is_chief and tg.sync_reset is not None:
-            def on_live_model(session) -> None:
-                done = tg.sync_reset.run(session)
-                held = done["gradients_held"]
-                log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
-                         "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
-                         name, done["global_step"], " ".join(map(str, held)),
-                         "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
-                         done["tokens_dropped"], done["tokens_queued"])
+        on_live_model = (_sync_reset_on_restart(tg.sync_reset, name)
+                         if replication.is_chief and tg.sync_reset is not None else None)
 
         creator = FastSessionCreator(
             scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
@@ -191,6 +183,21 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
                            f"{why}")
     return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started)
+
+
+def _sync_reset_on_restart(sync_reset, name: str):
+    """A chief that starts on live ps tasks clears the sync state a dead chief may have left mid-step."""
+
+    def on_live_model(session) -> None:
+        done = sync_reset.run(session)
+        held = done["gradients_held"]
+        log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
+                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
+                 name, done["global_step"], " ".join(map(str, held)),
+                 "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
+                 done["tokens_dropped"], done["tokens_queued"])
+
+    return on_live_model
 
 
 def _task_index(name: str) -> int:

@@ -302,12 +302,15 @@ PS_COMPLETE = "complete"    # no worker for --workers_gone_timeout_secs, and the
 
 def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
                                 gone_timeout_secs: Optional[float] = None, wait_for_exit: bool = True,
+                                rejoin_grace_secs: float = VANISHED_GRACE_SECS,
                                 reader: Optional[DoneReader] = None,
                                 complete: Callable[[ClusterSpec], Optional[int]] = training_complete) -> str:
     """A ps's loop: returns once every worker has put its token here (or went away after training ended).
 
     Once any worker is done, training is over (every worker stops at the same global step), so a worker whose port
-    stays closed for `VANISHED_GRACE_SECS` counts as done too: it ended while this ps was down and restarting.
+    stays closed for `rejoin_grace_secs` (default `VANISHED_GRACE_SECS`) counts as done too: it ended while this ps
+    was down and restarting. Under a launcher that restarts tasks, the grace covers a worker's restart, so that a
+    worker killed near the end rejoins (and finds training complete) instead of finding no ps.
     Before that, with `gone_timeout_secs`: every worker has been down that long (gone after being up), or, when
     some worker was never seen since this ps started (a ps restarted after training ended, a worker that never
     came), for the larger of that and the spec's `startup_timeout_secs`. Then `complete(spec)` decides: training
@@ -330,7 +333,7 @@ def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
         watch.update()
         if done:
             for i in set(workers) - done:
-                if watch.gone_for(i) >= VANISHED_GRACE_SECS:
+                if watch.gone_for(i) >= rejoin_grace_secs:
                     done.add(i)
                     log.info("%s: worker:%d has gone away after training ended; counting it as done", name, i)
             return False
