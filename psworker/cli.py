@@ -265,6 +265,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     counts = task_counts(spec)
     overrides = _train_overrides(args)
     merge_train(spec.train, overrides, num_workers=counts["worker"])   # bad flags fail here, not in the queue
+    from psworker.cli_backends import JOB_ID_FILE, forwarded_launch_flags
+    launch_flags = forwarded_launch_flags(args)
     if args.port_base is not None and not 1 <= args.port_base <= 65535:
         raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
     port_base = slurm.count_spec(spec, args.port_base).port
@@ -286,8 +288,7 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     if spec.train.train_dir is None and overrides["train_dir"] is None:
         overrides["train_dir"] = str(run_dir)
     flags = [part for name, value in overrides.items() if value is not None for part in (f"--{name}", str(value))]
-    from psworker.cli_backends import JOB_ID_FILE, forwarded_launch_flags
-    flags += forwarded_launch_flags(args)
+    flags += launch_flags
     options = slurm.SbatchOptions(ntasks=sum(counts.values()), job_name=args.job_name, nodes=args.nodes, time=args.time,
                                   partition=args.partition, account=args.account, output=args.output,
                                   overcommit=args.overcommit)

@@ -63,7 +63,9 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
         overrides["train_dir"] = str(run_dir)
     spec = dataclasses.replace(spec, train=merge_train(spec.train, overrides, num_workers=len(spec.worker)))
     config = dataclasses.replace(cli._launch_config(args, spec), backend="slurm", train_dir=str(run_dir))
-    return launch(config)
+    code = launch(config)
+    print(f"psworker: slurm launch exits with status {code}", flush=True)   # the job's output file says how it ended
+    return code
 
 
 def _run_dir_of_job(job_id: str) -> Path:
