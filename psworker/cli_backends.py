@@ -21,6 +21,7 @@ from psworker.spec import load_spec, merge_train
 __all__ = ["add_slurm_parsers", "add_ssh_parser", "forwarded_launch_flags", "JOB_ID_FILE"]
 
 JOB_ID_FILE = "slurm-job-id"          # written into the run dir by `psworker slurm submit`
+SCONTROL_TIMEOUT_SECS = 15.0          # scontrol retries a missing slurm.conf for a minute
 # `psworker slurm submit` takes these launch flags and passes the ones given to `psworker slurm launch`.
 FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall_timeout_secs")
 
@@ -69,21 +70,21 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
 
 
 def _run_dir_of_job(job_id: str) -> Path:
-    """The run dir of a job `psworker slurm submit` queued: its working directory while Slurm knows the job,
-    else a `runs/*/slurm-job-id` here naming it."""
+    """The run dir of a job `psworker slurm submit` queued: a `runs/*/slurm-job-id` here naming it, else the job's
+    working directory while Slurm still lists it."""
+    for marker in Path("runs").glob(f"*/{JOB_ID_FILE}"):
+        if marker.read_text().strip() == job_id:
+            return marker.parent
     try:
         result = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                                timeout=30, stdin=subprocess.DEVNULL)
+                                timeout=SCONTROL_TIMEOUT_SECS, stdin=subprocess.DEVNULL)
         for field in result.stdout.split() if result.returncode == 0 else ():
             if field.startswith("WorkDir="):
                 return Path(field.split("=", 1)[1])
     except (OSError, subprocess.TimeoutExpired):
         pass
-    for marker in Path("runs").glob(f"*/{JOB_ID_FILE}"):
-        if marker.read_text().strip() == job_id:
-            return marker.parent
-    raise UsageError(f"Slurm job {job_id}: not known to Slurm (any more) and no runs/*/{JOB_ID_FILE} here names it; "
-                     "pass its run dir instead")
+    raise UsageError(f"Slurm job {job_id}: no runs/*/{JOB_ID_FILE} here names it and Slurm does not list it "
+                     f"(any more); pass its run dir instead")
 
 
 def cmd_slurm_status(args: argparse.Namespace) -> int:

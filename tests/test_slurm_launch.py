@@ -16,7 +16,6 @@ import yaml
 from psworker.cli import main
 from psworker.testing import checkpoint_step
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 JOB_TIMEOUT_SECS = 420        # TensorFlow's import in 3 tasks on a small, shared machine
 
@@ -77,6 +76,8 @@ def _leftovers(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_submitted_job_trains_and_reports(slurm, monkeypatch, capsys, tmp_path):
     job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, max_steps=200)
     out = _wait_done(slurm, job_id, run_dir)
@@ -91,6 +92,8 @@ def test_submitted_job_trains_and_reports(slurm, monkeypatch, capsys, tmp_path):
     assert not _leftovers(run_dir)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_injected_kill_is_restarted_as_a_new_step(slurm, monkeypatch, capsys, tmp_path):
     job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, "--inject", "kill:worker:1@step=60",
                               "--max_restarts", "1", "--restart_backoff_secs", "0.5", mode="sync", max_steps=200)
@@ -105,6 +108,8 @@ def test_injected_kill_is_restarted_as_a_new_step(slurm, monkeypatch, capsys, tm
     assert not _leftovers(run_dir)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_scancel_mid_run_leaves_no_process(slurm, monkeypatch, capsys, tmp_path):
     job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, max_steps=1_000_000)
     log = run_dir / "logs" / "worker-0.log"
@@ -122,3 +127,21 @@ def test_scancel_mid_run_leaves_no_process(slurm, monkeypatch, capsys, tmp_path)
         time.sleep(0.5)
     assert not _leftovers(run_dir), _leftovers(run_dir)
     assert not slurm.job_processes(), slurm.job_processes()
+
+
+@pytest.mark.timeout(120)
+def test_status_of_a_job_slurm_has_forgotten_comes_from_its_run_dir(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "runs" / "counts-20260101-000000"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "cluster.yaml").write_text(yaml.safe_dump({"cluster": {"ps": ["n1:2222"], "worker": ["n1:2223"]},
+                                                          "train": {"max_steps": 100}}))
+    (run_dir / "logs" / "worker-0.log").write_text("step 40, loss = 0.5 (100.0 examples/sec; 0.1 sec/batch)\n")
+    (run_dir / "slurm-job-id").write_text("987654\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))   # scontrol fails: Slurm forgot the job
+    assert main(["slurm", "status", "987654", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["global_step"] == 40 and status["tasks"]["ps:0"]["state"] == "not started", status
+    monkeypatch.setattr("psworker.cli_backends.SCONTROL_TIMEOUT_SECS", 2.0)
+    assert main(["slurm", "status", "123"]) == 2
+    assert "pass its run dir instead" in capsys.readouterr().err
