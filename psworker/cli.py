@@ -268,6 +268,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     counts = task_counts(spec)
     overrides = _train_overrides(args)
     merge_train(spec.train, overrides, num_workers=counts["worker"])   # bad flags fail here, not in the queue
+    from psworker.cli_backends import JOB_ID_FILE, forwarded_launch_flags
+    launch_flags = forwarded_launch_flags(args)
     if args.port_base is not None and not 1 <= args.port_base <= 65535:
         raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
     port_base = slurm.count_spec(spec, args.port_base).port
@@ -289,6 +291,7 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     if spec.train.train_dir is None and overrides["train_dir"] is None:
         overrides["train_dir"] = str(run_dir)
     flags = [part for name, value in overrides.items() if value is not None for part in (f"--{name}", str(value))]
+    flags += launch_flags
     options = slurm.SbatchOptions(ntasks=sum(counts.values()), job_name=args.job_name, nodes=args.nodes, time=args.time,
                                   partition=args.partition, account=args.account, output=args.output,
                                   overcommit=args.overcommit)
@@ -300,6 +303,7 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
         print(f"wrote {script} (not submitted; submit with: sbatch {shlex.quote(str(script))})")
         return 0
     job_id = slurm.submit(script)
+    (run_dir / JOB_ID_FILE).write_text(job_id + "\n")
     print(job_id)
     log.info("submitted %s as Slurm job %s; output in %s", script, job_id, run_dir)
     return 0
@@ -439,8 +443,9 @@ def _add_k8s_parsers(sub: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------- parser
 
-def _add_launch_flags(p: argparse.ArgumentParser) -> None:
-    """Flags shared by `local` and `run`: supervision, restarts, fault injection, console."""
+def _add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
+    """Flags shared by the launchers (`local`, `run`, `ssh`, `slurm launch`): supervision, restarts, fault
+    injection, console; `--network` only where the cluster runs on this machine."""
     p.add_argument("--grace_period_secs", type=float, default=10.0,
                    help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
     p.add_argument("--max_restarts", type=int, default=0, metavar="N",
@@ -455,10 +460,13 @@ def _add_launch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inject", action="append", default=[], metavar="FAULT",
                    help="inject a fault, repeatable: kill:worker:1@step=300, kill:ps:0@time=20, "
                         "stop:worker:1@step=200,for=10, exit:worker:0@step=100,code=143")
-    p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
-                   help="isolated: run the cluster in a private network namespace where only loopback exists "
-                        "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
-                        "when this machine allows it; host: no isolation")
+    if network:
+        p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
+                       help="isolated: run the cluster in a private network namespace where only loopback exists "
+                            "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
+                            "when this machine allows it; host: no isolation")
+    else:
+        p.set_defaults(network="host")
     p.add_argument("--verbose", action="store_true",
                    help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
                         "errors; the full output is always in <train_dir>/logs/)")
@@ -571,7 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default=sys.executable, help="interpreter the job runs (default: this one)")
     p.add_argument("--dry_run", action="store_true", help="write the script, do not submit it")
     _add_train_flags(p)
+    from psworker import cli_backends
+    cli_backends.add_submit_launch_flags(p)
+    cli_backends.add_slurm_parsers(slurm_sub)
     slurm_parser.set_defaults(slurm_commands=tuple(slurm_sub.choices))
+    cli_backends.add_ssh_parser(sub)
 
     p = add("export", cmd_export, "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>")
     p.add_argument("--train_dir", required=True)
@@ -591,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     """Task commands log with timestamps (their output is a log file); launchers talk to a person."""
-    if args.func in (cmd_local, cmd_run):
+    if args.func in (cmd_local, cmd_run) or getattr(args, "launcher", False):
         from psworker.launcher.console import PeopleFormatter
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(PeopleFormatter())

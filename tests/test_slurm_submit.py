@@ -46,9 +46,10 @@ def test_dry_run_writes_a_readable_resubmittable_script(tmp_path, capsys):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
-def test_submit_refuses_until_launch_exists_and_checks_values(tmp_path, capsys):
-    assert main(["slurm", "submit", str(SPEC), "--run_dir", str(tmp_path / "r")]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+def test_submit_checks_values_before_queueing(tmp_path, capsys):
+    assert main(["slurm", "submit", str(SPEC), "--run_dir", str(tmp_path / "r"), "--inject", "kill:nobody@x",
+                 "--dry_run"]) == 2
+    assert "kill:nobody@x" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
     assert main(["slurm", "submit", str(SPEC), "--run_dir", str(tmp_path / "r"), "--partition", "a b",
                  "--dry_run"]) == 2

@@ -1,3 +1,121 @@
+"""`psworker ssh` against the real test sshd on 127.0.0.1-3 (tests/sshd_fixture.py): the default job end to end,
+Ctrl-C mid-run with nothing left on any host, and a refused host reported before anything starts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from psworker.testing import checkpoint_step
+from tests.cluster_utils import run_launcher
+
+pytestmark = pytest.mark.slow
+
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")     # ps:0, worker:0, worker:1
+
+
+def _free_ports(n: int) -> list[int]:
+    """Ports free on every interface (TensorFlow's servers bind all of them), distinct."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _spec(tmp_path: Path, hosts=HOSTS, **train) -> Path:
+    ports = _free_ports(len(hosts))
+    addresses = [f"{h}:{p}" for h, p in zip(hosts, ports)]
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"ps": addresses[:1], "worker": addresses[1:]},
+                                    "train": {"model": "mlp", "batch_size": 32, "log_every_steps": 10,
+                                              "train_dir": str(tmp_path / "train"), **train}}))
+    return path
+
+
+def _leftovers(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line names `marker` (the run's directory) on any 'host' (all are this one)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _wait_gone(marker: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _leftovers(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _leftovers(marker)
+    assert not left, f"still running {timeout:g} s after the launcher exited: {[p.cmdline() for p in left]}"
+
+
+@pytest.mark.timeout(600)
+def test_default_job_end_to_end_over_ssh(sshd, tmp_path):
+    spec = _spec(tmp_path, max_steps=200)
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live"], cwd=tmp_path,
+                       timeout=420, command="ssh")
+    out = run.output
+    assert run.returncode == 0, out[-4000:] + sshd.log_tail()
+    assert "starting 3 tasks over ssh (ps:0=127.0.0.1:" in out
+    assert re.search(r"^psworker: precision @ 1 = ", out, re.MULTILINE), out[-3000:]
+    assert re.search(r"^\[worker:1\] step \d+, loss", out, re.MULTILINE), out[-3000:]
+    assert "\r" not in out and "psworker-remote-pid" not in out
+    assert checkpoint_step(tmp_path / "train") >= 200
+    log = (tmp_path / "train" / "logs" / "worker-0.log").read_text()
+    assert "\r" not in log and "precision @ 1" in log
+    _wait_gone(str(tmp_path / "train"))
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
+    spec = _spec(tmp_path, max_steps=1_000_000)
+    marker = str(tmp_path / "train")
+    seen: dict[str, list] = {}
+
+    def interrupt_when_training(lines, proc) -> bool:
+        if not any(re.match(r"\[worker:1\] step \d+", line) for line in lines):
+            return False
+        seen["remote"] = [p.info["cmdline"] for p in _leftovers(marker) if p.info["cmdline"][0] != "ssh"]
+        os.killpg(proc.pid, signal.SIGINT)          # what Ctrl-C in a terminal does
+        return True
+
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--grace_period_secs", "5"],
+                       cwd=tmp_path, timeout=420, on_line=interrupt_when_training, command="ssh")
+    assert run.returncode == 130, run.output[-4000:]
+    assert len({" ".join(cmd[-5:]) for cmd in seen["remote"]}) == 3, seen   # the 3 remote tasks were running
+    assert "launcher received SIGINT" in run.output
+    assert "closing their connections" not in run.output, run.output[-3000:]   # the remote SIGTERM sufficed
+    _wait_gone(marker)
+
+
+@pytest.mark.timeout(120)
+def test_refused_host_is_named_and_nothing_starts(sshd, tmp_path):
+    spec = _spec(tmp_path, hosts=("127.0.0.1", "127.0.0.4", "127.0.0.2"), max_steps=200)
+    started = time.monotonic()
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live"], cwd=tmp_path,
+                       timeout=60, command="ssh")
+    assert run.returncode != 0
+    assert "127.0.0.4" in run.output and "Connection refused" in run.output and "nothing was started" in run.output
+    assert "127.0.0.1:" not in run.output.split("nothing was started")[1]
+    assert not (tmp_path / "train" / "logs").exists()
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.timeout(600)
@@ -19,6 +137,7 @@ def test_a_failed_task_stops_the_others_on_every_host(sshd, tmp_path):
     run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--max_restarts", "1",
                         "--inject", "exit:worker:1@step=50,code=3"], cwd=tmp_path, timeout=420, command="ssh")
     assert run.returncode == 3, run.output[-4000:]
-    assert "worker:1" in run.output.split("psworker: error")[0][-2000:] or "worker:1 failed" in run.output
+    assert "psworker: run failed: worker:1 " in run.output, run.output[-3000:]
+    assert re.search(r"^  ps:0\s+stopped by launcher", run.output, re.MULTILINE), run.output[-3000:]
     assert "closing their connections" not in run.output, run.output[-3000:]
     _wait_gone(str(tmp_path / "train"))

@@ -14,6 +14,8 @@ __all__ = ["get", "names"]
 # name -> module providing prepare(config, console), processes(config), report_success(...)
 _BACKENDS: dict[str, str] = {
     "local": "psworker.launcher.local",
+    "slurm": "psworker.launcher.slurm",
+    "ssh": "psworker.launcher.ssh",
 }
 
 

@@ -47,6 +47,7 @@ class LaunchConfig:
     ps_exit_grace_secs: float = 15.0
     python: str = sys.executable
     backend: str = "local"
+    backend_options: tuple[tuple[str, Any], ...] = ()   # (name, value) pairs only that backend reads
 
     def __post_init__(self) -> None:
         for text in self.injections:

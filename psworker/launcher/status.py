@@ -210,7 +210,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
             if marker:
                 restarts, state = int(marker.group(1)), "running"
             progress.feed(name, line, heard)
-            if "every worker is done; exiting" in line or re.search(r"\bdone at global step\b", line):
+            if "every worker is done; exiting" in line or re.search(r"(?<!first step )\bdone at global step\b", line):
                 state = "done"
             elif line.startswith("psworker: error:") or line.startswith("Traceback"):
                 state = "failed"

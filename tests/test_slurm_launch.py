@@ -1,0 +1,147 @@
+"""`psworker slurm submit` + `psworker slurm launch` against the real one-node test Slurm (tests/slurm_fixture.py):
+a whole job, an injected kill restarted as a new step, and `scancel` leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from psworker.cli import main
+from psworker.testing import checkpoint_step
+
+
+JOB_TIMEOUT_SECS = 420        # TensorFlow's import in 3 tasks on a small, shared machine
+
+
+def _port_base(n: int = 3) -> int:
+    """A port p with p .. p+n-1 free on every interface (the tasks listen on all of them)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            for port in range(base + 1, base + n):
+                with socket.socket() as t:
+                    t.bind(("", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def _spec(tmp_path: Path, **train) -> Path:
+    path = tmp_path / "counts.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"ps": 1, "worker": 2},
+                                    "train": {"model": "mlp", "batch_size": 32, "log_every_steps": 10, **train}}))
+    return path
+
+
+def _submit(slurm, monkeypatch, capsys, tmp_path: Path, *extra: str, **train) -> tuple[str, Path]:
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    run_dir = tmp_path / "run"
+    rc = main(["slurm", "submit", str(_spec(tmp_path, **train)), "--run_dir", str(run_dir), "--overcommit",
+               "--time", "0:10:00", "--port_base", str(_port_base()), *extra])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    job_id = out.strip().splitlines()[-1]
+    assert job_id.isdigit() and (run_dir / "slurm-job-id").read_text().strip() == job_id
+    return job_id, run_dir
+
+
+def _wait_done(slurm, job_id: str, run_dir: Path) -> str:
+    out = run_dir / f"slurm-{job_id}.out"
+    slurm.wait_until(lambda: job_id not in slurm.jobs(), JOB_TIMEOUT_SECS, f"job {job_id} finished ({out})")
+    return out.read_text(errors="replace")
+
+
+def _leftovers(run_dir: Path) -> list[psutil.Process]:
+    """Live processes of this run: any whose command line names the run dir, and srun steps of ours."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        try:
+            if (str(run_dir) in cmd or "--job-name=psworker-" in cmd) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_submitted_job_trains_and_reports(slurm, monkeypatch, capsys, tmp_path):
+    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, max_steps=200)
+    out = _wait_done(slurm, job_id, run_dir)
+    assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
+    assert re.search(r"^psworker: precision @ 1 = ", out, re.MULTILINE), out[-4000:]
+    assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 3, out[-4000:]
+    assert checkpoint_step(run_dir) >= 200
+    assert (run_dir / "cluster.yaml").exists() and (run_dir / "logs" / "worker-0.log").exists()
+    assert main(["slurm", "status", str(run_dir), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["global_step"] >= 200 and status["tasks"]["worker:0"]["state"] == "done", status
+    assert not _leftovers(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_injected_kill_is_restarted_as_a_new_step(slurm, monkeypatch, capsys, tmp_path):
+    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, "--inject", "kill:worker:1@step=60",
+                              "--max_restarts", "1", "--restart_backoff_secs", "0.5", mode="sync", max_steps=200)
+    out = _wait_done(slurm, job_id, run_dir)
+    assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
+    assert "restarting worker:1 (restart 1: injected kill:worker:1@step=60)" in out, out[-4000:]
+    steps = re.findall(r"worker:1 runs as Slurm step (\d+\.\d+)", out)
+    assert len(steps) == 2 and steps[0] != steps[1] and all(s.startswith(f"{job_id}.") for s in steps), out[-4000:]
+    log = (run_dir / "logs" / "worker-1.log").read_text(errors="replace")
+    assert "--- restart 1 (injected kill:worker:1@step=60)" in log
+    assert checkpoint_step(run_dir) == 200
+    assert not _leftovers(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_scancel_mid_run_leaves_no_process(slurm, monkeypatch, capsys, tmp_path):
+    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, max_steps=1_000_000)
+    log = run_dir / "logs" / "worker-0.log"
+    slurm.wait_until(lambda: log.exists() and re.search(r"^step \d+", log.read_text(errors="replace"), re.MULTILINE),
+                     JOB_TIMEOUT_SECS, f"job {job_id} training ({log})")
+    assert main(["slurm", "status", job_id, "--json"]) == 0       # a job id: found through scontrol's WorkDir
+    status = json.loads(capsys.readouterr().out)
+    assert status["tasks"]["worker:0"]["state"] == "training", status
+    names = {a for p in _leftovers(run_dir) for a in p.cmdline() if a.startswith("--job-name=psworker-")}
+    assert names == {f"--job-name=psworker-{t}" for t in ("ps-0", "worker-0", "worker-1")}, names
+    slurm.run(["scancel", job_id])
+    slurm.wait_until(lambda: job_id not in slurm.jobs(), 60, f"job {job_id} gone after scancel")
+    deadline = time.monotonic() + 30
+    while _leftovers(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _leftovers(run_dir), _leftovers(run_dir)
+    assert not slurm.job_processes(), slurm.job_processes()
+
+
+@pytest.mark.timeout(120)
+def test_status_of_a_job_slurm_has_forgotten_comes_from_its_run_dir(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "runs" / "counts-20260101-000000"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "cluster.yaml").write_text(yaml.safe_dump({"cluster": {"ps": ["n1:2222"], "worker": ["n1:2223"]},
+                                                          "train": {"max_steps": 100}}))
+    (run_dir / "logs" / "worker-0.log").write_text("step 40, loss = 0.5 (100.0 examples/sec; 0.1 sec/batch)\n")
+    (run_dir / "slurm-job-id").write_text("987654\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))   # scontrol fails: Slurm forgot the job
+    assert main(["slurm", "status", "987654", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["global_step"] == 40 and status["tasks"]["ps:0"]["state"] == "not started", status
+    monkeypatch.setattr("psworker.cli_backends.SCONTROL_TIMEOUT_SECS", 2.0)
+    assert main(["slurm", "status", "123"]) == 2
+    assert "pass its run dir instead" in capsys.readouterr().err
