@@ -16,6 +16,7 @@ from typing import Optional, TextIO
 
 from psworker.errors import SpecError
 from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig, launch
+from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.ports import pick_free_ports
 from psworker.launcher.process import LocalProcessBackend
 from psworker.launcher.report import RunResult
@@ -133,19 +134,11 @@ def prepare(config: LaunchConfig, console: TextIO) -> tuple[LaunchConfig, list]:
         from psworker.launcher.command import command_tasks
         tasks = command_tasks(resolved, config.command)
     else:
-        tasks = with_rejoin_grace(plan(resolved, SPEC, python=PYTHON), config.policy.rejoin_secs())
+        tasks = with_rejoin_grace(plan(resolved, SPEC, python=PYTHON), config.policy)
     where = ", ".join(f"{t.name}={t.address}" for t in tasks)
     print(f"psworker: starting {len(tasks)} tasks on {LOCAL_HOST} ({where}); logs in {train_dir / LOG_SUBDIR}"
           + ("" if config.command else " (TensorFlow's import takes a few seconds)"), file=console, flush=True)
     return config, tasks
-
-
-def with_rejoin_grace(tasks: list, seconds: float) -> list:
-    """With restarts on, each ps waits `seconds` for a worker that went away near the end (a restart) to rejoin."""
-    if not seconds:
-        return tasks
-    return [dataclasses.replace(t, argv=(*t.argv, "--rejoin_grace_secs", f"{seconds:g}")) if t.job == "ps" else t
-            for t in tasks]
 
 
 def processes(config: LaunchConfig) -> LocalProcessBackend:

@@ -3,6 +3,8 @@ and the exit-code classes of `psworker.errors` (1-127 permanent; 128-255 and sig
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 from dataclasses import dataclass, field
 from typing import Optional
@@ -60,3 +62,13 @@ class RestartPolicy:
         base = min(self.backoff_secs * (2 ** restarts), self.max_backoff_secs)
         return base * self._rng.uniform(1 - self.jitter, 1 + self.jitter)
 
+
+
+def with_rejoin_grace(tasks: list, policy: RestartPolicy) -> list:
+    """With restarts on, each ps task waits `policy.rejoin_secs()` for a worker that went away near the end (being
+    restarted) to rejoin, instead of counting it as done and leaving it no ps to come back to."""
+    seconds = policy.rejoin_secs()
+    if not seconds:
+        return tasks
+    return [dataclasses.replace(t, argv=(*t.argv, "--rejoin_grace_secs", f"{seconds:g}")) if t.job == "ps" else t
+            for t in tasks]

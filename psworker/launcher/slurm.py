@@ -22,6 +22,7 @@ from typing import Mapping, Optional, Sequence, TextIO, Union
 
 from psworker.errors import UsageError
 from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig
+from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.process import _make_preexec
 from psworker.launcher.report import RunResult
 from psworker.plan import Task, layout, plan
@@ -62,7 +63,7 @@ def _write_atomically(path: Path, text: str) -> None:
 def _tasks(config: LaunchConfig) -> list[Task]:
     if config.command:
         raise UsageError("the slurm backend runs psworker's own trainer; `psworker run` is not supported on it")
-    return plan(config.spec, SPEC, python=PYTHON)
+    return with_rejoin_grace(plan(config.spec, SPEC, python=PYTHON), config.policy)
 
 
 def prepare(config: LaunchConfig, console: TextIO) -> tuple[LaunchConfig, list]:

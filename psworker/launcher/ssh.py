@@ -24,10 +24,11 @@ from typing import Any, Mapping, Optional, Sequence, TextIO
 
 from psworker.errors import PsworkerError, SpecError, UsageError
 from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig
+from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.process import _make_preexec
 from psworker.launcher.report import RunResult
 from psworker.plan import plan
-from psworker.schedulers.ssh import remote_command, require_reachable, ssh_argv
+from psworker.schedulers.ssh import require_reachable, ssh_argv
 from psworker.spec import dump_spec
 
 __all__ = ["SshProcessBackend", "prepare", "processes", "report_success"]
@@ -118,7 +119,7 @@ def prepare(config: LaunchConfig, console: TextIO) -> tuple[LaunchConfig, list]:
     _ship_spec(hosts, text, remote_dir, opts["ssh_config"], opts["options"])
     config = dataclasses.replace(config, spec=spec, train_dir=str(run_dir),
                                  backend_options=tuple({**dict(config.backend_options), "remote_dir": remote_dir}.items()))
-    tasks = plan(spec, SPEC, python=PYTHON)
+    tasks = with_rejoin_grace(plan(spec, SPEC, python=PYTHON), config.policy)
     where = ", ".join(f"{t.name}={t.address.host}:{t.address.port}" for t in tasks)
     print(f"psworker: starting {len(tasks)} tasks over ssh ({where}); spec in {remote_dir}/{SPEC_FILE} on each "
           f"host; logs in {run_dir / LOG_SUBDIR}", file=console, flush=True)
@@ -128,7 +129,8 @@ def prepare(config: LaunchConfig, console: TextIO) -> tuple[LaunchConfig, list]:
 def processes(config: LaunchConfig) -> "SshProcessBackend":
     """One ssh connection per task start; PYTHON is `config.python` on the remote hosts."""
     opts = _options(config)
-    hosts = {tuple(t.argv): t.address.host for t in plan(config.spec, SPEC, python=PYTHON)}
+    hosts = {tuple(t.argv): t.address.host
+             for t in with_rejoin_grace(plan(config.spec, SPEC, python=PYTHON), config.policy)}
     remote_dir = opts["remote_dir"] or config.train_dir
     return SshProcessBackend(hosts, symbols={PYTHON: config.python, SPEC: f"{remote_dir}/{SPEC_FILE}"},
                              cwd=remote_dir, ssh_config=opts["ssh_config"], options=opts["options"])

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterator, Optional
 
-from psworker.errors import PsworkerError, TensorBoardError
+from psworker.errors import TensorBoardError
 
 log = logging.getLogger(__name__)
 
