@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from psworker.errors import SpecError
-from psworker.spec import (JOBS, SCRIPT_JOBS, Address, ClusterSpec, CountSpec, build_cluster, format_address,
+from psworker.spec import (SCRIPT_JOBS, Address, ClusterSpec, CountSpec, build_cluster, format_address,
                            parse_address)
 
 HOSTS_SOURCE = "--hosts"

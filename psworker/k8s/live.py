@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from psworker.errors import PsworkerError, ClusterError, UsageError
+from psworker.errors import ClusterError, UsageError
 from psworker.k8s.manifests import LABEL_JOB, LABEL_RUN
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from psworker import plan
-from psworker.errors import PsworkerError, SubmitError, UsageError
+from psworker.errors import SubmitError, UsageError
 from psworker.spec import DEFAULT_PORT_BASE, JOBS, ClusterSpec, CountSpec
 
 __all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "cluster_dict", "count_spec",

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional, Union
 
-from psworker.errors import PsworkerError, UnreachableHosts, UsageError
+from psworker.errors import UnreachableHosts, UsageError
 
 __all__ = ["SSH_OPTIONS", "UnreachableHosts", "check_reachable", "remote_command", "require_reachable",
            "ssh_argv"]
