@@ -12,11 +12,12 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
+from psworker.cli_common import (add_cluster_flags, add_launch_flags, add_train_flags, launch_config, train_config,
+                                 train_overrides)
 from psworker.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
-from psworker.spec import (ALL_JOBS, JOBS, TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, load_spec,
-                           merge_train)
+from psworker.spec import ALL_JOBS, ClusterSpec, CountSpec, TrainConfig, load_spec, merge_train
 
 log = logging.getLogger(__name__)
 
@@ -25,44 +26,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DATASETS = {"cifar10": "download_and_extract", "cifar10-synthetic": "write_synthetic"}
 
 
-# --------------------------------------------------------------------------------------------- helpers
-
-def _add_train_flags(p: argparse.ArgumentParser) -> None:
-    """Adds one flag per TrainConfig field (default None: the spec's value stands)."""
-    g = p.add_argument_group("training settings (override the spec's train section)")
-    defaults = TrainConfig()
-    for name in TRAIN_FIELDS:
-        kind, _ = TRAIN_TYPES[name]
-        g.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper(),
-                       help=f"built-in default: {getattr(defaults, name)}")
-
-
-def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in TRAIN_FIELDS}
-
-
-def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("cluster (one of: --spec, --ps_hosts/--worker_hosts, env PSWORKER_SPEC, "
-                             "env TF_CONFIG)")
-    g.add_argument("--spec", dest="spec_path", help="cluster spec YAML file")
-    g.add_argument("--ps_hosts", help="comma-separated host:port list of the ps job")
-    g.add_argument("--worker_hosts", help="comma-separated host:port list of the worker job")
-    g.add_argument("--job_name", help="must match the command (ps or worker) when given")
-    g.add_argument("--task_index", type=int, help="this task's index within its job")
-    p.add_argument("--allow_public_bind", action="store_true",
-                   help="serve even when this task's host resolves to a public IP address (TensorFlow's servers are "
-                        "unauthenticated; the default refuses)")
-
-
 def _resolve(job: str, args: argparse.Namespace) -> tuple[ClusterSpec, int]:
     from psworker.interop import resolve_cluster
     return resolve_cluster(job, spec_path=args.spec_path, ps_hosts=args.ps_hosts,
                            worker_hosts=args.worker_hosts, job_name=args.job_name,
                            task_index=args.task_index, environ=os.environ)
-
-
-def _train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
-    return merge_train(spec.train, _train_overrides(args), num_workers=len(spec.worker))
 
 
 # -------------------------------------------------------------------------------------------- commands
@@ -134,37 +102,18 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """`psworker worker ...`: runs one training worker (worker 0 is the chief)."""
     spec, index = _resolve("worker", args)
-    config = _train_config(spec, args)
+    config = train_config(spec, args)
     from psworker.task import main
     return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
-
-
-def _launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[str, ...] = ()):
-    """The one `LaunchConfig` of `psworker local` and `psworker run`."""
-    from psworker.launcher.launch import LaunchConfig
-    from psworker.launcher.policy import RestartPolicy
-
-    for flag in ("grace_period_secs", "restart_backoff_secs"):
-        if getattr(args, flag) < 0:
-            raise UsageError(f"--{flag} must be >= 0, got {getattr(args, flag):g}")
-    if args.max_restarts < 0:
-        raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
-    if args.stall_timeout_secs is not None and args.stall_timeout_secs <= 0:
-        raise UsageError(f"--stall_timeout_secs must be > 0, got {args.stall_timeout_secs:g}")
-    policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
-    return LaunchConfig(spec=spec, command=command, policy=policy, injections=tuple(args.inject),
-                        stall_timeout_secs=args.stall_timeout_secs, network=args.network, verbose=args.verbose,
-                        live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
-                        ps_exit_grace_secs=1.0 if command else 15.0)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
     """`psworker local SPEC ...`: starts the whole cluster on this machine and supervises it."""
     spec = load_spec(args.spec)
     # No train_dir given: the backend makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
-    spec = dataclasses.replace(spec, train=merge_train(spec.train, _train_overrides(args),
+    spec = dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args),
                                                        num_workers=len(spec.worker)))
-    config = _launch_config(args, spec)
+    config = launch_config(args, spec)
     _isolate_network(args.network, args.argv)
     from psworker.launcher.launch import launch
     return launch(config)
@@ -178,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     if args.train_dir is not None:
         spec = dataclasses.replace(spec, train=merge_train(spec.train, {"train_dir": args.train_dir}))
-    config = _launch_config(args, spec, tuple(command))
+    config = launch_config(args, spec, tuple(command))
     _isolate_network(args.network, args.argv)
     from psworker.launcher.launch import launch
     return launch(config)
@@ -254,62 +203,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     batch_size=None if args.batch_size is None else checked.batch_size)
 
 
-def cmd_slurm_submit(args: argparse.Namespace) -> int:
-    """`psworker slurm submit SPEC ...`: writes <run_dir>/psworker.sbatch and submits it with sbatch."""
-    import shlex
-    import shutil
-    from pathlib import Path
-
-    from psworker.schedulers import slurm
-
-    from psworker.plan import task_counts
-
-    spec = load_spec(args.spec, allow_counts=True)
-    counts = task_counts(spec)
-    overrides = _train_overrides(args)
-    merge_train(spec.train, overrides, num_workers=counts["worker"])   # bad flags fail here, not in the queue
-    from psworker.cli_backends import JOB_ID_FILE, forwarded_launch_flags
-    launch_flags = forwarded_launch_flags(args)
-    if args.port_base is not None and not 1 <= args.port_base <= 65535:
-        raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
-    port_base = slurm.count_spec(spec, args.port_base).port
-    launch_ready = "launch" in args.slurm_commands
-    if not (args.dry_run or launch_ready):
-        raise UsageError("`psworker slurm launch`, which the job runs, is not implemented yet (issue #8): use "
-                         "--dry_run to write the batch script without submitting it")
-    if args.run_dir:
-        run_dir = Path(args.run_dir).resolve()
-        run_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        from psworker.launcher.local import default_train_dir
-        run_dir = default_train_dir(spec).resolve()
-    spec_copy = run_dir / slurm.SUBMITTED_SPEC        # the job reads this copy: later edits do not change it
-    shutil.copyfile(args.spec, spec_copy)
-    for name in ("train_dir", "data_dir"):      # the job runs in run_dir: relative paths would move
-        if overrides[name] is not None:
-            overrides[name] = os.path.abspath(overrides[name])
-    if spec.train.train_dir is None and overrides["train_dir"] is None:
-        overrides["train_dir"] = str(run_dir)
-    flags = [part for name, value in overrides.items() if value is not None for part in (f"--{name}", str(value))]
-    flags += launch_flags
-    options = slurm.SbatchOptions(ntasks=sum(counts.values()), job_name=args.job_name, nodes=args.nodes, time=args.time,
-                                  partition=args.partition, account=args.account, output=args.output,
-                                  overcommit=args.overcommit)
-    inner = slurm.launch_argv(spec_copy, run_dir, python=args.python, port_base=port_base,
-                              worker_flags=flags)
-    described = ", ".join(f"{job}: {n}" for job, n in counts.items())
-    script = slurm.write_sbatch_script(run_dir, options, inner, description=f"{args.spec} ({described})")
-    if args.dry_run:
-        print(f"wrote {script} (not submitted; submit with: sbatch {shlex.quote(str(script))})")
-        return 0
-    job_id = slurm.submit(script)
-    (run_dir / JOB_ID_FILE).write_text(job_id + "\n")
-    print(job_id)
-    log.info("submitted %s as Slurm job %s; output in %s", script, job_id, run_dir)
-    return 0
-
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """`psworker export --train_dir D [--checkpoint C] [--model M]`: writes a SavedModel; prints its path."""
     checked = merge_train(TrainConfig(), {"model": args.model, "train_dir": args.train_dir})
@@ -333,146 +226,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
             time.sleep(3600)
 
 
-# ------------------------------------------------------------------------------------------ k8s commands
-
-def cmd_k8s_manifest(args: argparse.Namespace) -> int:
-    """`psworker k8s manifest SPEC --image IMAGE ...`: writes the run's Kubernetes objects as YAML."""
-    from psworker.k8s import manifests as k8s
-    from psworker.plan import task_counts
-    spec = load_spec(args.spec, allow_counts=True)
-    train = merge_train(spec.train, _train_overrides(args), num_workers=task_counts(spec)["worker"])
-    options = k8s.K8sOptions(
-        name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
-        port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
-        retries=args.retries, cluster_domain=args.cluster_domain)
-    text = k8s.to_yaml(k8s.manifests(dataclasses.replace(spec, train=train), options))
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-    else:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-        log.info("wrote %s (%s flavor, run %s)", args.output, options.flavor, options.name)
-    return 0
-
-
-def cmd_k8s_apply(args: argparse.Namespace) -> int:
-    """`psworker k8s apply FILE`: creates or updates the objects of a manifest file."""
-    import yaml
-
-    from psworker.k8s import live
-    try:
-        with open(args.file, encoding="utf-8") as f:
-            objects = [o for o in yaml.safe_load_all(f) if o]
-    except (OSError, yaml.YAMLError) as e:
-        raise UsageError(f"{args.file}: cannot read the manifest: {e}") from None
-    for applied in live.apply(live.connect(args.context), objects):
-        print(f"applied {applied}")
-    return 0
-
-
-def cmd_k8s_status(args: argparse.Namespace) -> int:
-    """`psworker k8s status NAME`: one line per task pod."""
-    from psworker.k8s import live
-    print(live.format_status(live.status(live.connect(args.context), args.name, args.namespace)))
-    return 0
-
-
-def cmd_k8s_logs(args: argparse.Namespace) -> int:
-    """`psworker k8s logs NAME [--job J] [--task_index I]`: each pod's log, prefixed `[worker:1] `."""
-    from psworker.k8s import live
-    for task, text in live.logs(live.connect(args.context), args.name, args.namespace, args.job, args.task_index,
-                                args.tail):
-        for line in text.splitlines():
-            print(f"[{task}] {line}")
-    return 0
-
-
-def cmd_k8s_delete(args: argparse.Namespace) -> int:
-    """`psworker k8s delete NAME`: deletes every object labelled with the run."""
-    from psworker.k8s import live
-    for gone in live.delete(live.connect(args.context), args.name, args.namespace):
-        print(f"deleted {gone}")
-    return 0
-
-
-def _add_k8s_parsers(sub: Any) -> None:
-    """The `psworker k8s ...` command group."""
-    from psworker.k8s.manifests import FLAVORS
-    group = sub.add_parser("k8s", help="run on Kubernetes: write manifests, apply, status, logs, delete",
-                           description="run on Kubernetes: write manifests, apply, status, logs, delete")
-    k8s_sub = group.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
-
-    p = k8s_sub.add_parser("manifest", help="write a spec's Kubernetes objects as YAML")
-    p.set_defaults(func=cmd_k8s_manifest)
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--image", required=True, help="a container image with psworker installed (see Dockerfile)")
-    p.add_argument("--name", help="the run's name (default: from the spec file name)")
-    p.add_argument("--namespace", default="default")
-    p.add_argument("--flavor", choices=list(FLAVORS), default="plain",
-                   help="tfjob: Kubeflow TFJob; plain: Service + Indexed Jobs (default); jobset: JobSet")
-    p.add_argument("--port", type=int, help="every task's gRPC port (default: the spec's port, else 2222)")
-    p.add_argument("--cpu", help="CPU request per task, e.g. 2")
-    p.add_argument("--memory", help="memory request and limit per task, e.g. 4Gi")
-    p.add_argument("--train_dir_volume", metavar="CLAIM",
-                   help="PersistentVolumeClaim mounted at --train_dir on workers (default: an emptyDir, lost "
-                        "with the pod)")
-    p.add_argument("--retries", type=int, default=3,
-                   help="restarts of a task after a retryable exit (128-255) before the run fails (default 3)")
-    p.add_argument("--cluster_domain", default="cluster.local",
-                   help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    _add_train_flags(p)
-
-    p = k8s_sub.add_parser("apply", help="create or update a manifest file's objects")
-    p.set_defaults(func=cmd_k8s_apply)
-    p.add_argument("file", metavar="FILE")
-    for name, func, help_ in (("status", cmd_k8s_status, "show each task pod of a run"),
-                              ("logs", cmd_k8s_logs, "print a run's task logs"),
-                              ("delete", cmd_k8s_delete, "delete every object of a run")):
-        p = k8s_sub.add_parser(name, help=help_)
-        p.set_defaults(func=func)
-        p.add_argument("name", metavar="NAME", help="the run's name")
-        p.add_argument("--namespace", default="default")
-        if name == "logs":
-            p.add_argument("--job", choices=JOBS)
-            p.add_argument("--task_index", type=int)
-            p.add_argument("--tail", type=int, metavar="LINES")
-    for p in k8s_sub.choices.values():
-        p.add_argument("--context", help="kubeconfig context (default: the current one)")
-
-
 # ---------------------------------------------------------------------------------------------- parser
-
-def _add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
-    """Flags shared by the launchers (`local`, `run`, `ssh`, `slurm launch`): supervision, restarts, fault
-    injection, console; `--network` only where the cluster runs on this machine."""
-    p.add_argument("--grace_period_secs", type=float, default=10.0,
-                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
-    p.add_argument("--max_restarts", type=int, default=0, metavar="N",
-                   help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
-                        "for a peer gone) up to N times; other exits fail the run at once (default 0)")
-    p.add_argument("--restart_backoff_secs", type=float, default=1.0, metavar="SECS",
-                   help="wait before the first restart of a task, doubled for each next one, +-20%% jitter "
-                        "(default 1)")
-    p.add_argument("--stall_timeout_secs", type=float, default=None, metavar="SECS",
-                   help="kill (and restart under --max_restarts) a worker whose step line has not shown a new "
-                        "global step for this long (default: off)")
-    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
-                   help="inject a fault, repeatable: kill:worker:1@step=300, kill:ps:0@time=20, "
-                        "stop:worker:1@step=200,for=10, exit:worker:0@step=100,code=143")
-    if network:
-        p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
-                       help="isolated: run the cluster in a private network namespace where only loopback exists "
-                            "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
-                            "when this machine allows it; host: no isolation")
-    else:
-        p.set_defaults(network="host")
-    p.add_argument("--verbose", action="store_true",
-                   help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
-                        "errors; the full output is always in <train_dir>/logs/)")
-    p.add_argument("--no_live", action="store_true",
-                   help="plain periodic status lines even on a terminal (no live view)")
-
 
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser (no side effects; called by `main`)."""
@@ -502,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("ps", cmd_ps, "run one parameter server task")
     p.set_defaults(task_process=True)
-    _add_cluster_flags(p)
+    add_cluster_flags(p)
     p.add_argument("--keep_ps_running", action="store_true",
                    help="keep serving after the workers finish (default: exit once every worker is done)")
     p.add_argument("--rejoin_grace_secs", type=float, default=None, metavar="FLOAT",
@@ -517,18 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("worker", cmd_worker, "run one worker task (worker 0 is the chief)")
     p.set_defaults(task_process=True)
-    _add_cluster_flags(p)
-    _add_train_flags(p)
+    add_cluster_flags(p)
+    add_train_flags(p)
 
     p = add("local", cmd_local, "run a whole spec's cluster on this machine")
     p.add_argument("spec", metavar="SPEC")
-    _add_launch_flags(p)
-    _add_train_flags(p)
+    add_launch_flags(p)
+    add_train_flags(p)
 
     p = add("run", cmd_run, "run your own distributed-TensorFlow script once per task of a spec "
                             "(TF_CONFIG and classic flags filled in)")
     p.add_argument("spec", metavar="SPEC")
-    _add_launch_flags(p)
+    add_launch_flags(p)
     p.add_argument("--train_dir", default=None,
                    help="the run directory (cluster.yaml, logs/); default: a fresh runs/<spec>-<time>")
     p.epilog = ("after '--': the program and its arguments; {job_name} {task_index} {ps_hosts} {worker_hosts} "
@@ -553,36 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="evaluate the latest checkpoint once and exit")
     p.add_argument("--eval_interval_secs", type=float, default=60.0)
     p.add_argument("--batch_size", default=None, metavar="INT", help="default: the evaluator's")
-    slurm_parser = add("slurm", None, "run a spec's cluster as a Slurm job")
-    slurm_sub = slurm_parser.add_subparsers(dest="slurm_command", required=True, metavar="SLURM_COMMAND")
-    p = slurm_sub.add_parser("submit", help="write a batch script for a spec into the run dir and submit it",
-                             description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
-                                         "`psworker slurm launch` line it runs) and submits it with sbatch; "
-                                         "prints the job id.")
-    p.set_defaults(func=cmd_slurm_submit)
-    p.add_argument("spec", metavar="SPEC", help="cluster spec: task counts (`ps: 1`), or addresses whose hosts are "
-                                                "replaced by the allocation's nodes")
-    g = p.add_argument_group("Slurm job (#SBATCH lines; --ntasks is the spec's task count)")
-    g.add_argument("--nodes", help="node count or range, e.g. 2 or 2-4 (default: Slurm's)")
-    g.add_argument("--time", help="time limit, e.g. 1:00:00 (default: the partition's)")
-    g.add_argument("--partition")
-    g.add_argument("--account")
-    g.add_argument("--output", help="Slurm's output file (default: <run_dir>/slurm-%%j.out)")
-    g.add_argument("--job_name", default="psworker")
-    g.add_argument("--overcommit", action="store_true",
-                   help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
-    p.add_argument("--run_dir", help="shared directory for the script, the spec copy, logs and (by default) "
-                                     "train_dir (default: a fresh runs/<spec>-<date>-<time>)")
-    p.add_argument("--port_base", type=int, default=None,
-                   help="first port of the tasks on each node, +1 per further task there, as TensorFlow's "
-                        "SlurmClusterResolver (default: the spec's cluster.port, else 2222)")
-    p.add_argument("--python", default=sys.executable, help="interpreter the job runs (default: this one)")
-    p.add_argument("--dry_run", action="store_true", help="write the script, do not submit it")
-    _add_train_flags(p)
     from psworker import cli_backends
-    cli_backends.add_submit_launch_flags(p)
-    cli_backends.add_slurm_parsers(slurm_sub)
-    slurm_parser.set_defaults(slurm_commands=tuple(slurm_sub.choices))
+    cli_backends.add_slurm_parsers(sub)
     cli_backends.add_ssh_parser(sub)
 
     p = add("export", cmd_export, "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>")
@@ -597,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logdir", required=True)
     p.add_argument("--port", type=int, default=6006, help="default 6006; 0 picks a free port")
 
-    _add_k8s_parsers(sub)
+    from psworker import cli_k8s
+    cli_k8s.add_k8s_parsers(sub)
     return parser
 
 

@@ -1,13 +1,14 @@
 """The command lines of the remote backends: `psworker slurm launch`, `psworker slurm status` and `psworker ssh`
 (parsers and commands), and the launch flags `psworker slurm submit` passes through to `slurm launch`.
 
-Each command builds one `LaunchConfig` (as `psworker local` does, `cli._launch_config`) with its backend's name and
+Each command builds one `LaunchConfig` (as `psworker local` does, `cli_common.launch_config`) with its backend's name and
 hands it to `psworker.launcher.launch.launch`: one launcher for every backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import dataclasses
 import os
 import subprocess
@@ -15,20 +16,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from psworker.cli_common import add_launch_flags, add_train_flags, launch_config, train_overrides
 from psworker.errors import UsageError
 from psworker.spec import load_spec, merge_train
 
 __all__ = ["add_slurm_parsers", "add_ssh_parser", "forwarded_launch_flags", "JOB_ID_FILE"]
 
+log = logging.getLogger(__name__)
+
 JOB_ID_FILE = "slurm-job-id"          # written into the run dir by `psworker slurm submit`
 SCONTROL_TIMEOUT_SECS = 15.0          # scontrol retries a missing slurm.conf for a minute
 # `psworker slurm submit` takes these launch flags and passes the ones given to `psworker slurm launch`.
 FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall_timeout_secs")
-
-
-def _cli() -> Any:
-    from psworker import cli
-    return cli
 
 
 def forwarded_launch_flags(args: argparse.Namespace) -> list[str]:
@@ -44,9 +43,58 @@ def forwarded_launch_flags(args: argparse.Namespace) -> list[str]:
 
 def add_submit_launch_flags(p: argparse.ArgumentParser) -> None:
     """The launch flags on `slurm submit` (default None there: only those given reach the script)."""
-    _cli()._add_launch_flags(p.add_argument_group("supervision inside the job (passed to `psworker slurm launch`)"),
+    add_launch_flags(p.add_argument_group("supervision inside the job (passed to `psworker slurm launch`)"),
                              network=False)
     p.set_defaults(**{name: None for name in FORWARDED})
+
+
+def cmd_slurm_submit(args: argparse.Namespace) -> int:
+    """`psworker slurm submit SPEC ...`: writes <run_dir>/psworker.sbatch and submits it with sbatch."""
+    import shlex
+    import shutil
+
+    from psworker.plan import task_counts
+    from psworker.schedulers import slurm
+
+    spec = load_spec(args.spec, allow_counts=True)
+    counts = task_counts(spec)
+    overrides = train_overrides(args)
+    merge_train(spec.train, overrides, num_workers=counts["worker"])   # bad flags fail here, not in the queue
+    launch_flags = forwarded_launch_flags(args)
+    if args.port_base is not None and not 1 <= args.port_base <= 65535:
+        raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
+    port_base = slurm.count_spec(spec, args.port_base).port
+    if args.run_dir:
+        run_dir = Path(args.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        from psworker.launcher.local import default_train_dir
+        run_dir = default_train_dir(spec).resolve()
+    spec_copy = run_dir / slurm.SUBMITTED_SPEC        # the job reads this copy: later edits do not change it
+    shutil.copyfile(args.spec, spec_copy)
+    for name in ("train_dir", "data_dir"):      # the job runs in run_dir: relative paths would move
+        if overrides[name] is not None:
+            overrides[name] = os.path.abspath(overrides[name])
+    if spec.train.train_dir is None and overrides["train_dir"] is None:
+        overrides["train_dir"] = str(run_dir)
+    flags = [part for name, value in overrides.items() if value is not None for part in (f"--{name}", str(value))]
+    flags += launch_flags
+    options = slurm.SbatchOptions(ntasks=sum(counts.values()), job_name=args.job_name, nodes=args.nodes, time=args.time,
+                                  partition=args.partition, account=args.account, output=args.output,
+                                  overcommit=args.overcommit)
+    inner = slurm.launch_argv(spec_copy, run_dir, python=args.python, port_base=port_base,
+                              worker_flags=flags)
+    described = ", ".join(f"{job}: {n}" for job, n in counts.items())
+    script = slurm.write_sbatch_script(run_dir, options, inner, description=f"{args.spec} ({described})")
+    if args.dry_run:
+        print(f"wrote {script} (not submitted; submit with: sbatch {shlex.quote(str(script))})")
+        return 0
+    job_id = slurm.submit(script)
+    (run_dir / JOB_ID_FILE).write_text(job_id + "\n")
+    print(job_id)
+    log.info("submitted %s as Slurm job %s; output in %s", script, job_id, run_dir)
+    return 0
+
 
 
 def cmd_slurm_launch(args: argparse.Namespace) -> int:
@@ -54,16 +102,15 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
     from psworker.launcher.launch import launch
     from psworker.launcher.slurm import spec_for_allocation
 
-    cli = _cli()
     if args.port_base is not None and not 1 <= args.port_base <= 65535:
         raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
     spec = spec_for_allocation(load_spec(args.spec, allow_counts=True), args.port_base, os.environ)
     run_dir = Path(args.run_dir or os.getcwd()).resolve()
-    overrides = cli._train_overrides(args)
+    overrides = train_overrides(args)
     if spec.train.train_dir is None and overrides["train_dir"] is None:
         overrides["train_dir"] = str(run_dir)
     spec = dataclasses.replace(spec, train=merge_train(spec.train, overrides, num_workers=len(spec.worker)))
-    config = dataclasses.replace(cli._launch_config(args, spec), backend="slurm", train_dir=str(run_dir))
+    config = dataclasses.replace(launch_config(args, spec), backend="slurm", train_dir=str(run_dir))
     code = launch(config)
     print(f"psworker: slurm launch exits with status {code}", flush=True)   # the job's output file says how it ended
     return code
@@ -91,27 +138,60 @@ def cmd_slurm_status(args: argparse.Namespace) -> int:
     """`psworker slurm status JOBID|RUN_DIR`: `psworker status` of the job's run dir."""
     target = args.job
     run_dir = Path(target) if not target.isdigit() or Path(target).is_dir() else _run_dir_of_job(target)
-    return _cli().cmd_status(argparse.Namespace(run_dir=str(run_dir), json=args.json, silent_secs=args.silent_secs))
+    from psworker import cli
+    return cli.cmd_status(argparse.Namespace(run_dir=str(run_dir), json=args.json, silent_secs=args.silent_secs))
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
     """`psworker ssh SPEC ...`: starts each task on the host its address names, over ssh, and supervises them."""
     from psworker.launcher.launch import launch
 
-    cli = _cli()
     spec = load_spec(args.spec)
-    spec = dataclasses.replace(spec, train=merge_train(spec.train, cli._train_overrides(args),
+    spec = dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args),
                                                        num_workers=len(spec.worker)))
     options = tuple(part for value in args.ssh_option for part in ("-o", value))
     backend_options = (("ssh_config", args.ssh_config), ("ssh_options", options), ("remote_dir", args.remote_dir))
-    config = dataclasses.replace(cli._launch_config(args, spec), backend="ssh", python=args.remote_python,
+    config = dataclasses.replace(launch_config(args, spec), backend="ssh", python=args.remote_python,
                                  backend_options=backend_options)
     return launch(config)
 
 
-def add_slurm_parsers(slurm_sub: Any) -> None:
+def add_slurm_parsers(sub: Any) -> None:
+    """The `slurm` group: `submit`, `launch` and `status`."""
+    slurm_parser = sub.add_parser("slurm", help="run a spec's cluster as a Slurm job",
+                                  description="run a spec's cluster as a Slurm job")
+    slurm_sub = slurm_parser.add_subparsers(dest="slurm_command", required=True, metavar="SLURM_COMMAND")
+    p = slurm_sub.add_parser("submit", help="write a batch script for a spec into the run dir and submit it",
+                             description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
+                                         "`psworker slurm launch` line it runs) and submits it with sbatch; "
+                                         "prints the job id.")
+    p.set_defaults(func=cmd_slurm_submit)
+    p.add_argument("spec", metavar="SPEC", help="cluster spec: task counts (`ps: 1`), or addresses whose hosts are "
+                                                "replaced by the allocation's nodes")
+    g = p.add_argument_group("Slurm job (#SBATCH lines; --ntasks is the spec's task count)")
+    g.add_argument("--nodes", help="node count or range, e.g. 2 or 2-4 (default: Slurm's)")
+    g.add_argument("--time", help="time limit, e.g. 1:00:00 (default: the partition's)")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--output", help="Slurm's output file (default: <run_dir>/slurm-%%j.out)")
+    g.add_argument("--job_name", default="psworker")
+    g.add_argument("--overcommit", action="store_true",
+                   help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
+    p.add_argument("--run_dir", help="shared directory for the script, the spec copy, logs and (by default) "
+                                     "train_dir (default: a fresh runs/<spec>-<date>-<time>)")
+    p.add_argument("--port_base", type=int, default=None,
+                   help="first port of the tasks on each node, +1 per further task there, as TensorFlow's "
+                        "SlurmClusterResolver (default: the spec's cluster.port, else 2222)")
+    p.add_argument("--python", default=sys.executable, help="interpreter the job runs (default: this one)")
+    p.add_argument("--dry_run", action="store_true", help="write the script, do not submit it")
+    add_train_flags(p)
+    add_submit_launch_flags(p)
+
+    slurm_parsers(slurm_sub)
+
+
+def slurm_parsers(slurm_sub: Any) -> None:
     """`slurm launch` and `slurm status` (the `slurm` group and `submit` are in `cli.build_parser`)."""
-    cli = _cli()
     p = slurm_sub.add_parser("launch", help="inside an allocation: run every task of a spec as its own srun step",
                              description="Lays the spec's tasks out on the allocation's nodes (TensorFlow's "
                                          "SlurmClusterResolver rules), starts each as its own `srun` step and "
@@ -121,8 +201,8 @@ def add_slurm_parsers(slurm_sub: Any) -> None:
     p.add_argument("--run_dir", help="shared directory for cluster.yaml and logs/ (default: the working directory)")
     p.add_argument("--port_base", type=int, default=None,
                    help="first port on each node (default: the spec's cluster.port, else 2222)")
-    cli._add_launch_flags(p, network=False)
-    cli._add_train_flags(p)
+    add_launch_flags(p, network=False)
+    add_train_flags(p)
 
     p = slurm_sub.add_parser("status", help="show the status of a Slurm job's run",
                              description="`psworker status` of the run dir of a job `psworker slurm submit` queued.")
@@ -135,7 +215,6 @@ def add_slurm_parsers(slurm_sub: Any) -> None:
 
 def add_ssh_parser(sub: Any) -> None:
     """`psworker ssh SPEC ...`."""
-    cli = _cli()
     p = sub.add_parser("ssh", help="run a spec's cluster on the hosts its addresses name, over ssh",
                        description="Checks every host (ssh BatchMode, in parallel) before starting anything, writes "
                                    "the spec on each host, starts each task over its own ssh connection and "
@@ -150,5 +229,5 @@ def add_ssh_parser(sub: Any) -> None:
     p.add_argument("--remote_dir", metavar="DIR",
                    help="directory on every host for cluster.yaml, the tasks' working directory (default: the "
                         "run dir's absolute path)")
-    cli._add_launch_flags(p, network=False)
-    cli._add_train_flags(p)     # --train_dir: the run dir here (cluster.yaml, logs/) and the chief's on its host
+    add_launch_flags(p, network=False)
+    add_train_flags(p)     # --train_dir: the run dir here (cluster.yaml, logs/) and the chief's on its host

@@ -1,0 +1,125 @@
+"""The `psworker k8s` commands: write Kubernetes manifests for a spec (pure), and apply, watch, read logs of and
+delete a run through the official client (the `k8s` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from typing import Any
+
+from psworker.cli_common import add_train_flags, train_overrides
+from psworker.errors import UsageError
+from psworker.spec import JOBS, load_spec, merge_train
+
+log = logging.getLogger(__name__)
+
+
+def cmd_k8s_manifest(args: argparse.Namespace) -> int:
+    """`psworker k8s manifest SPEC --image IMAGE ...`: writes the run's Kubernetes objects as YAML."""
+    from psworker.k8s import manifests as k8s
+    from psworker.plan import task_counts
+    spec = load_spec(args.spec, allow_counts=True)
+    train = merge_train(spec.train, train_overrides(args), num_workers=task_counts(spec)["worker"])
+    options = k8s.K8sOptions(
+        name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
+        port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
+        retries=args.retries, cluster_domain=args.cluster_domain)
+    text = k8s.to_yaml(k8s.manifests(dataclasses.replace(spec, train=train), options))
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        log.info("wrote %s (%s flavor, run %s)", args.output, options.flavor, options.name)
+    return 0
+
+
+def cmd_k8s_apply(args: argparse.Namespace) -> int:
+    """`psworker k8s apply FILE`: creates or updates the objects of a manifest file."""
+    import yaml
+
+    from psworker.k8s import live
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            objects = [o for o in yaml.safe_load_all(f) if o]
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"{args.file}: cannot read the manifest: {e}") from None
+    for applied in live.apply(live.connect(args.context), objects):
+        print(f"applied {applied}")
+    return 0
+
+
+def cmd_k8s_status(args: argparse.Namespace) -> int:
+    """`psworker k8s status NAME`: one line per task pod."""
+    from psworker.k8s import live
+    print(live.format_status(live.status(live.connect(args.context), args.name, args.namespace)))
+    return 0
+
+
+def cmd_k8s_logs(args: argparse.Namespace) -> int:
+    """`psworker k8s logs NAME [--job J] [--task_index I]`: each pod's log, prefixed `[worker:1] `."""
+    from psworker.k8s import live
+    for task, text in live.logs(live.connect(args.context), args.name, args.namespace, args.job, args.task_index,
+                                args.tail):
+        for line in text.splitlines():
+            print(f"[{task}] {line}")
+    return 0
+
+
+def cmd_k8s_delete(args: argparse.Namespace) -> int:
+    """`psworker k8s delete NAME`: deletes every object labelled with the run."""
+    from psworker.k8s import live
+    for gone in live.delete(live.connect(args.context), args.name, args.namespace):
+        print(f"deleted {gone}")
+    return 0
+
+
+def add_k8s_parsers(sub: Any) -> None:
+    """The `psworker k8s ...` command group."""
+    from psworker.k8s.manifests import FLAVORS
+    group = sub.add_parser("k8s", help="run on Kubernetes: write manifests, apply, status, logs, delete",
+                           description="run on Kubernetes: write manifests, apply, status, logs, delete")
+    k8s_sub = group.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
+
+    p = k8s_sub.add_parser("manifest", help="write a spec's Kubernetes objects as YAML")
+    p.set_defaults(func=cmd_k8s_manifest)
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--image", required=True, help="a container image with psworker installed (see Dockerfile)")
+    p.add_argument("--name", help="the run's name (default: from the spec file name)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--flavor", choices=list(FLAVORS), default="plain",
+                   help="tfjob: Kubeflow TFJob; plain: Service + Indexed Jobs (default); jobset: JobSet")
+    p.add_argument("--port", type=int, help="every task's gRPC port (default: the spec's port, else 2222)")
+    p.add_argument("--cpu", help="CPU request per task, e.g. 2")
+    p.add_argument("--memory", help="memory request and limit per task, e.g. 4Gi")
+    p.add_argument("--train_dir_volume", metavar="CLAIM",
+                   help="PersistentVolumeClaim mounted at --train_dir on workers (default: an emptyDir, lost "
+                        "with the pod)")
+    p.add_argument("--retries", type=int, default=3,
+                   help="restarts of a task after a retryable exit (128-255) before the run fails (default 3)")
+    p.add_argument("--cluster_domain", default="cluster.local",
+                   help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    add_train_flags(p)
+
+    p = k8s_sub.add_parser("apply", help="create or update a manifest file's objects")
+    p.set_defaults(func=cmd_k8s_apply)
+    p.add_argument("file", metavar="FILE")
+    for name, func, help_ in (("status", cmd_k8s_status, "show each task pod of a run"),
+                              ("logs", cmd_k8s_logs, "print a run's task logs"),
+                              ("delete", cmd_k8s_delete, "delete every object of a run")):
+        p = k8s_sub.add_parser(name, help=help_)
+        p.set_defaults(func=func)
+        p.add_argument("name", metavar="NAME", help="the run's name")
+        p.add_argument("--namespace", default="default")
+        if name == "logs":
+            p.add_argument("--job", choices=JOBS)
+            p.add_argument("--task_index", type=int)
+            p.add_argument("--tail", type=int, metavar="LINES")
+    for p in k8s_sub.choices.values():
+        p.add_argument("--context", help="kubeconfig context (default: the current one)")
+
+
+__all__ = ["add_k8s_parsers"]
