@@ -230,7 +230,9 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser (no side effects; called by `main`)."""
-    parser = argparse.ArgumentParser(prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker tasks, train, evaluate.")
+    parser = argparse.ArgumentParser(
+        prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker "
+                                     "tasks locally, over SSH, on Slurm or Kubernetes; train, evaluate, export.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:

@@ -54,7 +54,7 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
             it was done, and training is not known to be complete.
     """
     from psworker.task import server as srv
-    from psworker.task import shutdown
+    from psworker.task import done_queue, shutdown
 
     name = f"ps:{index}"
     srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
@@ -62,7 +62,7 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
     from psworker.train.devices import ps_server_config
 
     server = srv.start_server(spec, "ps", index, config=ps_server_config())
-    reader = shutdown.DoneReader(server.target, "ps", index, len(spec.worker))
+    reader = done_queue.DoneReader(server.target, "ps", index, len(spec.worker))
     if keep_running:
         log.info("%s: --keep_ps_running: serving until stopped", name)
         while True:   # drain each run's done tokens so that the queue never fills
@@ -97,7 +97,7 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
 
     config, server_config = devices.for_worker(config, name)   # --num_devices auto: every visible GPU
     server = srv.start_server(spec, "worker", index, config=server_config)
-    from psworker.task import runner, shutdown
+    from psworker.task import done_queue, runner, shutdown
     from psworker.train.ingraph import CLIENT_INDEX
 
     if config.replication != "in-graph":
@@ -112,7 +112,7 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
         shutdown.serve_until_client_done(server.target, spec, index, CLIENT_INDEX,
                                          client_gone_secs=config.startup_timeout_secs)
         log.info("%s: the client is done; exiting", name)
-        shutdown.signal_done(server.target, spec, index)
+        done_queue.signal_done(server.target, spec, index)
     return EXIT_OK
 
 

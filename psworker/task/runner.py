@@ -16,7 +16,7 @@ from psworker.errors import StartupTimeout, StepTimeout, StoppedEarly, TrainingF
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
-from psworker.task import shutdown
+from psworker.task import done_queue, shutdown
 from psworker.train import graph
 from psworker.train.graph import SYNC_INIT_TOKENS, TrainGraph
 from psworker.train.ingraph import CLIENT_INDEX, build_in_graph_train_graph
@@ -91,7 +91,7 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
     except (StepTimeout, StoppedEarly):
         if replication.release is not None:
             replication.release(server.target)
-        shutdown.signal_done(server.target, spec, index, timeout_secs=shutdown.SEND_DONE_AFTER_FAILURE_SECS)
+        done_queue.signal_done(server.target, spec, index, timeout_secs=done_queue.SEND_DONE_AFTER_FAILURE_SECS)
         raise
     log.info("%s: done at global step %d after %d local steps in %.1f s", name, result.global_step,
              result.local_steps, result.seconds)
@@ -100,7 +100,7 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
     if replication.is_chief:
         _evaluate_and_export(model, config, name, emit)
     # Last: a ps waits for every worker's port to close before it exits, so this cannot race it.
-    shutdown.signal_done(server.target, spec, index)
+    done_queue.signal_done(server.target, spec, index)
     return result
 
 

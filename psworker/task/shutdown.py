@@ -2,20 +2,19 @@
 
 Done tokens: every task that waits for others to finish (each ps for the workers; each serving worker for the
 in-graph client) owns a FIFO queue, shared by name, on its own device. A finished task enqueues its index there
-(`send_done`); the owner dequeues until every expected sender is in (`serve_until_done`), watching the senders'
+(`done_queue.send_done`); the owner dequeues until every expected sender is in (`serve_until_done`), watching the senders'
 ports meanwhile (`GoneWatch`) so that one that went away without a token cannot keep it waiting forever.
 """
 
 from __future__ import annotations
 
 import logging
-import queue as pyqueue
 import socket
-import threading
 import time
 from typing import Callable, Iterable, Optional, TypeVar
 
 from psworker.errors import PeerGone
+from psworker.task.done_queue import READER_STALL_SECS, SEND_DONE_SECS, DoneReader, send_done
 from psworker.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -26,14 +25,9 @@ T = TypeVar("T")
 POLL_SECS = 0.05              # how often a waiting loop looks again
 PORT_PROBE_SECS = 0.2         # one TCP connect to a peer's port
 PEER_CHECK_SECS = 0.5         # how often the ports of peers that have not said they are done are probed
-SEND_DONE_SECS = 5.0          # one done-token enqueue
-SEND_DONE_AFTER_FAILURE_SECS = 2.0   # the same, from a worker that is failing (be quick)
 VANISHED_GRACE_SECS = 2.0     # once training is over, a worker whose port stays closed this long counts as done
 PS_EXIT_WAIT_SECS = 10.0      # a ps waits at most this long for the workers' ports to close before it exits
-QUEUE_RUN_SECS = 5.0          # one run on a task's own done queue (its size, or one dequeue)
-READER_STALL_SECS = 10.0      # the done-queue reader has not answered this long: said in the log (once per stall)
 
-DONE_QUEUE_PREFIX = "psworker_done_"
 
 
 def poll_until(check: Callable[[], Optional[T]], deadline: float, *, interval: float = POLL_SECS,
@@ -125,114 +119,6 @@ class GoneWatch:
 
 
 # ---------------------------------------------------------------------------------------------- done tokens
-
-
-def done_queue(job: str, index: int, num_workers: int):
-    """The FIFO queue on task `job:index` into which finished tasks put their index (shared by name)."""
-    import tensorflow as tf
-
-    with tf.device(f"/job:{job}/task:{index}"):
-        return tf.queue.FIFOQueue(
-            capacity=max(16, 4 * num_workers), dtypes=[tf.int32], shapes=[[]],
-            shared_name=f"{DONE_QUEUE_PREFIX}{job}{index}", name=f"done_queue_{job}{index}",
-        )
-
-
-def send_done(target: str, sender: int, receivers: Iterable[tuple[str, int]], num_workers: int, *,
-              timeout_secs: float = SEND_DONE_SECS) -> None:
-    """From worker `sender`'s session at `target`: puts its index into each receiver's done queue.
-
-    A receiver that cannot be reached is logged, not fatal: it watches the sender's port as well.
-    """
-    import tensorflow as tf
-
-    receivers = list(receivers)
-    graph = tf.Graph()
-    with graph.as_default():
-        enqueues = [done_queue(job, i, num_workers).enqueue(tf.constant(sender, tf.int32)) for job, i in receivers]
-    filters = sorted({f"/job:{job}/task:{i}" for job, i in receivers} | {f"/job:worker/task:{sender}"})
-    config = tf.compat.v1.ConfigProto(device_filters=filters)
-    options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
-    with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
-        for (job, i), op in zip(receivers, enqueues):
-            try:
-                sess.run(op, options=options)
-            except tf.errors.OpError as exc:
-                log.warning("worker:%d could not tell %s:%d that it is done: %s", sender, job, i,
-                            exc.message.splitlines()[0])
-
-
-def signal_done(target: str, spec: ClusterSpec, worker: int, *, timeout_secs: float = SEND_DONE_SECS) -> None:
-    """Tells every ps that worker `worker` is done."""
-    send_done(target, worker, [("ps", p) for p in range(len(spec.ps))], len(spec.worker), timeout_secs=timeout_secs)
-
-
-class DoneReader:
-    """Reads task `job:index`'s own done queue in a daemon thread of its own, so that the waiting loop (and its
-    `GoneWatch`) never blocks in TensorFlow: every run has a timeout (`QUEUE_RUN_SECS`), and a run that fails or
-    times out is logged and tried again, never fatal.
-
-    Issue #7: a ps whose only worker was killed mid-step sometimes never exited; its log ended in the rendezvous
-    aborts of that step, without the watch's "gone" line, as when the one loop that also ran the watch sat in a run
-    on its own server (those runs had no timeout). Now no run can keep the watch from running.
-
-    Tokens are kept until `get` takes them, also across `serve_until_done` calls (`--keep_ps_running`).
-    """
-
-    def __init__(self, target: str, job: str, index: int, num_workers: int, *,
-                 run_secs: float = QUEUE_RUN_SECS, clock: Callable[[], float] = time.monotonic):
-        self._target, self._job, self._index, self._num_workers = target, job, index, num_workers
-        self._run_secs = run_secs
-        self._clock = clock
-        self._tokens: "pyqueue.Queue[int]" = pyqueue.Queue()
-        self._stop = threading.Event()
-        self.answered_at = clock()      # when a run on the queue last returned (a heartbeat)
-        self.failures = 0
-        self._thread = threading.Thread(target=self._loop, name=f"done-reader-{job}{index}", daemon=True)
-        self._thread.start()
-
-    def get(self, timeout: float) -> Optional[int]:
-        """The next sender's index, or None when none came within `timeout` seconds."""
-        try:
-            return self._tokens.get(timeout=timeout)
-        except pyqueue.Empty:
-            return None
-
-    def stalled_for(self) -> float:
-        """Seconds since a run on the queue last returned."""
-        return self._clock() - self.answered_at
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        import tensorflow as tf
-
-        who = f"{self._job}:{self._index}"
-        graph = tf.Graph()
-        with graph.as_default():
-            queue = done_queue(self._job, self._index, self._num_workers)
-            dequeue, size = queue.dequeue(), queue.size()
-        config = tf.compat.v1.ConfigProto(device_filters=[f"/job:{self._job}/task:{self._index}"],
-                                          operation_timeout_in_ms=int(self._run_secs * 1000))
-        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._run_secs * 1000))
-        sess = None   # left open at the end: the process leaves through os._exit
-        while not self._stop.is_set():
-            try:
-                if sess is None:
-                    sess = tf.compat.v1.Session(self._target, graph=graph, config=config)
-                # Poll the size rather than dequeue with a timeout: a timed-out dequeue logs a warning every time.
-                waiting = sess.run(size, options=options)
-                if waiting and not self._stop.is_set():
-                    self._tokens.put(int(sess.run(dequeue, options=options)))
-                self.answered_at = self._clock()
-            except tf.errors.OpError as exc:
-                self.failures += 1
-                log.warning("%s: reading its done queue failed (%s); trying again", who,
-                            exc.message.splitlines()[0] if exc.message else type(exc).__name__)
-                waiting = 0
-            if not waiting:
-                self._stop.wait(POLL_SECS)
 
 
 def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], num_workers: int, *,
@@ -414,6 +300,6 @@ def release_workers(target: str, spec: ClusterSpec, client: int, *, timeout_secs
         send_done(target, client, receivers, len(spec.worker), timeout_secs=timeout_secs)
 
 
-__all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "done_queue", "send_done", "signal_done",
-           "DoneReader", "serve_until_done", "training_complete", "PS_DONE", "PS_COMPLETE",
-           "serve_ps_until_workers_done", "serve_until_client_done", "release_workers"]
+__all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "serve_until_done",
+           "training_complete", "PS_DONE", "PS_COMPLETE", "serve_ps_until_workers_done",
+           "serve_until_client_done", "release_workers"]
