@@ -157,6 +157,10 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, cons
     log_dir = Path(config.train_dir) / LOG_SUBDIR
     print(f"psworker: checkpoints and summaries in {config.train_dir}/, task logs in {log_dir}/", file=console,
           flush=True)
+    exports = Path(config.train_dir) / "export"
+    steps = sorted((p for p in exports.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    if steps:
+        print(f"psworker: SavedModel in {steps[-1]}/ (psworker export, tf.saved_model.load)", file=console, flush=True)
     result_line = chief_result(log_dir)
     if result_line:
         print(f"psworker: {result_line}", file=console, flush=True)
