@@ -34,7 +34,8 @@ from psworker.spec import ClusterSpec, load_spec
 from psworker.launcher.supervisor import Supervisor
 
 STEP_LINE = re.compile(r"^step (\d+), loss", re.MULTILINE)   # a worker's progress line (global step)
-RESTART_MARKER = "===== psworker: restart"                   # the supervisor's line before a restarted task's log
+# the supervisor's line before each new attempt in a task's log: `--- restart 1 (cause) at TIME ---`
+RESTART_MARKER = re.compile(r"^--- (?:restart \d+ \(.*\)|new run of \S+) at \S+ ---$", re.MULTILINE)
 POLL_SECS = 0.05
 GRACE_PERIOD_SECS = 5.0                                      # teardown: SIGTERM, then SIGKILL after this long
 LOG_TAIL_LINES = 30
@@ -166,8 +167,9 @@ class LocalCluster:
         """Task `name`'s log; with `current`, only what its latest (re)start wrote."""
         path = self.log_path(name)
         text = path.read_text(errors="replace") if path.exists() else ""
-        if current and RESTART_MARKER in text:
-            text = text[text.rindex(RESTART_MARKER):]
+        markers = list(RESTART_MARKER.finditer(text)) if current else []
+        if markers:
+            text = text[markers[-1].start():]
         return text
 
     def tail(self, name: str, n: int = LOG_TAIL_LINES) -> str:
