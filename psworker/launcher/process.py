@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 import psutil
 
-__all__ = ["LocalProcessBackend", "ProcessBackend"]
+__all__ = ["LocalProcessBackend", "ProcessBackend", "die_with_parent"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ProcessBackend(Protocol):
         """Ends every task in `procs` and what they started: SIGTERM, `grace_secs`, SIGKILL, reap."""
 
 
-def _make_preexec() -> Optional[Callable[[], None]]:
+def die_with_parent() -> Optional[Callable[[], None]]:
     """On Linux, a preexec_fn that makes the child die by SIGKILL when the launcher dies (even by SIGKILL).
 
     PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so start tasks from the thread that
@@ -119,7 +119,7 @@ class LocalProcessBackend:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_make_preexec(),
+            preexec_fn=die_with_parent(),
         )
 
     def signal(self, proc: subprocess.Popen, sig: int) -> None:

@@ -23,7 +23,7 @@ from typing import Mapping, Optional, Sequence, TextIO, Union
 from psworker.errors import UsageError
 from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.process import _make_preexec
+from psworker.launcher.process import die_with_parent
 from psworker.launcher.report import RunResult
 from psworker.plan import Task, layout, plan
 from psworker.schedulers import slurm as sched
@@ -148,7 +148,7 @@ class SlurmProcessBackend:
         real = [self._symbols.get(a, a) for a in argv]
         proc = subprocess.Popen(sched.srun_argv(placed, real, srun=self._srun), env={**os.environ, **env},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_make_preexec())
+                                start_new_session=True, preexec_fn=die_with_parent())
         name = sched.step_job_name(task.job, task.index)
         with self._lock:
             self._names[proc.pid] = name

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence, TextIO
 from psworker.errors import PsworkerError, SpecError, UsageError
 from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.process import _make_preexec
+from psworker.launcher.process import die_with_parent
 from psworker.launcher.report import RunResult
 from psworker.plan import plan
 from psworker.schedulers.ssh import require_reachable, ssh_argv
@@ -193,7 +193,7 @@ class SshProcessBackend:
         proc = subprocess.Popen(ssh_argv(host, real, env=shipped, cwd=self._cwd, ssh_config=self._config,
                                          ssh=self._ssh, options=self._options),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_make_preexec())
+                                start_new_session=True, preexec_fn=die_with_parent())
         proc.stdout = _RemoteOutput(proc.stdout)
         self._where[proc.pid] = host
         return proc

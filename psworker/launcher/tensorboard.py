@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -13,9 +12,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 from psworker.errors import TensorBoardError
+from psworker.launcher.process import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def serve(logdir: str, port: int = 0, *, timeout_secs: float = 60.0, reload_inte
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(command(logdir, port, reload_interval_secs=reload_interval_secs),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent())
+                                start_new_session=True, preexec_fn=die_with_parent())
     try:
         _wait_until_up(proc, url, timeout_secs, log_path)
         log.info("TensorBoard on %s at %s (pid %d)", logdir, url, proc.pid)
@@ -75,25 +75,6 @@ def serve(logdir: str, port: int = 0, *, timeout_secs: float = 60.0, reload_inte
         if own_log:
             with contextlib.suppress(OSError):
                 os.remove(log_path)
-
-
-def _die_with_parent() -> Optional[Callable[[], None]]:
-    """On Linux, a preexec_fn that makes TensorBoard die by SIGKILL when its parent dies, even by SIGKILL.
-
-    PR_SET_PDEATHSIG fires when the *thread* that started the child exits: enter `serve` from a thread that lives as
-    long as the `with` block (the main thread, usually).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up before fork: the child only calls it
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:      # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
 
 
 def _wait_until_up(proc: subprocess.Popen, url: str, timeout_secs: float, log_path: str) -> None:
