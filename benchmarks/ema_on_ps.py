@@ -1,6 +1,6 @@
 """Benchmark-only prototype: psworker's moving-average update computed on the ps instead of the worker.
 
-`psworker.trainer.finish_train_op` (after the redesign: `psworker.train.trainer`) builds `ema.apply(...)` under the
+`psworker.train.graph.finish_train_op` builds `ema.apply(...)` under the
 worker's `replica_device_setter`, so the update's arithmetic (`(shadow - var) * (1 - decay)`) is placed on the
 worker: every step reads each variable *and* its shadow from the ps and sends the product back (3x the model's
 bytes on top of the step's own 2x). `finish_train_op_on_ps` builds the same update with each variable's ops on that
@@ -30,6 +30,6 @@ def finish_train_op_on_ps(apply_op, ema, loss, learning_rate):
 
 def install() -> None:
     """Makes psworker's trainer build the moving averages with `finish_train_op_on_ps`."""
-    from psworker import trainer
+    from psworker.train import graph
 
-    trainer.finish_train_op = finish_train_op_on_ps
+    graph.finish_train_op = finish_train_op_on_ps

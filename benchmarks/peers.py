@@ -5,8 +5,7 @@ For each model (cnn: the CIFAR-10 tutorial CNN; mlp: the digits MLP) and each sh
   - psworker: `python -m psworker local SPEC`; global steps/s from the task logs, from the moment every worker
     trains (the later worker's first step) to the last step, as benchmarks/lifecycle.py measures (the sum of the
     workers' progress-line rates is kept in the JSON as a second opinion); in-process:
-    `psworker.trainer.train_in_process` in a subprocess
-    (the redesign moves it to `psworker.train.trainer`);
+    `psworker.train.graph.train_in_process` in a subprocess;
   - pss: benchmarks/pss_peer.py (ClusterCoordinator, one step per closure; warm-up steps left out).
 Same model, data pipeline (CIFAR-10 records with the tutorial's distortions / standardised digits), batch per
 worker, plain SGD at the same learning rate. The training ops differ in one way: psworker's CNN keeps moving
@@ -107,7 +106,7 @@ def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, 
 
     from psworker import models
     from psworker.spec import TrainConfig
-    from psworker.trainer import train_in_process   # after the redesign: psworker.train.trainer
+    from psworker.train.graph import train_in_process
 
     tf.compat.v1.disable_eager_execution()
     name = PSWORKER_MODEL[model]

@@ -2,15 +2,14 @@
 
 The ps is a `tf.distribute.Server` subprocess (benchmarks/pss_peer.py's `serve`); this process is worker 0, as a
 psworker worker is: an in-process `tf.compat.v1.train.Server`, the training graph of
-`psworker.trainer.build_train_graph` and the session config of `psworker.server.session_config` (the redesign moves
-them to `psworker.train.trainer` and `psworker.task.server`). For each variant of the graph (CNN with and without
+`psworker.train.graph.build_train_graph` and the session config of `psworker.task.server.session_config`. For each variant of the graph (CNN with and without
 the moving averages as shipped, computed on the ps (benchmarks/ema_on_ps.py), and off; MLP) it measures,
 alternating in rounds:
   - wall time per step of `sess.run(train_op)` on a bare session;
   - the same with the fetches psworker's ProgressHook adds (loss, global step);
   - `MonitoredSession` without hooks, and with psworker's hooks (StopAtStepHook, NanTensorHook, ProgressHook, the
     chief's checkpoint
-    and summary hooks) and its `FastSessionCreator`, as `psworker.trainer.train` runs it;
+    and summary hooks) and its `FastSessionCreator`, as `psworker.task.runner` runs it;
   - CPU seconds per step of this process (worker + client) and of the ps process;
 then traces --trace_steps steps (`RunOptions(trace_level=FULL_TRACE)`) and splits each step's `step_stats` into:
 reads of the ps's variables as the worker receives them (`_Recv` from /job:ps), worker compute by op type, sends to
@@ -137,12 +136,13 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     import tensorflow as tf
 
     from psworker import models
-    from psworker.hooks import ProgressHook          # after the redesign: psworker.train.hooks
-    from psworker.server import session_config      # psworker.task.server
-    from psworker.session import FastSessionCreator  # psworker.train.session
     from psworker.spec import TrainConfig
-    from psworker import trainer                     # psworker.train.trainer
-    from psworker.trainer import build_train_graph, chief_hooks
+    from psworker.task.runner import chief_hooks
+    from psworker.task.server import session_config
+    from psworker.train import graph as trainer
+    from psworker.train.graph import build_train_graph
+    from psworker.train.hooks import ProgressHook
+    from psworker.train.session import FastSessionCreator
 
     v1 = tf.compat.v1
     name = "cifar10" if variant.startswith("cnn") else "mlp"
@@ -167,7 +167,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
         progress = ProgressHook(tg.loss, tg.global_step, every_steps=config.log_every_steps,
                                 examples_per_step=config.batch_size, emit=lambda *a, **k: None, name="worker:0")
         hooks = [v1.train.StopAtStepHook(last_step=config.max_steps), v1.train.NanTensorHook(tg.loss), progress]
-        hooks += chief_hooks(config, scaffold)
+        hooks += chief_hooks(config, scaffold, "worker:0")
         init = [v1.global_variables_initializer(), v1.local_variables_initializer()]
         sconf = session_config("worker", 0)
         bare = v1.Session(server.target, graph=graph, config=sconf)
@@ -257,7 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     models = [m for m in args.models.split(",") if m]
     variants = [v for m in models for v in (("cnn", "cnn ema@ps", "cnn -ema") if m == "cnn" else (m,))]
     if args.data_dir is None and "cnn" in models:
-        from psworker.data.cifar10 import write_synthetic
+        from psworker.data.cifar10_files import write_synthetic
 
         args.data_dir = tempfile.mkdtemp(prefix="profile-cifar-")
         write_synthetic(args.data_dir)
