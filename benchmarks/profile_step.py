@@ -3,7 +3,8 @@
 The ps is a `tf.distribute.Server` subprocess (benchmarks/pss_peer.py's `serve`); this process is worker 0, as a
 psworker worker is: an in-process `tf.compat.v1.train.Server`, the training graph of
 `psworker.train.graph.build_train_graph` and the session config of `psworker.task.server.session_config`. For each variant of the graph (CNN with and without
-the moving averages as shipped, computed on the ps (benchmarks/ema_on_ps.py), and off; MLP) it measures,
+the moving averages as shipped (computed on each variable's ps), computed on the worker as before issue #9
+(`ema@worker`, `use_worker_averages`), and off; MLP) it measures,
 alternating in rounds:
   - wall time per step of `sess.run(train_op)` on a bare session;
   - the same with the fetches psworker's ProgressHook adds (loss, global step);
@@ -39,7 +40,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-import ema_on_ps  # noqa: E402  (the moving averages on the ps: a prototype)
 import pss_peer  # noqa: E402  (free ports, server subprocesses)
 
 EMA_MARKERS = ("ExponentialMovingAverage", "moving_avg")
@@ -130,6 +130,19 @@ def _mean_dicts(ds: list[dict]) -> dict:
     return {k: statistics.mean(d.get(k, 0.0) for d in ds) for k in keys}
 
 
+_SHIPPED: dict = {}
+
+
+def use_worker_averages(on: bool) -> None:
+    """Benchmark-only: `True` builds the moving averages as before issue #9 (one `ema.apply` under the worker's
+    device setter, so the arithmetic runs on the worker); `False` restores psworker's own (on the ps)."""
+    from psworker.train import graph
+
+    cls = graph.ColocatedAverages
+    _SHIPPED.setdefault("apply", cls.__dict__["apply"])
+    cls.apply = (lambda self, var_list: self._ema.apply(var_list)) if on else _SHIPPED["apply"]
+
+
 def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     """Builds `variant`'s training graph as worker 0 and measures it (see the module docstring)."""
     import psutil
@@ -139,7 +152,6 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     from psworker.spec import TrainConfig
     from psworker.task.runner import chief_hooks
     from psworker.task.server import session_config
-    from psworker.train import graph as trainer
     from psworker.train.graph import build_train_graph
     from psworker.train.hooks import ProgressHook
     from psworker.train.session import FastSessionCreator
@@ -149,9 +161,8 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     model = models.get(name)
     if variant == "cnn -ema":
         model.moving_average_decay = None   # this instance only: the graph without the moving averages
-    finish = trainer.finish_train_op
-    if variant == "cnn ema@ps":
-        trainer.finish_train_op = ema_on_ps.finish_train_op_on_ps   # the prototype; restored below
+    if variant == "cnn ema@worker":
+        use_worker_averages(True)   # restored below
     train_dir = tempfile.mkdtemp(prefix=f"profile-{variant}-")
     config = TrainConfig(model=name, batch_size=args.batch_size, learning_rate=0.1, max_steps=10 ** 9,
                          log_every_steps=10 ** 6, data_dir=args.data_dir if name == "cifar10" else None,
@@ -162,7 +173,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
         try:
             tg = build_train_graph(model, config, cluster=cluster, task_index=0)
         finally:
-            trainer.finish_train_op = finish
+            use_worker_averages(False)
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=5, save_relative_paths=True))
         progress = ProgressHook(tg.loss, tg.global_step, every_steps=config.log_every_steps,
                                 examples_per_step=config.batch_size, emit=lambda *a, **k: None, name="worker:0")
@@ -255,7 +266,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     models = [m for m in args.models.split(",") if m]
-    variants = [v for m in models for v in (("cnn", "cnn ema@ps", "cnn -ema") if m == "cnn" else (m,))]
+    variants = [v for m in models for v in (("cnn", "cnn ema@worker", "cnn -ema") if m == "cnn" else (m,))]
     if args.data_dir is None and "cnn" in models:
         from psworker.data.cifar10_files import write_synthetic
 
