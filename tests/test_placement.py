@@ -1,4 +1,5 @@
-"""Pure tests of where a training graph puts its work: the moving averages on the ps (no servers, no data)."""
+"""Pure tests of where a training graph puts its work (no servers, no data): the moving averages on the ps, large
+variables split over the ps tasks, bytes per ps balanced."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_moving_average_updates_run_on_the_ps_of_their_variable(mode):
     ops = [op for op in graph.get_operations() if "MovingAv" in op.name and op.type != "ReadVariableOp"]
     assert ops and {_job(op) for op in ops} == {"ps"}
     updates = [op for op in ops if op.type == "AssignSubVariableOp"]
-    assert len(updates) == 10   # one per trainable variable
+    assert len(updates) == 13   # one per trainable variable or shard (2 ps: 3 variables in 2 shards)
     for op in updates:
         scope = op.name.split("/")[0]   # ExponentialMovingAverage_N: this variable's decay and update
         shadow = op.inputs[0].op
@@ -65,3 +66,56 @@ def test_checkpoint_names_are_those_the_evaluator_restores():
     assert len(wanted) == 10
     graph, _ = _cifar_graph("async")
     assert wanted <= _checkpoint_names(graph)
+
+
+@pytest.mark.parametrize("num_ps", [2, 3, 4])
+def test_cifar10_bytes_per_ps_are_balanced(num_ps):
+    """Goal: max/mean <= 1.05; shards and moving averages sit with (and are counted on) their variable's ps."""
+    from psworker.train.report import placement_report
+
+    report = placement_report("cifar10", num_ps)
+    assert report.max_over_mean <= 1.05, report.bytes_per_ps
+    assert report.trainable_parameters == 1_068_298
+    by_name = {v.name: v for v in report.variables}
+    shards = [v for v in report.variables if v.is_shard and v.trainable]
+    assert {v.checkpoint_name for v in shards} == {"conv2/weights", "local3/weights", "local4/weights"}
+    for name in ("conv2/weights", "local3/weights", "local4/weights"):
+        assert sorted(v.ps for v in shards if v.checkpoint_name == name) == list(range(num_ps))
+    for v in report.variables:
+        if v.name.endswith("/ExponentialMovingAverage"):
+            assert v.ps == by_name[v.name.rsplit("/", 1)[0]].ps
+            assert v.checkpoint_name == v.checkpoint_name.rsplit("/", 1)[0] + "/ExponentialMovingAverage"
+
+
+def test_one_ps_splits_nothing():
+    from psworker.train.report import placement_report
+
+    report = placement_report("cifar10", 1)
+    assert not any(v.is_shard for v in report.variables) and report.max_over_mean == 1.0
+
+
+def test_partitions_split_the_longest_axis_of_large_variables_only():
+    from psworker.train.placement import MIN_PARTITION_BYTES, partitions
+
+    assert partitions([5, 5, 64, 64], 4, 3) == [1, 1, 3, 1]
+    assert partitions([2304, 384], 4, 4) == [4, 1]
+    assert partitions([2304, 384], 4, 1) == [1, 1]
+    assert partitions([10], 4, 4) == [1]                                       # small: whole
+    assert partitions([MIN_PARTITION_BYTES // 4], 4, 2) == [2]
+    assert partitions([2, MIN_PARTITION_BYTES], 4, 8) == [1, 8]
+    assert partitions([3, 3], 4, 8, min_bytes=0) == [3, 1]                    # never more shards than entries
+
+
+def test_greedy_strategy_counts_slots_on_their_variables_ps():
+    import tensorflow as tf
+
+    from psworker.train.placement import GreedyByteStrategy
+
+    strategy = GreedyByteStrategy(2)
+    with tf.Graph().as_default():
+        v1 = tf.compat.v1
+        with v1.device(v1.train.replica_device_setter(ps_tasks=2, ps_strategy=strategy)):
+            big = v1.get_variable("big", [1000], initializer=v1.zeros_initializer())
+            small = v1.get_variable("small", [10], initializer=v1.zeros_initializer())
+            v1.train.ExponentialMovingAverage(0.9).apply([big, small])
+    assert strategy.loads == [8000, 80]

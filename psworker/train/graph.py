@@ -99,14 +99,14 @@ class CappedOptimizer:
 def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[dict], task_index: int) -> TrainGraph:
     """Builds one worker's replica of the training graph in the current default graph.
 
-    Variables go to the ps tasks (greedy by bytes: every worker builds the same graph in the same order, so all
-    compute the same placement); compute and input ops stay on this worker. `cluster=None` builds the same graph
+    Variables go to the ps tasks, large ones split into a shard per ps (`placement.partitioned_variables`), placed
+    greedily by bytes (every worker builds the same graph in the same order, so all compute the same placement); compute and input ops stay on this worker. `cluster=None` builds the same graph
     for one process without servers (no placement; async updates only).
     """
     import tensorflow as tf
 
     from psworker.train import devices
-    from psworker.train.placement import GreedyByteStrategy
+    from psworker.train.placement import GreedyByteStrategy, partitioned_variables
 
     v1 = tf.compat.v1
     config = devices.resolve(config, devices.visible_gpus())   # --num_devices auto
@@ -121,7 +121,8 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         if config.mode == "sync":
             raise ValueError("sync mode needs a cluster")
         worker_device, placement, input_device = "", None, "/device:CPU:0"
-    with tf.compat.v1.device(placement):
+    num_ps = len(cluster["ps"]) if cluster else 1
+    with tf.compat.v1.device(placement), partitioned_variables(num_ps):
         global_step = v1.train.get_or_create_global_step()
         with tf.device(input_device):
             images, labels = model.train_inputs(InputSpec(

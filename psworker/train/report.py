@@ -14,6 +14,12 @@ class PlacedVariable:
     nbytes: int
     ps: int
     trainable: bool
+    checkpoint_name: str = ""             # a shard's: its whole variable's (what the checkpoint holds); else `name`
+    checkpoint_shape: tuple[int, ...] = ()
+
+    @property
+    def is_shard(self) -> bool:
+        return self.checkpoint_name != self.name
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,12 @@ class PlacementReport:
         for v in self.variables:
             loads[v.ps] += v.nbytes
         return loads
+
+    @property
+    def max_over_mean(self) -> float:
+        """The largest ps's bytes over the mean (1.0 is perfect balance)."""
+        loads = self.bytes_per_ps
+        return max(loads) * len(loads) / (sum(loads) or 1)
 
 
 def _elements(shape: tuple[int, ...]) -> int:
@@ -64,7 +76,8 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     and reads where each variable landed.
 
     The graph is the trainer's own (`graph.build_train_graph`, async): the global step, the model's variables and
-    its moving averages (colocated with their variables), placed by `GreedyByteStrategy` in the trainer's order.
+    its moving averages (colocated with their variables), large variables split into a shard per ps, placed by
+    `GreedyByteStrategy` in the trainer's order.
     In-graph replication and towers create the variables in the same order, so they get the same placement.
 
     Args:
@@ -73,7 +86,8 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
         batch_size: the (irrelevant) batch of the zero inputs.
 
     Returns:
-        The variables in creation order, each with its shape, bytes, ps task and whether it is trainable.
+        The variables (shards) in creation order, each with its shape, bytes, ps task, whether it is trainable, and
+        the name and shape it has in a checkpoint.
     """
     import tensorflow as tf
 
@@ -95,8 +109,11 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
             if device.job != "ps" or device.task is None:
                 raise RuntimeError(f"{var.op.name} is not on a ps task (device {var.device!r})")
             shape = tuple(int(d) for d in var.shape)
+            whole = getattr(var, "_save_slice_info", None)   # set on the shards of a partitioned variable
             rows.append(PlacedVariable(var.op.name, shape, _elements(shape) * var.dtype.base_dtype.size,
-                                       int(device.task), id(var) in trainable))
+                                       int(device.task), id(var) in trainable,
+                                       whole.full_name if whole else var.op.name,
+                                       tuple(whole.full_shape) if whole else shape))
     return PlacementReport(model_name, num_ps, tuple(rows))
 
 
@@ -105,6 +122,8 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
 
     Builds no servers and reads no data (see `placement_report`).
     """
+    from psworker.train import placement
+
     report = placement_report(model_name, num_ps, batch_size=batch_size)
     rows = report.variables
     name_w = max([len("variable")] + [len(v.name) for v in rows])
@@ -114,11 +133,17 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
              f"  {'variable':<{name_w}}  {'shape':<{shape_w}}  {'bytes':>12}  ps"]
     for v in rows:
         lines.append(f"  {v.name:<{name_w}}  {_shape(v.shape):<{shape_w}}  {v.nbytes:>12,}  ps:{v.ps}"
-                     + ("" if v.trainable else "  (not trainable)"))
+                     + ("" if v.trainable else "  (not trainable)")
+                     + (f"  (shard of {v.checkpoint_name} {_shape(v.checkpoint_shape)})" if v.is_shard else ""))
     loads = report.bytes_per_ps
     total = sum(loads)
     for i, load in enumerate(loads):
         lines.append(f"  ps:{i} holds {load:,} bytes ({100.0 * load / (total or 1):.1f}%)")
+    shards = sum(v.is_shard for v in rows)
+    lines.append(f"  bytes per ps: max/mean {report.max_over_mean:.3f}"
+                 + (f"; {shards} shards of {len({v.checkpoint_name for v in rows if v.is_shard})} split variables"
+                    f" (variables of {placement.MIN_PARTITION_BYTES:,} bytes or more are split over the ps tasks)"
+                    if shards else ""))
     lines.append(f"  total: {report.trainable_parameters:,} trainable parameters, {total:,} bytes on the ps tasks")
     return "\n".join(lines)
 
