@@ -119,3 +119,36 @@ def test_greedy_strategy_counts_slots_on_their_variables_ps():
             small = v1.get_variable("small", [10], initializer=v1.zeros_initializer())
             v1.train.ExponentialMovingAverage(0.9).apply([big, small])
     assert strategy.loads == [8000, 80]
+
+
+def test_step_traffic_of_cifar10_counts_every_crossing_read_and_gradient():
+    """Per worker step: every variable pulled once, local3/local4 weights twice (the weight decay reads them again:
+    what profile_step measured, 8.1 MB) and the global step, one gradient per variable pushed (4.27 MB); the averages cross nothing."""
+    from psworker.train.report import placement_report
+
+    params = 1_068_298
+    twice = (2304 * 384 + 384 * 192) * 4
+    for num_ps in (1, 2):
+        traffic = placement_report("cifar10", num_ps).traffic
+        assert sum(traffic.push) == params * 4
+        assert sum(traffic.pull) == params * 4 + twice + 8   # + the global step (the learning rate)
+        assert all(p > 0 for p in traffic.pull) and all(p > 0 for p in traffic.push)
+
+
+def test_network_load_and_ps_needed():
+    from psworker.train.traffic import StepTraffic, describe, ps_load, ps_needed
+
+    traffic = StepTraffic(pull=(6_000_000, 2_000_000), push=(3_000_000, 1_000_000))
+    loads = ps_load(traffic, 5.0, 4)
+    assert [(ld.out_bytes_per_sec, ld.in_bytes_per_sec) for ld in loads] == [(120e6, 60e6), (40e6, 20e6)]
+    gbit10 = 10e9 / 8   # 1.25e9 bytes/s
+    # 8 MB pulled per step x 5 steps/s x N workers, spread evenly over the ps links
+    assert ps_needed(traffic, 5.0, 1, gbit10) == 1
+    assert ps_needed(traffic, 5.0, 100, gbit10) == 4       # 4.0e9 / 1.25e9 = 3.2
+    assert ps_needed(traffic, 5.0, 1000, gbit10) == 32     # exactly 32
+    assert ps_needed(traffic, 5.0, 1000, gbit10, imbalance=1.05) == 34
+    text = describe(traffic, steps_per_sec_per_worker=5.0, workers=4, bandwidth_gbps=10)
+    assert "ps:0 at 5 steps/s x 4 workers: sends 120.0 MB/s, receives 60.0 MB/s" in text
+    assert "1,000 workers: 32" in text
+    with pytest.raises(ValueError):
+        ps_needed(traffic, 5.0, 1, 0)

@@ -29,6 +29,7 @@ class PlacementReport:
     model: str
     num_ps: int
     variables: tuple[PlacedVariable, ...]
+    traffic: object = None   # `traffic.StepTraffic` of one worker step
 
     @property
     def trainable_parameters(self) -> int:
@@ -94,6 +95,7 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     from psworker import models
     from psworker.spec import TrainConfig
     from psworker.train.graph import build_train_graph
+    from psworker.train.traffic import step_traffic
 
     if num_ps < 1:
         raise ValueError(f"num_ps must be at least 1, got {num_ps}")
@@ -101,8 +103,9 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     cluster = {"ps": [f"ps{i}:1" for i in range(num_ps)], "worker": ["worker0:1"]}
     config = TrainConfig(model=model_name, batch_size=batch_size)
     rows = []
-    with tf.Graph().as_default():
+    with tf.Graph().as_default() as graph:
         build_train_graph(model, config, cluster=cluster, task_index=0)
+        traffic = step_traffic(graph, num_ps)
         trainable = {id(v) for v in tf.compat.v1.trainable_variables()}
         for var in tf.compat.v1.global_variables():
             device = tf.DeviceSpec.from_string(var.device or "")
@@ -114,15 +117,17 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
                                        int(device.task), id(var) in trainable,
                                        whole.full_name if whole else var.op.name,
                                        tuple(whole.full_shape) if whole else shape))
-    return PlacementReport(model_name, num_ps, tuple(rows))
+    return PlacementReport(model_name, num_ps, tuple(rows), traffic)
 
 
-def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
-    """`psworker plan --model`: each variable of the training graph, its bytes and its ps; bytes per ps; totals.
+def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int = 1, step_rate: float = 10.0,
+             bandwidth_gbps: float = 10.0) -> str:
+    """`psworker plan --model`: each variable of the training graph, its bytes and its ps; bytes per ps; totals; the
+    network estimate (`traffic.describe`) for `workers` workers at `step_rate` steps/s each.
 
     Builds no servers and reads no data (see `placement_report`).
     """
-    from psworker.train import placement
+    from psworker.train import placement, traffic
 
     report = placement_report(model_name, num_ps, batch_size=batch_size)
     rows = report.variables
@@ -145,6 +150,8 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
                     f" (variables of {placement.MIN_PARTITION_BYTES:,} bytes or more are split over the ps tasks)"
                     if shards else ""))
     lines.append(f"  total: {report.trainable_parameters:,} trainable parameters, {total:,} bytes on the ps tasks")
+    lines.append(traffic.describe(report.traffic, steps_per_sec_per_worker=step_rate, workers=workers,
+                                  bandwidth_gbps=bandwidth_gbps, imbalance=report.max_over_mean))
     return "\n".join(lines)
 
 
