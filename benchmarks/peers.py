@@ -223,7 +223,8 @@ def print_table(results: dict, models: list[str], shapes: list[int], args) -> di
                 ratios[f"{model}/{name}/{shape_name[s]}/vs_in_process"] = v / base
         print(f"{model:<5} {name:<26}" + "".join(f"{c:>20}" for c in cells))
     for model in models:
-        pairs = [("psworker", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"), ("psworker", "psworker ema@worker")]
+        pairs = [("psworker", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"),
+                                          ("psworker", "psworker ema@worker")]
                                           if model == "cnn" else [])
         if model == "cnn" and args.pss_ema:
             pairs += [("psworker", "pss +ema"), ("psworker ema@worker", "pss +ema")]

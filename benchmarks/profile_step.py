@@ -2,10 +2,10 @@
 
 The ps is a `tf.distribute.Server` subprocess (benchmarks/pss_peer.py's `serve`); this process is worker 0, as a
 psworker worker is: an in-process `tf.compat.v1.train.Server`, the training graph of
-`psworker.train.graph.build_train_graph` and the session config of `psworker.task.server.session_config`. For each variant of the graph (CNN with and without
-the moving averages as shipped (computed on each variable's ps), computed on the worker as before issue #9
-(`ema@worker`, `use_worker_averages`), and off; MLP) it measures,
-alternating in rounds:
+`psworker.train.graph.build_train_graph` and the session config of `psworker.task.server.session_config`. For each
+variant of the graph (CNN with the moving averages as shipped, i.e. computed on each variable's ps; computed on the
+worker as before issue #9, `ema@worker`, see `use_worker_averages`; without them; MLP) it measures, alternating in
+rounds:
   - wall time per step of `sess.run(train_op)` on a bare session;
   - the same with the loss and global step fetched (what psworker's progress hook fetched every step before #9);
   - `MonitoredSession` without hooks; with psworker's hooks before issue #9 (StopAtStepHook, NanTensorHook, a

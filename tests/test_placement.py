@@ -123,7 +123,8 @@ def test_greedy_strategy_counts_slots_on_their_variables_ps():
 
 def test_step_traffic_of_cifar10_counts_every_crossing_read_and_gradient():
     """Per worker step: every variable pulled once, local3/local4 weights twice (the weight decay reads them again:
-    what profile_step measured, 8.1 MB) and the global step, one gradient per variable pushed (4.27 MB); the averages cross nothing."""
+    what profile_step measured, 8.1 MB) and the global step, one gradient per variable pushed (4.27 MB); the
+    averages cross nothing."""
     from psworker.train.report import placement_report
 
     params = 1_068_298

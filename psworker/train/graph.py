@@ -100,8 +100,9 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     """Builds one worker's replica of the training graph in the current default graph.
 
     Variables go to the ps tasks, large ones split into a shard per ps (`placement.partitioned_variables`), placed
-    greedily by bytes (every worker builds the same graph in the same order, so all compute the same placement); compute and input ops stay on this worker. `cluster=None` builds the same graph
-    for one process without servers (no placement; async updates only).
+    greedily by bytes (every worker builds the same graph in the same order, so all compute the same placement);
+    compute and input ops stay on this worker. `cluster=None` builds the same graph for one process without servers
+    (no placement, no shards; async updates only).
     """
     import tensorflow as tf
 
@@ -223,5 +224,5 @@ def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_st
             return time.perf_counter() - start, steps
 
 
-__all__ = ["TrainGraph", "Optimization", "optimization", "CappedOptimizer", "ColocatedAverages", "build_train_graph", "finish_train_op",
-           "train_in_process", "SYNC_INIT_TOKENS"]
+__all__ = ["TrainGraph", "Optimization", "optimization", "CappedOptimizer", "ColocatedAverages", "build_train_graph",
+           "finish_train_op", "train_in_process", "SYNC_INIT_TOKENS"]
