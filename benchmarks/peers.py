@@ -5,16 +5,15 @@ For each model (cnn: the CIFAR-10 tutorial CNN; mlp: the digits MLP) and each sh
   - psworker: `python -m psworker local SPEC`; global steps/s from the task logs, from the moment every worker
     trains (the later worker's first step) to the last step, as benchmarks/lifecycle.py measures (the sum of the
     workers' progress-line rates is kept in the JSON as a second opinion); in-process:
-    `psworker.trainer.train_in_process` in a subprocess
-    (the redesign moves it to `psworker.train.trainer`);
+    `psworker.train.graph.train_in_process` in a subprocess;
   - pss: benchmarks/pss_peer.py (ClusterCoordinator, one step per closure; warm-up steps left out).
 Same model, data pipeline (CIFAR-10 records with the tutorial's distortions / standardised digits), batch per
 worker, plain SGD at the same learning rate. The training ops differ in one way: psworker's CNN keeps moving
-averages of its weights, updated after every apply. psworker has no switch for them, so the psworker CNN runs three
-ways, switched in every task process by a `sitecustomize.py` on PYTHONPATH (benchmark-only patches; nothing in
-psworker changes): as shipped ("psworker"), with the moving-average update computed on the ps
-(benchmarks/ema_on_ps.py, "psworker ema@ps"), and without moving averages (`Cifar10Model.moving_average_decay =
-None`, "psworker -ema", the same training op as "pss"). `--pss_ema` adds the PSS side with the same averages.
+averages of its weights, updated after every apply (on each variable's ps). psworker has no switch for them, so
+the psworker CNN runs three ways, switched in every task process by a `sitecustomize.py` on PYTHONPATH
+(benchmark-only patches): as shipped ("psworker"), with the moving-average update computed on the worker as before
+issue #9 ("psworker ema@worker"), and without moving averages (`Cifar10Model.moving_average_decay = None`,
+"psworker -ema", the same training op as "pss"). `--pss_ema` adds the PSS side with the same averages.
 
     python benchmarks/peers.py                               # everything, defaults
     python benchmarks/peers.py --models mlp --shapes 0,1 --steps 300 --repeat 1   # a smoke test
@@ -56,15 +55,15 @@ if os.environ.get("PSWORKER_BENCH_EMA") == "off":
     from psworker.models.cifar10 import Cifar10Model
 
     Cifar10Model.moving_average_decay = None
-elif os.environ.get("PSWORKER_BENCH_EMA") == "ps":
-    import ema_on_ps
+elif os.environ.get("PSWORKER_BENCH_EMA") == "worker":   # as before issue #9: the arithmetic on the worker
+    from psworker.train import graph
 
-    ema_on_ps.install()
+    graph.ColocatedAverages.apply = lambda self, var_list: self._ema.apply(var_list)
 '''
 
 
 def _env(ema: str, site_dir: Path) -> dict:
-    """Environment of psworker processes; `ema`: "shipped", "off" or "ps" (see SITECUSTOMIZE)."""
+    """Environment of psworker processes; `ema`: "shipped", "off" or "worker" (see SITECUSTOMIZE)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PSWORKER_BENCH_EMA=ema)
     paths = [str(REPO), str(HERE)] + ([str(site_dir)] if ema != "shipped" else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
@@ -107,7 +106,7 @@ def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, 
 
     from psworker import models
     from psworker.spec import TrainConfig
-    from psworker.trainer import train_in_process   # after the redesign: psworker.train.trainer
+    from psworker.train.graph import train_in_process
 
     tf.compat.v1.disable_eager_execution()
     name = PSWORKER_MODEL[model]
@@ -197,7 +196,7 @@ def variants(models: list[str], pss_ema: bool) -> list[tuple[str, str, dict]]:
     for m in models:
         out.append((m, "psworker", {"side": "psworker", "ema": "shipped"}))
         if m == "cnn":
-            out.append((m, "psworker ema@ps", {"side": "psworker", "ema": "ps"}))
+            out.append((m, "psworker ema@worker", {"side": "psworker", "ema": "worker"}))
             out.append((m, "psworker -ema", {"side": "psworker", "ema": "off"}))
         out.append((m, "pss", {"side": "pss", "ema": False}))
         if m == "cnn" and pss_ema:
@@ -224,10 +223,11 @@ def print_table(results: dict, models: list[str], shapes: list[int], args) -> di
                 ratios[f"{model}/{name}/{shape_name[s]}/vs_in_process"] = v / base
         print(f"{model:<5} {name:<26}" + "".join(f"{c:>20}" for c in cells))
     for model in models:
-        pairs = [("psworker", "pss")] + ([("psworker ema@ps", "pss"), ("psworker -ema", "pss")]
+        pairs = [("psworker", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"),
+                                          ("psworker", "psworker ema@worker")]
                                           if model == "cnn" else [])
         if model == "cnn" and args.pss_ema:
-            pairs += [("psworker", "pss +ema"), ("psworker ema@ps", "pss +ema")]
+            pairs += [("psworker", "pss +ema"), ("psworker ema@worker", "pss +ema")]
         for a, b in pairs:
             cells = []
             for s in shapes:

@@ -2,15 +2,15 @@
 
 The ps is a `tf.distribute.Server` subprocess (benchmarks/pss_peer.py's `serve`); this process is worker 0, as a
 psworker worker is: an in-process `tf.compat.v1.train.Server`, the training graph of
-`psworker.trainer.build_train_graph` and the session config of `psworker.server.session_config` (the redesign moves
-them to `psworker.train.trainer` and `psworker.task.server`). For each variant of the graph (CNN with and without
-the moving averages as shipped, computed on the ps (benchmarks/ema_on_ps.py), and off; MLP) it measures,
-alternating in rounds:
+`psworker.train.graph.build_train_graph` and the session config of `psworker.task.server.session_config`. For each
+variant of the graph (CNN with the moving averages as shipped, i.e. computed on each variable's ps; computed on the
+worker as before issue #9, `ema@worker`, see `use_worker_averages`; without them; MLP) it measures, alternating in
+rounds:
   - wall time per step of `sess.run(train_op)` on a bare session;
-  - the same with the fetches psworker's ProgressHook adds (loss, global step);
-  - `MonitoredSession` without hooks, and with psworker's hooks (StopAtStepHook, NanTensorHook, ProgressHook, the
-    chief's checkpoint
-    and summary hooks) and its `FastSessionCreator`, as `psworker.trainer.train` runs it;
+  - the same with the loss and global step fetched (what psworker's progress hook fetched every step before #9);
+  - `MonitoredSession` without hooks; with psworker's hooks before issue #9 (StopAtStepHook, NanTensorHook, a
+    progress hook fetching loss and global step, the chief's checkpoint and summary hooks); and with today's one
+    `TrainLoopHook` gating the chief's hooks, as `psworker.task.runner` runs it;
   - CPU seconds per step of this process (worker + client) and of the ps process;
 then traces --trace_steps steps (`RunOptions(trace_level=FULL_TRACE)`) and splits each step's `step_stats` into:
 reads of the ps's variables as the worker receives them (`_Recv` from /job:ps), worker compute by op type, sends to
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import statistics
@@ -40,7 +41,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-import ema_on_ps  # noqa: E402  (the moving averages on the ps: a prototype)
 import pss_peer  # noqa: E402  (free ports, server subprocesses)
 
 EMA_MARKERS = ("ExponentialMovingAverage", "moving_avg")
@@ -131,30 +131,57 @@ def _mean_dicts(ds: list[dict]) -> dict:
     return {k: statistics.mean(d.get(k, 0.0) for d in ds) for k in keys}
 
 
+_SHIPPED: dict = {}
+
+
+def FetchEveryStep(fetches):   # noqa: N802 - a class built on demand (TensorFlow is imported late)
+    """psworker's progress hook before issue #9, for comparison: fetches the loss and the global step every step."""
+    import tensorflow as tf
+
+    class _Hook(tf.compat.v1.train.SessionRunHook):
+        def before_run(self, run_context):
+            return tf.compat.v1.train.SessionRunArgs(fetches)
+
+        def after_run(self, run_context, run_values):
+            loss, step = run_values.results
+            int(step), float(loss)
+
+    return _Hook()
+
+
+def use_worker_averages(on: bool) -> None:
+    """Benchmark-only: `True` builds the moving averages as before issue #9 (one `ema.apply` under the worker's
+    device setter, so the arithmetic runs on the worker); `False` restores psworker's own (on the ps)."""
+    from psworker.train import graph
+
+    cls = graph.ColocatedAverages
+    _SHIPPED.setdefault("apply", cls.__dict__["apply"])
+    cls.apply = (lambda self, var_list: self._ema.apply(var_list)) if on else _SHIPPED["apply"]
+
+
 def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     """Builds `variant`'s training graph as worker 0 and measures it (see the module docstring)."""
     import psutil
     import tensorflow as tf
 
     from psworker import models
-    from psworker.hooks import ProgressHook          # after the redesign: psworker.train.hooks
-    from psworker.server import session_config      # psworker.task.server
-    from psworker.session import FastSessionCreator  # psworker.train.session
     from psworker.spec import TrainConfig
-    from psworker import trainer                     # psworker.train.trainer
-    from psworker.trainer import build_train_graph, chief_hooks
+    from psworker.task.runner import chief_hooks
+    from psworker.task.server import session_config
+    from psworker.train.graph import build_train_graph
+    from psworker.train.hooks import TrainLoopHook
+    from psworker.train.session import FastSessionCreator
 
     v1 = tf.compat.v1
     name = "cifar10" if variant.startswith("cnn") else "mlp"
     model = models.get(name)
     if variant == "cnn -ema":
         model.moving_average_decay = None   # this instance only: the graph without the moving averages
-    finish = trainer.finish_train_op
-    if variant == "cnn ema@ps":
-        trainer.finish_train_op = ema_on_ps.finish_train_op_on_ps   # the prototype; restored below
+    if variant == "cnn ema@worker":
+        use_worker_averages(True)   # restored below
     train_dir = tempfile.mkdtemp(prefix=f"profile-{variant}-")
     config = TrainConfig(model=name, batch_size=args.batch_size, learning_rate=0.1, max_steps=10 ** 9,
-                         log_every_steps=10 ** 6, data_dir=args.data_dir if name == "cifar10" else None,
+                         log_every_steps=100, data_dir=args.data_dir if name == "cifar10" else None,
                          train_dir=train_dir)
     me, ps = psutil.Process(), psutil.Process(ps_proc.pid)
     graph = tf.Graph()
@@ -162,19 +189,30 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
         try:
             tg = build_train_graph(model, config, cluster=cluster, task_index=0)
         finally:
-            trainer.finish_train_op = finish
+            use_worker_averages(False)
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=5, save_relative_paths=True))
-        progress = ProgressHook(tg.loss, tg.global_step, every_steps=config.log_every_steps,
-                                examples_per_step=config.batch_size, emit=lambda *a, **k: None, name="worker:0")
-        hooks = [v1.train.StopAtStepHook(last_step=config.max_steps), v1.train.NanTensorHook(tg.loss), progress]
-        hooks += chief_hooks(config, scaffold)
+        # psworker's hooks before issue #9 (StopAtStepHook, NanTensorHook, a progress hook fetching the loss and the
+        # global step, the chief's savers: five hooks, each step) and now (one TrainLoopHook gating the savers). The
+        # workers' summary hook is left out of both.
+        old_hooks = [v1.train.StopAtStepHook(last_step=config.max_steps), v1.train.NanTensorHook(tg.loss),
+                     FetchEveryStep([tg.loss, tg.global_step])]
+        old_hooks += chief_hooks(config, scaffold, "worker:0")
+        new_config = dataclasses.replace(config, train_dir=train_dir + "-new")
+        new_hooks = [TrainLoopHook(tg.loss, tg.global_step, last_step=config.max_steps,
+                                   every_steps=config.log_every_steps, examples_per_step=config.batch_size,
+                                   gated=chief_hooks(new_config, scaffold, "worker:0"),
+                                   align_steps=(config.log_every_steps,), stride=1, emit=lambda *a, **k: None,
+                                   name="worker:0")]
         init = [v1.global_variables_initializer(), v1.local_variables_initializer()]
         sconf = session_config("worker", 0)
         bare = v1.Session(server.target, graph=graph, config=sconf)
         bare.run(init)
         creator = FastSessionCreator(scaffold, master=server.target, config=sconf, is_chief=True,
                                      checkpoint_dir=train_dir, max_wait_secs=60, name="worker:0")
-        monitored = v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0)
+        monitored = v1.train.MonitoredSession(session_creator=creator, hooks=old_hooks, stop_grace_period_secs=0)
+        creator_new = FastSessionCreator(scaffold, master=server.target, config=sconf, is_chief=True,
+                                         checkpoint_dir=train_dir, max_wait_secs=60, name="worker:0")
+        looped = v1.train.MonitoredSession(session_creator=creator_new, hooks=new_hooks, stop_grace_period_secs=0)
         plain = v1.train.MonitoredSession(session_creator=FastSessionCreator(
             scaffold, master=server.target, config=sconf, is_chief=True, checkpoint_dir=train_dir, max_wait_secs=60,
             name="worker:0"), hooks=[], stop_grace_period_secs=0)
@@ -182,7 +220,8 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
             "MonitoredSession, no hooks": lambda: plain.run(tg.train_op),
             "bare sess.run(train_op)": lambda: bare.run(tg.train_op),
             "bare + loss, global step fetched": lambda: bare.run([tg.train_op, tg.loss, tg.global_step]),
-            "MonitoredSession + psworker hooks": lambda: monitored.run(tg.train_op),
+            "MonitoredSession + hooks before #9": lambda: monitored.run(tg.train_op),
+            "MonitoredSession + TrainLoopHook": lambda: looped.run(tg.train_op),
         }
         for run in modes.values():
             for _ in range(args.warmup):
@@ -215,7 +254,8 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
                 os.makedirs(args.timeline_dir, exist_ok=True)
                 path = os.path.join(args.timeline_dir, f"{variant.replace(' ', '_')}.trace.json")
                 Path(path).write_text(timeline.Timeline(meta.step_stats).generate_chrome_trace_format())
-        creator.abandon_on_close()   # as psworker's trainer does; the process leaves through os._exit
+        creator.abandon_on_close()
+        creator_new.abandon_on_close()   # as psworker's trainer does; the process leaves through os._exit
     return {
         "wall_ms_per_step": {k: statistics.median(v) for k, v in wall.items()},
         "worker_cpu_ms_per_step": {k: statistics.median(v) for k, v in cpu_me.items()},
@@ -255,9 +295,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     models = [m for m in args.models.split(",") if m]
-    variants = [v for m in models for v in (("cnn", "cnn ema@ps", "cnn -ema") if m == "cnn" else (m,))]
+    variants = [v for m in models for v in (("cnn", "cnn ema@worker", "cnn -ema") if m == "cnn" else (m,))]
     if args.data_dir is None and "cnn" in models:
-        from psworker.data.cifar10 import write_synthetic
+        from psworker.data.cifar10_files import write_synthetic
 
         args.data_dir = tempfile.mkdtemp(prefix="profile-cifar-")
         write_synthetic(args.data_dir)

@@ -74,7 +74,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         model = merge_train(spec.train, {"model": args.model}).model
         from psworker.train import report
         print()
-        print(report.describe(model, len(spec.ps)))
+        print(report.describe(model, len(spec.ps), workers=len(spec.worker), step_rate=args.step_rate,
+                              bandwidth_gbps=args.bandwidth_gbps))
     return 0
 
 
@@ -245,7 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--model", help="also show how this model's variables are placed on the ps tasks")
+    p.add_argument("--model", help="also show how this model's variables are placed on the ps tasks, and the "
+                                   "network load they make")
+    p.add_argument("--step_rate", type=float, default=10.0, metavar="R",
+                   help="with --model: steps/s of each worker for the network estimate (measured: the progress "
+                        "line's 1/sec_per_batch; default 10)")
+    p.add_argument("--bandwidth_gbps", type=float, default=10.0, metavar="B",
+                   help="with --model: each ps's link, Gbit/s each way (default 10)")
     p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
                                                        "(default: placeholders node0, node1, ...)")
     p.add_argument("--tasks_per_node", type=int, default=1, metavar="INT",

@@ -142,3 +142,42 @@ def test_placement_report_on_two_ps_matches_the_trainer():
             assert v.ps == by_name[v.name.rsplit("/", 1)[0]].ps
     assert sum(report.bytes_per_ps) == sum(v.nbytes for v in report.variables)
     assert all(load > 0 for load in report.bytes_per_ps)
+
+
+def _spec(path: Path, num_ps: int) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump({"cluster": {"ps": ["localhost:auto"] * num_ps, "worker": ["localhost:auto"]},
+                                    "train": {"model": "cifar10", "mode": "async", "batch_size": 16}}))
+    return path
+
+
+@pytest.mark.slow
+def test_checkpoint_of_two_ps_restores_into_three_ps(tmp_path, cifar_dir):
+    """Split variables are saved whole (full names and shapes), and a 3-ps run continues a 2-ps run's checkpoint."""
+    import tensorflow as tf
+
+    train_dir = tmp_path / "train"
+    common = ["--train_dir", str(train_dir), "--data_dir", str(cifar_dir), "--save_checkpoint_steps", "10",
+              "--log_every_steps", "10"]
+    run = run_launcher([str(_spec(tmp_path / "two.yaml", 2)), "--max_steps", "20", *common], cwd=tmp_path,
+                       timeout=240)
+    assert run.returncode == 0, run.output[-4000:]
+    assert_processes_gone(run.pids)
+    shapes = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(train_dir))).get_variable_to_shape_map()
+    assert shapes["local3/weights"] == [2304, 384]
+    assert shapes["local3/weights/ExponentialMovingAverage"] == [2304, 384]
+    assert shapes["conv2/weights"] == [5, 5, 64, 64]
+    assert not [name for name in shapes if "part_" in name], sorted(shapes)
+    before = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(train_dir))).get_tensor("local3/weights")
+
+    run = run_launcher([str(_spec(tmp_path / "three.yaml", 3)), "--max_steps", "30", *common], cwd=tmp_path,
+                       timeout=240)
+    assert run.returncode == 0, run.output[-4000:]
+    assert_processes_gone(run.pids)
+    assert re.search(r"\[worker:0\] .*restoring the checkpoint model\.ckpt-2\d", run.output), run.output[-4000:]
+    log = (train_dir / "logs" / "worker-0.log").read_text()
+    assert re.search(r"first step done at global step 2\d", log), log[-4000:]
+    assert 30 <= checkpoint_step(train_dir) <= 31
+    after = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(train_dir))).get_tensor("local3/weights")
+    assert after.shape == before.shape and 0 < abs(after - before).max() < 1.0   # trained on from, not re-initialised

@@ -31,8 +31,11 @@ def test_graph_puts_a_tower_on_every_worker_and_variables_on_the_ps(cifar_dir, n
     with tf.Graph().as_default() as graph:
         tg = build_in_graph_train_graph(models.get("cifar10"), config, cluster=cluster)
         variables = tf.compat.v1.global_variables()
-        # one set of model variables (plus moving averages and the global step), all on the ps tasks
-        assert len(tf.compat.v1.trainable_variables()) == 10
+        # one set of model variables (plus moving averages and the global step), all on the ps tasks; the large
+        # ones split into a shard per ps
+        trainable = tf.compat.v1.trainable_variables()
+        assert len({v._save_slice_info.full_name if v._save_slice_info else v.op.name for v in trainable}) == 10
+        assert len(trainable) == 13   # conv2, local3 and local4 weights in 2 shards
         assert all(tf.DeviceSpec.from_string(v.device).job == "ps" for v in variables)
         expected = {v.name: v.ps for v in placement_report("cifar10", 2).variables}
         assert {v.op.name: tf.DeviceSpec.from_string(v.device).task for v in variables} == expected
@@ -46,9 +49,9 @@ def test_graph_puts_a_tower_on_every_worker_and_variables_on_the_ps(cifar_dir, n
             assert len(convs) == 2 * num_devices
             assert {tf.DeviceSpec.from_string(op.device).device_index for op in convs} == set(range(num_devices))
         assert tg.sync_optimizer is None
-        # one update per step: a single apply op for the averaged gradients
+        # one update per step: a single apply op per variable (shard) for the averaged gradients
         applies = [op for op in graph.get_operations() if op.type.startswith("ResourceApplyGradientDescent")]
-        assert len(applies) == 10
+        assert len(applies) == 13
 
 
 @pytest.mark.slow

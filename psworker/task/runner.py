@@ -42,6 +42,7 @@ class Replication:
         timeout_message: the `StepTimeout` message when a step exceeds `--step_timeout_secs`.
         release: `release(target)` once training is over, before the final evaluation (in-graph: frees the
             serving workers).
+        workers: the between-graph workers (each moves the global step); 1 for the in-graph client.
     """
 
     build: Callable[[Model, TrainConfig], TrainGraph]
@@ -52,6 +53,7 @@ class Replication:
     hint: str
     timeout_message: str
     release: Optional[Callable[[str], None]] = None
+    workers: int = 1   # the most the global step advances per step of this runner (async: one per worker)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
     """The session and its step loop; the sessions are left open at the end (the process leaves soon after)."""
     import tensorflow as tf
 
-    from psworker.train.hooks import ProgressHook, StepWatchdog
+    from psworker.train.hooks import StepWatchdog, TrainLoopHook
     from psworker.train.session import FastSessionCreator
 
     v1 = tf.compat.v1
@@ -136,13 +138,15 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         tg = replication.build(model, config)
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
                                                           save_relative_paths=True))
-        progress = ProgressHook(tg.loss, tg.global_step, every_steps=config.log_every_steps,
-                                examples_per_step=replication.examples_per_step, emit=emit, name=name)
-        hooks = [v1.train.StopAtStepHook(last_step=config.max_steps), v1.train.NanTensorHook(tg.loss), progress]
+        # One hook per step: the chief's savers run inside it, on its check steps only (docs/performance.md).
+        progress = TrainLoopHook(tg.loss, tg.global_step, last_step=config.max_steps,
+                                 every_steps=config.log_every_steps, examples_per_step=replication.examples_per_step,
+                                 gated=chief_hooks(config, scaffold, name) if replication.is_chief else (),
+                                 align_steps=(config.log_every_steps, config.save_checkpoint_steps),
+                                 stride=replication.workers, emit=emit, name=name)
+        hooks = [progress]
         if tg.sync_optimizer is not None:
             hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
-        if replication.is_chief:
-            hooks.extend(chief_hooks(config, scaffold, name))
         if config.train_dir is not None:
             from psworker.train.summaries import WorkerSummaryHook, worker_dir
 
@@ -269,7 +273,7 @@ def between_graph(spec: ClusterSpec, index: int, config: TrainConfig) -> Replica
         build=lambda model, cfg: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index),
         is_chief=index == 0, examples_per_step=config.batch_size * config.num_devices,
         session_config=srv.session_config("worker", index), wait_for=srv.task_addresses(spec, ("ps",)),
-        hint=hint, timeout_message=timeout,
+        hint=hint, timeout_message=timeout, workers=len(spec.worker),
     )
 
 

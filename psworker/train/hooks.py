@@ -1,4 +1,5 @@
-"""Session-run hooks of the trainer (the tutorial's progress line) and a watchdog that reports slow steps."""
+"""The trainer's per-step hook (stop, progress line, NaN check, a gate for the chief's savers) and a watchdog that
+reports slow steps."""
 
 from __future__ import annotations
 
@@ -16,55 +17,117 @@ def _hook_base():
     return tf.compat.v1.train.SessionRunHook
 
 
-class ProgressHook(_hook_base()):
-    """Every `every_steps` local steps prints `step 120, loss = 0.42 (1830.2 examples/sec; 0.035 sec/batch)`.
+CHECK_EVERY_STEPS = 10   # the most local steps between two runs of the loss check and the gated hooks
 
-    The step shown is the global step; the rates are this worker's own over the interval. At the end of a
-    session that finished without error, `final_global_step` holds the global step read once more from the ps
-    (the value fetched with the last step may predate that step's update).
+
+class TrainLoopHook(_hook_base()):
+    """The trainer's one per-step hook: stop at `last_step`, the progress line, the NaN check, and a gate for other
+    hooks (the chief's checkpoint and summary savers), with as few fetches and as little Python as possible per step.
+
+    Most steps run the train op alone. *Check steps* (the first, every `every_steps`-th and every
+    `CHECK_EVERY_STEPS`-th local step, and the step after the global step may have crossed a multiple of one of
+    `align_steps`) also fetch the global step and the loss (NaN check: raises `NanLossDuringTrainingError`, so a NaN
+    is caught within `CHECK_EVERY_STEPS` steps) and run the `gated` hooks' `before_run`/`after_run` (their `begin`,
+    `after_create_session` and `end` always run). The global step advances by at most `stride` per local step (the
+    number of workers): once it may be within reach of `last_step`, every step fetches it, so training stops there
+    exactly as TF's `StopAtStepHook` does. Every `every_steps` local steps it prints `step 120, loss = 0.42 (1830.2
+    examples/sec; 0.035 sec/batch)`. At the end of a session that finished without error `final_global_step` holds the
+    global step read once more.
     """
 
-    def __init__(self, loss, global_step, *, every_steps: int, examples_per_step: int,
-                 emit=print, name: str = "worker"):
+    def __init__(self, loss, global_step, *, last_step: int, every_steps: int, examples_per_step: int,
+                 gated: tuple = (), align_steps: tuple = (), stride: int = 1, emit=print, name: str = "worker"):
         self._name = name
         self._loss = loss
         self._global_step = global_step
-        self._every = every_steps
+        self._last_step = last_step
+        self._every = max(1, every_steps)
         self._examples = examples_per_step
+        self._gated = list(gated)
+        self._align = [a for a in align_steps if a]
         self._emit = emit
         self.local_steps = 0
         self.last_global_step = 0
         self.final_global_step: Optional[int] = None
+        self._stride = max(1, stride)
+        self._unseen = 0               # local steps since the global step was last fetched
+        self._checked_at = -1          # the global step seen at the last check step
+        self._check = False
         self._t0 = 0.0
 
     def begin(self):
-        self._t0 = time.monotonic()
-
-    def before_run(self, run_context):
         import tensorflow as tf
 
-        return tf.compat.v1.train.SessionRunArgs([self._loss, self._global_step])
+        for hook in self._gated:
+            hook.begin()
+        self._quiet = tf.compat.v1.train.SessionRunArgs({"step": self._global_step})
+        self._t0 = time.monotonic()
+
+    def after_create_session(self, session, coord):
+        for hook in self._gated:
+            hook.after_create_session(session, coord)
+
+    def _is_check_step(self) -> bool:
+        n = self.local_steps + 1
+        if self.local_steps == 0 or n % self._every == 0 or n % CHECK_EVERY_STEPS == 0:
+            return True
+        at_most = self.last_global_step + self._stride * self._unseen
+        return any(at_most // a > self._checked_at // a for a in self._align)
+
+    def before_run(self, run_context):
+        self._check = self._is_check_step()
+        if not self._check:
+            if self.last_global_step + self._stride * (self._unseen + 1) + 1 >= self._last_step:
+                return self._quiet   # near the end: the global step, every step
+            return None
+        import tensorflow as tf
+
+        fetches = {"step": self._global_step, "loss": self._loss}
+        for i, hook in enumerate(self._gated):
+            args = hook.before_run(run_context)
+            if args is not None:
+                fetches[i] = args.fetches   # (TF's savers ask for fetches only: no feeds, no options)
+        return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
-        loss, step = run_values.results
+        results = run_values.results
         self.local_steps += 1
-        self.last_global_step = int(step)
-        if self.local_steps == 1:
-            log.info("%s: first step done at global step %d", self._name, int(step))
-        if self.local_steps % self._every:
+        if results is None:
+            self._unseen += 1
             return
-        now = time.monotonic()
-        duration = max(now - self._t0, 1e-9)
-        self._t0 = now
-        self._emit(
-            f"step {int(step)}, loss = {float(loss):.2f} "
-            f"({self._every * self._examples / duration:.1f} examples/sec; {duration / self._every:.3f} sec/batch)",
-            flush=True,
-        )
+        step = int(results["step"])
+        self._unseen = 0
+        self.last_global_step = step
+        if self._check:
+            self._checked_at = step
+            loss = float(results["loss"])
+            if loss != loss:
+                import tensorflow as tf
+
+                raise tf.compat.v1.train.NanLossDuringTrainingError
+            for i, hook in enumerate(self._gated):
+                if i in results:
+                    hook.after_run(run_context, type(run_values)(results=results[i], options=run_values.options,
+                                                                 run_metadata=run_values.run_metadata))
+            if self.local_steps == 1:
+                log.info("%s: first step done at global step %d", self._name, step)
+            if self.local_steps % self._every == 0:
+                now = time.monotonic()
+                duration = max(now - self._t0, 1e-9)
+                self._t0 = now
+                self._emit(f"step {step}, loss = {loss:.2f} ({self._every * self._examples / duration:.1f} "
+                           f"examples/sec; {duration / self._every:.3f} sec/batch)", flush=True)
+        if step + self._stride >= self._last_step:   # the fetched value may predate this step's update: read again
+            step = int(run_context.session.run(self._global_step))
+            self.last_global_step = step
+            if step >= self._last_step:
+                run_context.request_stop()
 
     def end(self, session):
         self.final_global_step = int(session.run(self._global_step))
         self.last_global_step = max(self.last_global_step, self.final_global_step)
+        for hook in self._gated:
+            hook.end(session)
 
 
 class StepWatchdog:

@@ -41,7 +41,7 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
 
     from psworker.train import devices, towers
     from psworker.train.graph import TrainGraph, finish_train_op, optimization
-    from psworker.train.placement import GreedyByteStrategy
+    from psworker.train.placement import GreedyByteStrategy, partitioned_variables
 
     v1 = tf.compat.v1
     # `auto`: the client's GPUs; every worker is taken to have as many
@@ -52,7 +52,7 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
     setter = v1.train.replica_device_setter(
         cluster=cluster, worker_device=client_device, ps_strategy=GreedyByteStrategy(len(cluster["ps"]))
     )
-    with v1.device(setter):
+    with v1.device(setter), partitioned_variables(len(cluster["ps"])):
         global_step = v1.train.get_or_create_global_step()
         opt = optimization(model, config, global_step, per_worker_batch * num_workers, num_workers)
         optimizer = opt.optimizer

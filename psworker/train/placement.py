@@ -1,9 +1,15 @@
-"""Where variables live: a greedy byte-balancing ps strategy for `replica_device_setter` (see `report` for the
-resulting placement of a model)."""
+"""Where variables live: large variables split into one shard per ps (`partitioner`), and a greedy byte-balancing
+ps strategy for `replica_device_setter` that places each shard, and keeps each moving average and optimizer slot
+with its variable (see `report` for the resulting placement of a model)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+
+# Variables of at least this many bytes are split over the ps tasks (when there are several). Below it a variable
+# stays whole: a shard costs a transfer per step, and small variables balance well whole.
+MIN_PARTITION_BYTES = 256 * 1024
 
 
 def variable_bytes(op) -> int:
@@ -20,33 +26,84 @@ def variable_bytes(op) -> int:
     return int(shape.num_elements()) * dtype.size
 
 
+def partitions(shape, itemsize: int, num_ps: int, min_bytes: int = MIN_PARTITION_BYTES) -> list[int]:
+    """How a variable of `shape` is split: `num_ps` shards along its longest axis (the first, on ties) when it has
+    at least `min_bytes` bytes and that axis has at least `num_ps` entries; else one piece (all ones)."""
+    dims = [int(d) for d in shape]
+    out = [1] * len(dims)
+    size = itemsize
+    for d in dims:
+        size *= d
+    if num_ps < 2 or not dims or size < min_bytes:
+        return out
+    axis = max(range(len(dims)), key=lambda i: (dims[i], -i))
+    out[axis] = min(num_ps, dims[axis])
+    return out
+
+
+@contextlib.contextmanager
+def partitioned_variables(num_ps: int, min_bytes: int = MIN_PARTITION_BYTES):
+    """Within this block, `get_variable` splits each variable of at least `min_bytes` into `num_ps` shards
+    (`partitions`; smaller ones stay plain variables with their usual names). The Saver writes a split variable
+    under its full name and shape, so a checkpoint reads the same whatever the number of ps tasks, and restores into
+    any other split (or none: evaluation, export)."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+
+    def split_large(getter, name, shape=None, dtype=tf.float32, partitioner=None, **kwargs):
+        if partitioner is None and shape is not None and tf.TensorShape(shape).is_fully_defined():
+            parts = partitions(tf.TensorShape(shape).as_list(), tf.as_dtype(dtype).size, num_ps, min_bytes)
+            if max(parts, default=1) > 1:
+                partitioner = lambda shape, dtype: parts  # noqa: E731
+        return getter(name, shape=shape, dtype=dtype, partitioner=partitioner, **kwargs)
+
+    if num_ps < 2:
+        yield
+        return
+    with v1.variable_scope(v1.get_variable_scope(), custom_getter=split_large):
+        yield
+
+
 @dataclass
 class GreedyByteStrategy:
-    """Places each new variable on the ps that holds the fewest bytes so far (ties: lowest index).
+    """Places each new variable (or shard) on the ps that holds the fewest bytes so far (ties: lowest index).
 
     A callable `op -> ps task index`, as `tf.compat.v1.train.replica_device_setter(ps_strategy=...)` takes.
     Deterministic: every worker builds the graph in the same order, so every worker computes the same placement.
-    It is also called for ops colocated with a variable (moving averages, optimizer slots); those follow their
-    variable wherever the strategy says, so `loads` counts them where it chose, not where they end up: read the
-    graph's devices (`placement_report`) for the real placement.
+    A variable named under one already placed (`<variable>/ExponentialMovingAverage`, an optimizer slot
+    `<variable>/Momentum`) is TF-colocated with it: it is counted, and placed, on that variable's ps.
     """
 
     num_tasks: int
     loads: list[int] = field(init=False)
     assigned: list[tuple[str, int, int]] = field(init=False)   # (variable name, bytes, ps index)
+    _task_of: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_tasks < 1:
             raise ValueError("GreedyByteStrategy needs at least one ps task")
         self.loads = [0] * self.num_tasks
         self.assigned = []
+        self._task_of = {}
 
     def __call__(self, op) -> int:
         size = variable_bytes(op)
-        task = min(range(self.num_tasks), key=lambda i: (self.loads[i], i))
+        task = self._owner(op.name)
+        if task is None:
+            task = min(range(self.num_tasks), key=lambda i: (self.loads[i], i))
         self.loads[task] += size
         self.assigned.append((op.name, size, task))
+        self._task_of[op.name] = task
         return task
 
+    def _owner(self, name: str):
+        parts = name.split("/")
+        for k in range(len(parts) - 1, 0, -1):
+            task = self._task_of.get("/".join(parts[:k]))
+            if task is not None:
+                return task
+        return None
 
-__all__ = ["GreedyByteStrategy", "variable_bytes"]
+
+__all__ = ["GreedyByteStrategy", "MIN_PARTITION_BYTES", "partitioned_variables", "partitions", "variable_bytes"]

@@ -14,6 +14,12 @@ class PlacedVariable:
     nbytes: int
     ps: int
     trainable: bool
+    checkpoint_name: str = ""             # a shard's: its whole variable's (what the checkpoint holds); else `name`
+    checkpoint_shape: tuple[int, ...] = ()
+
+    @property
+    def is_shard(self) -> bool:
+        return self.checkpoint_name != self.name
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,7 @@ class PlacementReport:
     model: str
     num_ps: int
     variables: tuple[PlacedVariable, ...]
+    traffic: object = None   # `traffic.StepTraffic` of one worker step
 
     @property
     def trainable_parameters(self) -> int:
@@ -34,6 +41,12 @@ class PlacementReport:
         for v in self.variables:
             loads[v.ps] += v.nbytes
         return loads
+
+    @property
+    def max_over_mean(self) -> float:
+        """The largest ps's bytes over the mean (1.0 is perfect balance)."""
+        loads = self.bytes_per_ps
+        return max(loads) * len(loads) / (sum(loads) or 1)
 
 
 def _elements(shape: tuple[int, ...]) -> int:
@@ -64,7 +77,8 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     and reads where each variable landed.
 
     The graph is the trainer's own (`graph.build_train_graph`, async): the global step, the model's variables and
-    its moving averages (colocated with their variables), placed by `GreedyByteStrategy` in the trainer's order.
+    its moving averages (colocated with their variables), large variables split into a shard per ps, placed by
+    `GreedyByteStrategy` in the trainer's order.
     In-graph replication and towers create the variables in the same order, so they get the same placement.
 
     Args:
@@ -73,13 +87,15 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
         batch_size: the (irrelevant) batch of the zero inputs.
 
     Returns:
-        The variables in creation order, each with its shape, bytes, ps task and whether it is trainable.
+        The variables (shards) in creation order, each with its shape, bytes, ps task, whether it is trainable, and
+        the name and shape it has in a checkpoint.
     """
     import tensorflow as tf
 
     from psworker import models
     from psworker.spec import TrainConfig
     from psworker.train.graph import build_train_graph
+    from psworker.train.traffic import step_traffic
 
     if num_ps < 1:
         raise ValueError(f"num_ps must be at least 1, got {num_ps}")
@@ -87,24 +103,32 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     cluster = {"ps": [f"ps{i}:1" for i in range(num_ps)], "worker": ["worker0:1"]}
     config = TrainConfig(model=model_name, batch_size=batch_size)
     rows = []
-    with tf.Graph().as_default():
+    with tf.Graph().as_default() as graph:
         build_train_graph(model, config, cluster=cluster, task_index=0)
+        traffic = step_traffic(graph, num_ps)
         trainable = {id(v) for v in tf.compat.v1.trainable_variables()}
         for var in tf.compat.v1.global_variables():
             device = tf.DeviceSpec.from_string(var.device or "")
             if device.job != "ps" or device.task is None:
                 raise RuntimeError(f"{var.op.name} is not on a ps task (device {var.device!r})")
             shape = tuple(int(d) for d in var.shape)
+            whole = getattr(var, "_save_slice_info", None)   # set on the shards of a partitioned variable
             rows.append(PlacedVariable(var.op.name, shape, _elements(shape) * var.dtype.base_dtype.size,
-                                       int(device.task), id(var) in trainable))
-    return PlacementReport(model_name, num_ps, tuple(rows))
+                                       int(device.task), id(var) in trainable,
+                                       whole.full_name if whole else var.op.name,
+                                       tuple(whole.full_shape) if whole else shape))
+    return PlacementReport(model_name, num_ps, tuple(rows), traffic)
 
 
-def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
-    """`psworker plan --model`: each variable of the training graph, its bytes and its ps; bytes per ps; totals.
+def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int = 1, step_rate: float = 10.0,
+             bandwidth_gbps: float = 10.0) -> str:
+    """`psworker plan --model`: each variable of the training graph, its bytes and its ps; bytes per ps; totals; the
+    network estimate (`traffic.describe`) for `workers` workers at `step_rate` steps/s each.
 
     Builds no servers and reads no data (see `placement_report`).
     """
+    from psworker.train import placement, traffic
+
     report = placement_report(model_name, num_ps, batch_size=batch_size)
     rows = report.variables
     name_w = max([len("variable")] + [len(v.name) for v in rows])
@@ -114,12 +138,20 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2) -> str:
              f"  {'variable':<{name_w}}  {'shape':<{shape_w}}  {'bytes':>12}  ps"]
     for v in rows:
         lines.append(f"  {v.name:<{name_w}}  {_shape(v.shape):<{shape_w}}  {v.nbytes:>12,}  ps:{v.ps}"
-                     + ("" if v.trainable else "  (not trainable)"))
+                     + ("" if v.trainable else "  (not trainable)")
+                     + (f"  (shard of {v.checkpoint_name} {_shape(v.checkpoint_shape)})" if v.is_shard else ""))
     loads = report.bytes_per_ps
     total = sum(loads)
     for i, load in enumerate(loads):
         lines.append(f"  ps:{i} holds {load:,} bytes ({100.0 * load / (total or 1):.1f}%)")
+    shards = sum(v.is_shard for v in rows)
+    lines.append(f"  bytes per ps: max/mean {report.max_over_mean:.3f}"
+                 + (f"; {shards} shards of {len({v.checkpoint_name for v in rows if v.is_shard})} split variables"
+                    f" (variables of {placement.MIN_PARTITION_BYTES:,} bytes or more are split over the ps tasks)"
+                    if shards else ""))
     lines.append(f"  total: {report.trainable_parameters:,} trainable parameters, {total:,} bytes on the ps tasks")
+    lines.append(traffic.describe(report.traffic, steps_per_sec_per_worker=step_rate, workers=workers,
+                                  bandwidth_gbps=bandwidth_gbps, imbalance=report.max_over_mean))
     return "\n".join(lines)
 
 

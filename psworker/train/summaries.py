@@ -111,19 +111,23 @@ class WorkerSummaryHook(_hook_base()):
             self._writer = make_writer(self._logdir)
 
     def before_run(self, run_context):
+        # Fetches only on the steps that start or end an interval: most steps add no fetch.
+        if self._mark is not None and (self._local_steps + 1) % self._every:
+            return None
         import tensorflow as tf
 
         return tf.compat.v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values):
+        if self._mark is not None:
+            self._local_steps += 1
+            if self._local_steps % self._every:
+                return
         loss, lr, step = run_values.results
         now = self._clock()
         step = int(step)
         if self._mark is None:   # the first step sets the start of the first interval (it includes start-up)
             self._mark = (now, step)
-            return
-        self._local_steps += 1
-        if self._local_steps % self._every:
             return
         then, then_step = self._mark
         seconds = max(now - then, 1e-9)
