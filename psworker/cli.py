@@ -21,6 +21,8 @@ from psworker.spec import ALL_JOBS, ClusterSpec, CountSpec, TrainConfig, load_sp
 
 log = logging.getLogger(__name__)
 
+TENSORBOARD_PID_ENV = "PSWORKER_TENSORBOARD_PID"   # `local --tensorboard`: the server the launcher must stop
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # `psworker data NAME`: NAME -> function in psworker.data.cifar10_files taking (data_dir). One registry.
 DATASETS = {"cifar10": "download_and_extract", "cifar10-synthetic": "write_synthetic"}
@@ -114,10 +116,36 @@ def cmd_local(args: argparse.Namespace) -> int:
     # No train_dir given: the backend makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
     spec = dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args),
                                                        num_workers=len(spec.worker)))
+    tensorboard_pid = os.environ.get(TENSORBOARD_PID_ENV)
+    if args.tensorboard is not None and tensorboard_pid is None:
+        spec, tensorboard_pid = _start_tensorboard(args, spec)
     config = launch_config(args, spec)
     _isolate_network(args.network, args.argv)
     from psworker.launcher.launch import launch
-    return launch(config)
+    try:
+        return launch(config)
+    finally:
+        if tensorboard_pid is not None:
+            from psworker.launcher import tensorboard
+            tensorboard.stop_pid(int(tensorboard_pid))
+
+
+def _start_tensorboard(args: argparse.Namespace, spec: ClusterSpec) -> tuple[ClusterSpec, str]:
+    """`local --tensorboard`: TensorBoard on the run dir, started on this host's network before the launcher moves
+    into its private namespace (it keeps this pid, so TensorBoard stays its child and is stopped at the end)."""
+    from psworker.launcher import tensorboard
+    from psworker.launcher.local import default_train_dir
+
+    if spec.train.train_dir is None:
+        train_dir = str(default_train_dir(spec))
+        print(f"psworker: train_dir is {train_dir}", flush=True)
+        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, train_dir=train_dir))
+        if args.argv is not None:
+            args.argv = [*args.argv, "--train_dir", train_dir]
+    pid, url = tensorboard.start_detached(spec.train.train_dir, args.tensorboard)
+    print(f"psworker: TensorBoard at {url} (127.0.0.1 only), for as long as the run lasts", flush=True)
+    os.environ[TENSORBOARD_PID_ENV] = str(pid)
+    return spec, str(pid)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -287,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC")
     add_launch_flags(p)
     add_train_flags(p)
+    p.add_argument("--tensorboard", nargs="?", type=int, const=0, default=None, metavar="PORT",
+                   help="serve the run dir with TensorBoard on 127.0.0.1 while the run lasts and print its URL "
+                        "(PORT default: a free one)")
 
     p = add("run", cmd_run, "run your own distributed-TensorFlow script once per task of a spec "
                             "(TF_CONFIG and classic flags filled in)")

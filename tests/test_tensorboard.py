@@ -4,6 +4,7 @@ gone (with its port) after the `with` block."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -167,3 +168,39 @@ def test_cli_stops_tensorboard_when_it_is_stopped_or_killed(tmp_path, sig, code)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_local_tensorboard_serves_the_run_while_it_lasts_and_stops_with_it(tmp_path):
+    """`psworker local --tensorboard`: the URL answers during the run, from this host's network (the launcher itself
+    moves into a private namespace), lists the workers' runs once they write summaries, and TensorBoard is gone
+    when the launcher exits."""
+    import json
+    import urllib.request
+
+    from psworker.testing import assert_processes_gone
+    from tests.cluster_utils import REPO, run_launcher
+
+    seen: dict[str, object] = {}
+
+    def probe(lines, proc) -> bool:
+        url = next((m.group(1) for m in map(re.compile(r"TensorBoard at (http://127\.0\.0\.1:\d+/)").search, lines)
+                    if m), None)
+        if url is None:
+            return False
+        try:
+            with urllib.request.urlopen(url + "data/runs", timeout=2.0) as response:
+                runs = json.loads(response.read())
+        except OSError:
+            return False
+        seen["url"], seen["runs"] = url, runs
+        return any(r.startswith("worker_") for r in runs)
+
+    run = run_launcher([str(REPO / "cluster_specs/local.yaml"), "--tensorboard", "--max_steps", "6000",
+                        "--log_every_steps", "200"], tmp_path, 300, on_line=probe)
+    assert run.returncode == 0, run.output[-3000:]
+    assert "url" in seen, run.output[-3000:]
+    assert any(r.startswith("worker_") for r in seen["runs"]), seen
+    assert_processes_gone(run.pids)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(str(seen["url"]) + "data/runs", timeout=2.0)

@@ -77,6 +77,56 @@ def serve(logdir: str, port: int = 0, *, timeout_secs: float = 60.0, reload_inte
                 os.remove(log_path)
 
 
+def start_detached(logdir: str, port: int = 0, *, timeout_secs: float = 60.0) -> tuple[int, str]:
+    """Starts TensorBoard on `logdir` for a whole `psworker local` run; returns its pid and URL once it answers.
+
+    For a launcher that then re-executes itself in a private network namespace (same pid, so TensorBoard stays its
+    child, and stays reachable on this host's 127.0.0.1): the launcher ends it with `stop_pid`. Its output goes to
+    `<logdir>/logs/tensorboard.log`.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise TensorBoardError("TensorBoard is not installed (TensorFlow 2.21 no longer brings it): "
+                               "pip install 'tensorboard==2.21.*'")
+    if port == 0:
+        from psworker.launcher.ports import pick_free_ports
+
+        port = pick_free_ports(1, HOST)[0]
+    url = f"http://{HOST}:{port}/"
+    log_path = os.path.join(logdir, "logs", "tensorboard.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(command(logdir, port), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent())
+    try:
+        _wait_until_up(proc, url, timeout_secs, log_path)
+    except BaseException:
+        _stop(proc, 5.0)
+        raise
+    proc.returncode = 0          # never waited on through this handle again; `stop_pid` reaps it
+    return proc.pid, url
+
+
+def stop_pid(pid: int, timeout_secs: float = 10.0) -> None:
+    """Ends a TensorBoard started by `start_detached` in this process (before an exec): TERM, then KILL; reaped."""
+    deadline = time.monotonic() + timeout_secs
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        while time.monotonic() < deadline or sig == signal.SIGKILL:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done:
+                return
+            if sig == signal.SIGKILL and time.monotonic() > deadline + timeout_secs:
+                log.error("TensorBoard (pid %d) survived SIGKILL", pid)
+                return
+            time.sleep(0.1)
+
+
 def _wait_until_up(proc: subprocess.Popen, url: str, timeout_secs: float, log_path: str) -> None:
     deadline = time.monotonic() + timeout_secs
     while True:
