@@ -7,21 +7,19 @@ Heavy modules (TensorFlow, the trainer, backends) are imported inside the comman
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
 import sys
 from typing import Callable, Optional
 
-from psworker.cli_common import (add_cluster_flags, add_launch_flags, add_train_flags, launch_config, train_config,
-                                 train_overrides)
+from psworker.cli_backends import cmd_local, cmd_run, cmd_status
+from psworker.cli_common import add_cluster_flags, add_launch_flags, add_train_flags, train_config
 from psworker.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import ALL_JOBS, ClusterSpec, CountSpec, TrainConfig, load_spec, merge_train
 
 log = logging.getLogger(__name__)
 
-TENSORBOARD_PID_ENV = "PSWORKER_TENSORBOARD_PID"   # `local --tensorboard`: the server the launcher must stop
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # `psworker data NAME`: NAME -> function in psworker.data.cifar10_files taking (data_dir). One registry.
@@ -108,107 +106,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = train_config(spec, args)
     from psworker.task import main
     return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
-
-
-def cmd_local(args: argparse.Namespace) -> int:
-    """`psworker local SPEC ...`: starts the whole cluster on this machine and supervises it."""
-    spec = load_spec(args.spec)
-    # No train_dir given: the backend makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
-    spec = dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args),
-                                                       num_workers=len(spec.worker)))
-    tensorboard_pid = os.environ.get(TENSORBOARD_PID_ENV)
-    if args.tensorboard is not None and tensorboard_pid is None:
-        spec, tensorboard_pid = _start_tensorboard(args, spec)
-    config = launch_config(args, spec)
-    _isolate_network(args.network, args.argv)
-    from psworker.launcher.launch import launch
-    try:
-        return launch(config)
-    finally:
-        if tensorboard_pid is not None:
-            from psworker.launcher import tensorboard
-            tensorboard.stop_pid(int(tensorboard_pid))
-
-
-def _start_tensorboard(args: argparse.Namespace, spec: ClusterSpec) -> tuple[ClusterSpec, str]:
-    """`local --tensorboard`: TensorBoard on the run dir, started on this host's network before the launcher moves
-    into its private namespace (it keeps this pid, so TensorBoard stays its child and is stopped at the end)."""
-    from psworker.launcher import tensorboard
-    from psworker.launcher.local import default_train_dir
-
-    if spec.train.train_dir is None:
-        train_dir = str(default_train_dir(spec))
-        print(f"psworker: train_dir is {train_dir}", flush=True)
-        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, train_dir=train_dir))
-        if args.argv is not None:
-            args.argv = [*args.argv, "--train_dir", train_dir]
-    pid, url = tensorboard.start_detached(spec.train.train_dir, args.tensorboard)
-    print(f"psworker: TensorBoard at {url} (127.0.0.1 only), for as long as the run lasts", flush=True)
-    os.environ[TENSORBOARD_PID_ENV] = str(pid)
-    return spec, str(pid)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """`psworker run SPEC [flags] -- COMMAND...`: runs COMMAND once per task of the spec and supervises them."""
-    command = list(args.command)
-    if not command:
-        raise UsageError("psworker run needs a command after '--', e.g. psworker run SPEC -- python train.py")
-    spec = load_spec(args.spec)
-    if args.train_dir is not None:
-        spec = dataclasses.replace(spec, train=merge_train(spec.train, {"train_dir": args.train_dir}))
-    config = launch_config(args, spec, tuple(command))
-    _isolate_network(args.network, args.argv)
-    from psworker.launcher.launch import launch
-    return launch(config)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    """`psworker status RUN_DIR [--json]`: the status of a run, read from its cluster.yaml and task logs."""
-    import datetime
-    import time
-
-    from psworker.launcher.status import read_run_dir, render
-
-    if args.silent_secs <= 0:
-        raise UsageError(f"--silent_secs must be > 0, got {args.silent_secs:g}")
-    status = read_run_dir(args.run_dir, now=time.time())
-    silent = {name: t.last_output_at for name, t in status.tasks.items()
-              if t.state not in ("done", "failed", "not started") and status.now - t.last_output_at >= args.silent_secs}
-    if args.json:
-        print(json.dumps({**status.as_dict(), "silent": sorted(silent)}, indent=2))
-        return 0
-    from rich.console import Console
-    Console().print(render(status, args.silent_secs))
-    for name, since in silent.items():
-        stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
-    return 0
-
-
-def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
-    """`--network`: run the local cluster in a private network namespace (loopback only) where possible."""
-    from psworker.launcher import netns
-
-    if netns.inside() and netns.interfaces() == ["lo"]:
-        netns.bring_up_loopback()
-        log.info("network: private namespace, interfaces %s: the cluster's ports are unreachable from outside",
-                 ", ".join(netns.interfaces()))
-        return
-    if mode == "host":
-        log.warning("network: host; TensorFlow's unauthenticated servers listen on every interface of this host")
-        return
-    if argv is None:   # called as a library: replacing the caller's process is not ours to do
-        if mode == "isolated":
-            raise UsageError("--network isolated needs the psworker command itself (it re-executes in a namespace)")
-        log.warning("network: not isolated (psworker.cli.main called in-process)")
-        return
-    if netns.available():
-        netns.reexec_isolated(argv)
-    if mode == "isolated":
-        raise UsageError("--network isolated: cannot create a network namespace here (needs Linux, util-linux "
-                         "'unshare' and user namespaces); use --network host on a firewalled machine")
-    log.warning("network: no private namespace available (unshare not permitted); TensorFlow's unauthenticated "
-                "servers listen on every interface of this host: firewall their ports")
 
 
 def cmd_data(args: argparse.Namespace) -> int:

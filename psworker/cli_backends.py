@@ -1,29 +1,31 @@
-"""The command lines of the remote backends: `psworker slurm launch`, `psworker slurm status` and `psworker ssh`
-(parsers and commands), and the launch flags `psworker slurm submit` passes through to `slurm launch`.
+"""The launcher commands: `psworker local`, `run`, `status`, `slurm submit|launch|status` and `ssh` (commands and
+the scheduler parsers), and the launch flags `psworker slurm submit` passes through to `slurm launch`.
 
-Each command builds one `LaunchConfig` (as `psworker local` does, `cli_common.launch_config`) with its backend's name and
-hands it to `psworker.launcher.launch.launch`: one launcher for every backend.
+Each command builds one `LaunchConfig` (`cli_common.launch_config`) with its backend's name and hands it to
+`psworker.launcher.launch.launch`: one launcher for every backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from psworker.cli_common import add_launch_flags, add_train_flags, launch_config, train_overrides
 from psworker.errors import UsageError
-from psworker.spec import load_spec, merge_train
+from psworker.spec import ClusterSpec, load_spec, merge_train
 
 __all__ = ["add_slurm_parsers", "add_ssh_parser", "forwarded_launch_flags", "JOB_ID_FILE"]
 
 log = logging.getLogger(__name__)
 
+TENSORBOARD_PID_ENV = "PSWORKER_TENSORBOARD_PID"   # `local --tensorboard`: the server the launcher must stop
 JOB_ID_FILE = "slurm-job-id"          # written into the run dir by `psworker slurm submit`
 SCONTROL_TIMEOUT_SECS = 15.0          # scontrol retries a missing slurm.conf for a minute
 # `psworker slurm submit` takes these launch flags and passes the ones given to `psworker slurm launch`.
@@ -46,6 +48,107 @@ def add_submit_launch_flags(p: argparse.ArgumentParser) -> None:
     add_launch_flags(p.add_argument_group("supervision inside the job (passed to `psworker slurm launch`)"),
                              network=False)
     p.set_defaults(**{name: None for name in FORWARDED})
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """`psworker local SPEC ...`: starts the whole cluster on this machine and supervises it."""
+    spec = load_spec(args.spec)
+    # No train_dir given: the backend makes a fresh runs/<spec>-<time> so that a rerun never resumes by surprise.
+    spec = dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args),
+                                                       num_workers=len(spec.worker)))
+    tensorboard_pid = os.environ.get(TENSORBOARD_PID_ENV)
+    if args.tensorboard is not None and tensorboard_pid is None:
+        spec, tensorboard_pid = _start_tensorboard(args, spec)
+    config = launch_config(args, spec)
+    _isolate_network(args.network, args.argv)
+    from psworker.launcher.launch import launch
+    try:
+        return launch(config)
+    finally:
+        if tensorboard_pid is not None:
+            from psworker.launcher import tensorboard
+            tensorboard.stop_pid(int(tensorboard_pid))
+
+
+def _start_tensorboard(args: argparse.Namespace, spec: ClusterSpec) -> tuple[ClusterSpec, str]:
+    """`local --tensorboard`: TensorBoard on the run dir, started on this host's network before the launcher moves
+    into its private namespace (it keeps this pid, so TensorBoard stays its child and is stopped at the end)."""
+    from psworker.launcher import tensorboard
+    from psworker.launcher.local import default_train_dir
+
+    if spec.train.train_dir is None:
+        train_dir = str(default_train_dir(spec))
+        print(f"psworker: train_dir is {train_dir}", flush=True)
+        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, train_dir=train_dir))
+        if args.argv is not None:
+            args.argv = [*args.argv, "--train_dir", train_dir]
+    pid, url = tensorboard.start_detached(spec.train.train_dir, args.tensorboard)
+    print(f"psworker: TensorBoard at {url} (127.0.0.1 only), for as long as the run lasts", flush=True)
+    os.environ[TENSORBOARD_PID_ENV] = str(pid)
+    return spec, str(pid)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`psworker run SPEC [flags] -- COMMAND...`: runs COMMAND once per task of the spec and supervises them."""
+    command = list(args.command)
+    if not command:
+        raise UsageError("psworker run needs a command after '--', e.g. psworker run SPEC -- python train.py")
+    spec = load_spec(args.spec)
+    if args.train_dir is not None:
+        spec = dataclasses.replace(spec, train=merge_train(spec.train, {"train_dir": args.train_dir}))
+    config = launch_config(args, spec, tuple(command))
+    _isolate_network(args.network, args.argv)
+    from psworker.launcher.launch import launch
+    return launch(config)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`psworker status RUN_DIR [--json]`: the status of a run, read from its cluster.yaml and task logs."""
+    import datetime
+    import time
+
+    from psworker.launcher.status import read_run_dir, render
+
+    if args.silent_secs <= 0:
+        raise UsageError(f"--silent_secs must be > 0, got {args.silent_secs:g}")
+    status = read_run_dir(args.run_dir, now=time.time())
+    silent = {name: t.last_output_at for name, t in status.tasks.items()
+              if t.state not in ("done", "failed", "not started") and status.now - t.last_output_at >= args.silent_secs}
+    if args.json:
+        print(json.dumps({**status.as_dict(), "silent": sorted(silent)}, indent=2))
+        return 0
+    from rich.console import Console
+    Console().print(render(status, args.silent_secs))
+    for name, since in silent.items():
+        stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
+    return 0
+
+
+def _isolate_network(mode: str, argv: Optional[list[str]]) -> None:
+    """`--network`: run the local cluster in a private network namespace (loopback only) where possible."""
+    from psworker.launcher import netns
+
+    if netns.inside() and netns.interfaces() == ["lo"]:
+        netns.bring_up_loopback()
+        log.info("network: private namespace, interfaces %s: the cluster's ports are unreachable from outside",
+                 ", ".join(netns.interfaces()))
+        return
+    if mode == "host":
+        log.warning("network: host; TensorFlow's unauthenticated servers listen on every interface of this host")
+        return
+    if argv is None:   # called as a library: replacing the caller's process is not ours to do
+        if mode == "isolated":
+            raise UsageError("--network isolated needs the psworker command itself (it re-executes in a namespace)")
+        log.warning("network: not isolated (psworker.cli.main called in-process)")
+        return
+    if netns.available():
+        netns.reexec_isolated(argv)
+    if mode == "isolated":
+        raise UsageError("--network isolated: cannot create a network namespace here (needs Linux, util-linux "
+                         "'unshare' and user namespaces); use --network host on a firewalled machine")
+    log.warning("network: no private namespace available (unshare not permitted); TensorFlow's unauthenticated "
+                "servers listen on every interface of this host: firewall their ports")
 
 
 def cmd_slurm_submit(args: argparse.Namespace) -> int:
@@ -138,8 +241,7 @@ def cmd_slurm_status(args: argparse.Namespace) -> int:
     """`psworker slurm status JOBID|RUN_DIR`: `psworker status` of the job's run dir."""
     target = args.job
     run_dir = Path(target) if not target.isdigit() or Path(target).is_dir() else _run_dir_of_job(target)
-    from psworker import cli
-    return cli.cmd_status(argparse.Namespace(run_dir=str(run_dir), json=args.json, silent_secs=args.silent_secs))
+    return cmd_status(argparse.Namespace(run_dir=str(run_dir), json=args.json, silent_secs=args.silent_secs))
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
