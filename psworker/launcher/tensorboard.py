@@ -48,16 +48,7 @@ def serve(logdir: str, port: int = 0, *, timeout_secs: float = 60.0, reload_inte
     Raises:
         TensorBoardError: TensorBoard is missing, exits early, or does not answer within `timeout_secs`.
     """
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is None:
-        raise TensorBoardError("TensorBoard is not installed (TensorFlow 2.21 no longer brings it): "
-                               "pip install 'tensorboard==2.21.*'")
-    if port == 0:
-        from psworker.launcher.ports import pick_free_ports
-
-        port = pick_free_ports(1, HOST)[0]
-    url = f"http://{HOST}:{port}/"
+    port, url = _address(port)
     own_log = log_path is None
     if own_log:
         fd, log_path = tempfile.mkstemp(prefix="psworker-tensorboard-", suffix=".log")
@@ -84,16 +75,7 @@ def start_detached(logdir: str, port: int = 0, *, timeout_secs: float = 60.0) ->
     child, and stays reachable on this host's 127.0.0.1): the launcher ends it with `stop_pid`. Its output goes to
     `<logdir>/logs/tensorboard.log`.
     """
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is None:
-        raise TensorBoardError("TensorBoard is not installed (TensorFlow 2.21 no longer brings it): "
-                               "pip install 'tensorboard==2.21.*'")
-    if port == 0:
-        from psworker.launcher.ports import pick_free_ports
-
-        port = pick_free_ports(1, HOST)[0]
-    url = f"http://{HOST}:{port}/"
+    port, url = _address(port)
     log_path = os.path.join(logdir, "logs", "tensorboard.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "ab") as out:
@@ -125,6 +107,20 @@ def stop_pid(pid: int, timeout_secs: float = 10.0) -> None:
                 log.error("TensorBoard (pid %d) survived SIGKILL", pid)
                 return
             time.sleep(0.1)
+
+
+def _address(port: int) -> tuple[int, str]:
+    """The port (a free one for 0) and URL to serve on; fails first if TensorBoard is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise TensorBoardError("TensorBoard is not installed (TensorFlow 2.21 no longer brings it): "
+                               "pip install 'tensorboard==2.21.*'")
+    if port == 0:
+        from psworker.launcher.ports import pick_free_ports
+
+        port = pick_free_ports(1, HOST)[0]
+    return port, f"http://{HOST}:{port}/"
 
 
 def _wait_until_up(proc: subprocess.Popen, url: str, timeout_secs: float, log_path: str) -> None:
