@@ -121,7 +121,6 @@ class ServerError(PsworkerError):
     exit_code = EXIT_FAILED
 
 
-
 class ClusterError(PsworkerError):
     """The Kubernetes API refused a request or cannot be reached."""
 

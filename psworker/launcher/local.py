@@ -146,19 +146,23 @@ def processes(config: LaunchConfig) -> LocalProcessBackend:
     return LocalProcessBackend(symbols={PYTHON: config.python, SPEC: str(Path(config.train_dir) / SPEC_FILE)})
 
 
-def report_success(config: LaunchConfig, result: RunResult, seconds: float, console: TextIO) -> None:
-    """What a person reads after a successful run: time, outputs, restarts, and the chief's evaluation."""
+def report_success(config: LaunchConfig, result: RunResult, seconds: float, console: TextIO, *,
+                   outputs_dir: Optional[str] = None) -> None:
+    """What a person reads after a successful run: time, outputs, restarts, and the chief's evaluation.
+
+    `outputs_dir`: where the chief's checkpoints and export are, when not the run dir (`config.train_dir`, which
+    holds the logs).
+    """
     done = sorted(config.done_jobs)
     what = f"all {len(config.spec.worker)} workers" if done == ["worker"] else f"every {'/'.join(done)} task"
     print(f"psworker: {what} finished in {seconds:.1f} s", file=console, flush=True)
     if any(e.restarts for e in result.exits.values()):
         from psworker.launcher.report import format_report
         print(format_report(result), file=console, flush=True)
+    outputs = Path(outputs_dir or config.train_dir)
     log_dir = Path(config.train_dir) / LOG_SUBDIR
-    print(f"psworker: checkpoints and summaries in {config.train_dir}/, task logs in {log_dir}/", file=console,
-          flush=True)
-    exports = Path(config.train_dir) / "export"
-    steps = sorted((p for p in exports.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    print(f"psworker: checkpoints and summaries in {outputs}/, task logs in {log_dir}/", file=console, flush=True)
+    steps = sorted((p for p in (outputs / "export").glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
     if steps:
         print(f"psworker: SavedModel in {steps[-1]}/ (psworker export, tf.saved_model.load)", file=console, flush=True)
     result_line = chief_result(log_dir)

@@ -100,16 +100,7 @@ def processes(config: LaunchConfig) -> "SlurmProcessBackend":
 def report_success(config: LaunchConfig, result: RunResult, seconds: float, console: TextIO) -> None:
     """The local backend's report, with the checkpoints in the spec's train_dir and the logs in the run dir."""
     from psworker.launcher import local
-    print(f"psworker: all {len(config.spec.worker)} workers finished in {seconds:.1f} s", file=console, flush=True)
-    if any(e.restarts for e in result.exits.values()):
-        from psworker.launcher.report import format_report
-        print(format_report(result), file=console, flush=True)
-    log_dir = Path(config.train_dir) / LOG_SUBDIR
-    print(f"psworker: checkpoints and summaries in {config.spec.train.train_dir}/, task logs in {log_dir}/",
-          file=console, flush=True)
-    line = local.chief_result(log_dir)
-    if line:
-        print(f"psworker: {line}", file=console, flush=True)
+    local.report_success(config, result, seconds, console, outputs_dir=config.spec.train.train_dir)
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess:
