@@ -14,7 +14,7 @@ import sys
 from typing import Callable, Optional
 
 from psworker.cli_backends import cmd_local, cmd_run, cmd_status
-from psworker.cli_common import add_cluster_flags, add_launch_flags, add_train_flags, train_config
+from psworker.cli_common import add_cluster_flags, add_launch_flags, add_status_flags, add_train_flags, train_config
 from psworker.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import ALL_JOBS, ClusterSpec, CountSpec, TrainConfig, load_spec, merge_train
 
@@ -228,9 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("status", cmd_status, "show the status of a run from its run directory (started by any backend)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run's train_dir (holds cluster.yaml and logs/)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--silent_secs", type=float, default=60.0,
-                   help="call a running task silent when its log has not grown for this long (default 60)")
+    add_status_flags(p)
 
     p = add("data", cmd_data, "download or write a data set")
     p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from psworker.cli_common import add_launch_flags, add_train_flags, launch_config, train_overrides
+from psworker.cli_common import add_launch_flags, add_status_flags, add_train_flags, launch_config, train_overrides
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, load_spec, merge_train
 
@@ -293,7 +293,7 @@ def add_slurm_parsers(sub: Any) -> None:
 
 
 def slurm_parsers(slurm_sub: Any) -> None:
-    """`slurm launch` and `slurm status` (the `slurm` group and `submit` are in `cli.build_parser`)."""
+    """`slurm launch` and `slurm status` (`add_slurm_parsers` makes the group and `submit`)."""
     p = slurm_sub.add_parser("launch", help="inside an allocation: run every task of a spec as its own srun step",
                              description="Lays the spec's tasks out on the allocation's nodes (TensorFlow's "
                                          "SlurmClusterResolver rules), starts each as its own `srun` step and "
@@ -310,9 +310,7 @@ def slurm_parsers(slurm_sub: Any) -> None:
                              description="`psworker status` of the run dir of a job `psworker slurm submit` queued.")
     p.set_defaults(func=cmd_slurm_status)
     p.add_argument("job", metavar="JOBID|RUN_DIR")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--silent_secs", type=float, default=60.0,
-                   help="call a running task silent when its log has not grown for this long (default 60)")
+    add_status_flags(p)
 
 
 def add_ssh_parser(sub: Any) -> None:

@@ -91,5 +91,12 @@ def add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
                    help="plain periodic status lines even on a terminal (no live view)")
 
 
+def add_status_flags(p: argparse.ArgumentParser) -> None:
+    """The options of `psworker status` and `psworker slurm status`."""
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--silent_secs", type=float, default=60.0,
+                   help="call a running task silent when its log has not grown for this long (default 60)")
+
+
 __all__ = ["add_train_flags", "train_overrides", "add_cluster_flags", "train_config", "launch_config",
-           "add_launch_flags"]
+           "add_launch_flags", "add_status_flags"]
