@@ -28,7 +28,7 @@ from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.process import die_with_parent
 from psworker.launcher.report import RunResult
 from psworker.plan import plan
-from psworker.schedulers.ssh import require_reachable, ssh_argv
+from psworker.schedulers.ssh import require_reachable, run_on_hosts, ssh_argv
 from psworker.spec import dump_spec
 
 __all__ = ["SshProcessBackend", "prepare", "processes", "report_success"]
@@ -66,23 +66,8 @@ def _ship_spec(hosts: Sequence[str], text: str, remote_dir: str, ssh_config: Opt
                options: Sequence[str]) -> None:
     """Writes `<remote_dir>/cluster.yaml` on every host at once (stdin of one ssh per host, renamed into place)."""
     script = 'mkdir -p "$1" && cat > "$1/.cluster.yaml.$$" && mv -f "$1/.cluster.yaml.$$" "$1/cluster.yaml"'
-    procs = {}
-    for host in hosts:
-        argv = ssh_argv(host, ["sh", "-c", script, "sh", remote_dir], ssh_config=ssh_config, options=options)
-        argv.remove("-tt")                      # the spec travels on stdin: no terminal
-        procs[host] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE)
-    failures, deadline = {}, time.monotonic() + SSH_COMMAND_TIMEOUT_SECS
-    for host, proc in procs.items():
-        try:
-            _, err = proc.communicate(text.encode(), timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            failures[host] = f"no answer within {SSH_COMMAND_TIMEOUT_SECS:g} s"
-            continue
-        if proc.returncode != 0:
-            failures[host] = err.decode(errors="replace").strip() or f"ssh exited {proc.returncode}"
+    failures = run_on_hosts(hosts, ["sh", "-c", script, "sh", remote_dir], ssh_config=ssh_config,
+                            timeout=SSH_COMMAND_TIMEOUT_SECS, options=options, stdin=text.encode())
     if failures:
         raise PsworkerError("could not write the spec to " + "; ".join(
             f"{host}:{remote_dir}/{SPEC_FILE}: {why}" for host, why in failures.items()) + "; nothing was started")

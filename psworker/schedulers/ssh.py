@@ -31,8 +31,8 @@ from typing import Optional, Union
 
 from psworker.errors import UnreachableHosts, UsageError
 
-__all__ = ["SSH_OPTIONS", "UnreachableHosts", "check_reachable", "remote_command", "require_reachable",
-           "ssh_argv"]
+__all__ = ["run_on_hosts", "SSH_OPTIONS", "UnreachableHosts", "check_reachable", "remote_command",
+           "require_reachable", "ssh_argv"]
 
 # Never prompt (a launcher has no person at the keyboard); detect a dead peer within 15 s.
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
@@ -107,25 +107,37 @@ def check_reachable(hosts: Iterable[str], *, ssh_config: Optional[str] = None,
         error line, or that it did not answer within `timeout`.
     """
     connect = max(1, int(timeout))
+    return run_on_hosts(hosts, ["true"], ssh_config=ssh_config, timeout=timeout, ssh=ssh,
+                        options=("-o", f"ConnectTimeout={connect}", *options))
+
+
+def run_on_hosts(hosts: Iterable[str], remote_argv: Sequence[str], *, ssh_config: Optional[str] = None,
+                 timeout: float, ssh: str = "ssh", options: Sequence[str] = (),
+                 stdin: Optional[bytes] = None) -> dict[str, str]:
+    """Runs one quoted command on every host at once (no terminal; `stdin` fed to each) and waits for them all.
+
+    Returns:
+        `{host: reason}` for each host where it failed: ssh's (or the command's) last error line, or that it did
+        not answer within `timeout` seconds (for all hosts together; the late ones are killed).
+    """
     procs = {}
     for host in dict.fromkeys(hosts):
-        argv = ssh_argv(host, ["true"], ssh_config=ssh_config, ssh=ssh,
-                        options=("-o", f"ConnectTimeout={connect}", *options))
-        argv.remove("-tt")     # the check needs no terminal
-        procs[host] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, text=True)
+        argv = ssh_argv(host, list(remote_argv), ssh_config=ssh_config, ssh=ssh, options=options)
+        argv.remove("-tt")     # a one-off command needs no terminal (and stdin may carry data)
+        procs[host] = subprocess.Popen(argv, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
     failures = {}
     for host, proc in procs.items():
         try:
-            _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            _, err = proc.communicate(stdin, timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
             failures[host] = f"no answer within {timeout:g} s"
             continue
         if proc.returncode != 0:
-            lines = [line for line in err.splitlines() if line.strip()]
+            lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
             failures[host] = (lines[-1] if lines else f"ssh exited {proc.returncode}")
     return failures
 
