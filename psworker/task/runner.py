@@ -87,7 +87,7 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
     if replication.is_chief:
         os.makedirs(config.train_dir, exist_ok=True)
     try:
-        result = _train(server.target, config, model, replication, name, emit)
+        result = _train(server.target, config, model, replication, index, name, emit)
     except tf.errors.DeadlineExceededError as exc:
         raise StartupTimeout(f"{name}: timed out: {exc.message.splitlines()[0]}") from None
     except (StepTimeout, StoppedEarly):
@@ -122,7 +122,7 @@ def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> 
     emit(evaluate.format_result(result), flush=True)   # last: the run's result line
 
 
-def _train(target: str, config: TrainConfig, model: Model, replication: Replication, name: str,
+def _train(target: str, config: TrainConfig, model: Model, replication: Replication, index: int, name: str,
            emit) -> TrainResult:
     """The session and its step loop; the sessions are left open at the end (the process leaves soon after)."""
     import tensorflow as tf
@@ -150,7 +150,6 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         if config.train_dir is not None:
             from psworker.train.summaries import WorkerSummaryHook, worker_dir
 
-            index = CLIENT_INDEX if replication.release is not None else _task_index(name)
             hooks.append(WorkerSummaryHook(index, loss=tg.loss, learning_rate=tg.learning_rate,
                                            global_step=tg.global_step, logdir=worker_dir(config.train_dir, index),
                                            every_steps=max(1, config.log_every_steps),
@@ -202,11 +201,6 @@ def _sync_reset_on_restart(sync_reset, name: str):
                  done["tokens_dropped"], done["tokens_queued"])
 
     return on_live_model
-
-
-def _task_index(name: str) -> int:
-    """`worker:3` -> 3."""
-    return int(name.rpartition(":")[2])
 
 
 def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str
