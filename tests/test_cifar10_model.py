@@ -67,6 +67,11 @@ def test_loss_is_cross_entropy_plus_weight_decay():
             got, logit_values = sess.run([loss, logits], {images: x, labels: y})
             by_name = {v.op.name: v for v in v1.trainable_variables()}
             w3, w4 = sess.run([by_name["local3/weights"], by_name["local4/weights"]])
+            # The decay's gradient reaches the variables through the read the matmuls share.
+            decay_op = v1.get_default_graph().get_tensor_by_name("weight_decay:0")
+            g3, g4 = sess.run(tf.gradients(decay_op, [by_name["local3/weights"], by_name["local4/weights"]]))
+    np.testing.assert_allclose(g3, WEIGHT_DECAY * w3, rtol=1e-6)
+    np.testing.assert_allclose(g4, WEIGHT_DECAY * w4, rtol=1e-6)
     z = logit_values.astype(np.float64)
     log_softmax = z - z.max(axis=1, keepdims=True)
     log_softmax -= np.log(np.exp(log_softmax).sum(axis=1, keepdims=True))
@@ -85,10 +90,26 @@ def test_loss_counts_shared_weights_once_per_tower():
             logits_b = model.inference(images, training=True)
         assert len(v1.trainable_variables()) == 10
         decayed_a = model.weight_decay_variables(logits_a)
-        assert decayed_a == model.weight_decay_variables(logits_b)
-        assert [v.op.name for v in decayed_a] == ["local3/weights", "local4/weights"]
+        decayed_b = model.weight_decay_variables(logits_b)
+        assert decayed_a != decayed_b   # each tower decays what it read itself
+        for decayed in (decayed_a, decayed_b):
+            reads = [t.op.inputs[0].op for t in decayed]
+            assert [r.inputs[0].op.name for r in reads] == ["local3/weights", "local4/weights"]
+        # One read of each decayed weight per tower, shared by its matmul and the decay (issue #9: a second read
+        # was a second pull of local3's 3.5 MB from the ps every step).
+        for name in ("local3/weights", "local4/weights"):
+            handle = v1.get_default_graph().get_operation_by_name(name)
+            assert len(_reads(handle)) == 2, (name, _reads(handle))
+        model.loss(logits_a, tf.zeros([1], tf.int32))
+        assert len(_reads(handle)) == 2, _reads(handle)
         with pytest.raises(ValueError, match="inference"):
             model.loss(tf.identity(logits_a), tf.zeros([1], tf.int32))
+
+
+def _reads(handle) -> list:
+    """The reads of a variable by the model (the variable's own `<name>/Read` is made with it and never runs)."""
+    return [op.name for op in handle.outputs[0].consumers()
+            if op.type == "ReadVariableOp" and not op.name.startswith(handle.name + "/Read/")]
 
 
 def test_learning_rate_schedule(tmp_path):

@@ -29,6 +29,17 @@ def _layer_variables(shape, stddev: float, bias: float):
     return weights, biases
 
 
+def _read_once(weights):
+    """One read of `weights` (a variable, or the shards of a partitioned one) for every use in a tower.
+
+    The matmul and the weight decay then share it: each use of the variable itself would be its own read, i.e. a
+    second pull of local3's 3.5 MB from the ps every step (issue #9; `psworker plan --model cifar10` counts it).
+    """
+    import tensorflow as tf
+
+    return tf.identity(tf.convert_to_tensor(weights), name="read_once")
+
+
 class Cifar10Model(Model):
     """The tutorial's CNN: 1,068,298 parameters for 24x24x3 input; SGD, lr 0.1 decayed 10x every 350 epochs."""
 
@@ -105,10 +116,12 @@ class Cifar10Model(Model):
         decayed = []
         with v1.variable_scope("local3"):
             w, b = _layer_variables([dim, 384], stddev=0.04, bias=0.1)
+            w = _read_once(w)
             local3 = tf.nn.relu(tf.matmul(flat, w) + b, name="local3")
             decayed.append(w)
         with v1.variable_scope("local4"):
             w, b = _layer_variables([384, 192], stddev=0.04, bias=0.1)
+            w = _read_once(w)
             local4 = tf.nn.relu(tf.matmul(local3, w) + b, name="local4")
             decayed.append(w)
         with v1.variable_scope("softmax_linear"):
@@ -119,7 +132,8 @@ class Cifar10Model(Model):
         return logits
 
     def weight_decay_variables(self, logits) -> list:
-        """The weights under L2 decay (local3, local4) of the network that produced `logits`.
+        """The weights under L2 decay (local3, local4) of the network that produced `logits`: the tensors its
+        matmuls read (one read of each variable per tower).
 
         Raises:
             ValueError: `logits` did not come from this model's `inference` in this graph.
@@ -134,8 +148,8 @@ class Cifar10Model(Model):
     def loss(self, logits, labels):
         """Mean sparse cross-entropy plus 0.004 * l2_loss of the local3 and local4 weights.
 
-        Computed from the variables `inference` used for `logits` (shared across towers), so each tower's loss
-        carries the decay once.
+        Computed from the weights `inference` read for `logits` (variables shared across towers, one read per
+        tower), so each tower's loss carries the decay once.
         """
         import tensorflow as tf
 
