@@ -1,7 +1,9 @@
 """Lifecycle benchmark: a local 1 ps + 2 worker cluster, async and sync, side by side with one process.
 
 Measures, from the task processes' own logs and their exit times (polled every 10 ms):
-- first step: from a worker process's start to its first finished step, minus its TensorFlow import time;
+- first step: from the end of a worker's TensorFlow import (its "TensorFlow imported" log line) to its first
+  finished step (issue #9, goal 6: <= 1 s); also from the process's start minus the import time, which adds the
+  interpreter's start and psworker's own imports (~0.1 s alone, more while three processes start on 2 cores);
 - exit: from the final training step (the last worker's) to the exit of each process, ps included;
 - throughput: global steps/s and examples/s from the moment both workers train to the final step;
 - the same model and batch trained in this process without servers, and the ratios;
@@ -36,9 +38,10 @@ from psworker.testing import LocalCluster, log_time  # noqa: E402
 
 WORKER_EXIT_GOAL_S = 1.0
 PS_EXIT_GOAL_S = 2.0
+FIRST_STEP_GOAL_S = 1.0   # issue #9, goal 6: from the end of the TF import
 TIMEOUT_SLACK_S = 3.0
 
-IMPORTED = re.compile(r"TensorFlow imported in ([0-9.]+) s")
+IMPORTED = re.compile(r"^.*TensorFlow imported in ([0-9.]+) s$", re.MULTILINE)
 FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILINE)
 LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
 DONE = re.compile(r"done at global step (\d+) after (\d+) local steps")
@@ -48,6 +51,7 @@ DONE = re.compile(r"done at global step (\d+) after (\d+) local steps")
 class ClusterRun:
     mode: str
     first_step_s: dict[str, float]      # worker -> seconds from start to first step, minus TF import
+    after_import_s: dict[str, float]    # worker -> seconds from the end of its TF import to its first step
     import_s: dict[str, float]
     exit_s: dict[str, float]            # process -> seconds from the final step to its exit
     steps_per_s: float
@@ -70,10 +74,12 @@ def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, mo
         workers = {n: cluster.log(n) for n in cluster.names if n.startswith("worker")}
         started_at, exited_at = dict(cluster.started_at), dict(cluster.exited_at)
 
-    imports = {n: float(IMPORTED.search(log).group(1)) for n, log in workers.items()}
+    imported = {n: IMPORTED.search(log) for n, log in workers.items()}
+    imports = {n: float(m.group(1)) for n, m in imported.items()}
     firsts = {n: FIRST_STEP.search(log) for n, log in workers.items()}
     first_at = {n: log_time(m.group(0)) for n, m in firsts.items()}
     first_step_s = {n: round(first_at[n] - started_at[n] - imports[n], 3) for n in workers}
+    after_import_s = {n: round(first_at[n] - log_time(imported[n].group(0)), 3) for n in workers}
     final_at = max(log_time(LAST_STEP.search(log).group(0)) for log in workers.values())
     exit_s = {n: round(at - final_at, 3) for n, at in exited_at.items()}
     final_step = max(int(DONE.search(log).group(1)) for log in workers.values())
@@ -82,7 +88,7 @@ def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, mo
     start_step = int(firsts[later].group(1))
     steps_per_s = (final_step - start_step) / max(final_at - first_at[later], 1e-9)
     per_step = batch_size * (2 if mode == "sync" else 1)   # sync: one global step averages 2 workers' batches
-    return ClusterRun(mode, first_step_s, imports, exit_s, steps_per_s, steps_per_s * per_step, final_step,
+    return ClusterRun(mode, first_step_s, after_import_s, imports, exit_s, steps_per_s, steps_per_s * per_step, final_step,
                       time.time() - began)
 
 
@@ -141,8 +147,10 @@ def main(argv=None) -> int:
     print(f"psworker lifecycle benchmark: {args.model}, batch {args.batch_size}, {args.max_steps} steps, "
           f"1 ps + 2 workers on {os.cpu_count()} cores; logs in {workdir}")
     print(f"{'':<36}{'async':>10}{'sync':>10}")
-    rows = [("first step, worker:0 (s)", lambda r: r.first_step_s["worker:0"]),
-            ("first step, worker:1 (s)", lambda r: r.first_step_s["worker:1"]),
+    rows = [("first step after TF import, worker:0", lambda r: r.after_import_s["worker:0"]),
+            ("first step after TF import, worker:1", lambda r: r.after_import_s["worker:1"]),
+            ("  (from start - import, worker:0 (s))", lambda r: r.first_step_s["worker:0"]),
+            ("  (from start - import, worker:1 (s))", lambda r: r.first_step_s["worker:1"]),
             ("  (TF import, worker:0 (s))", lambda r: r.import_s["worker:0"]),
             ("  (TF import, worker:1 (s))", lambda r: r.import_s["worker:1"]),
             ("exit (s) after last step, worker:0", lambda r: r.exit_s["worker:0"]),
@@ -160,12 +168,17 @@ def main(argv=None) -> int:
         for name, secs in sorted(r.exit_s.items()):
             goal = PS_EXIT_GOAL_S if name.startswith("ps") else WORKER_EXIT_GOAL_S
             print(f"goal {r.mode} exit {name} <= {goal:g} s: {secs:.3f} s {'OK' if secs <= goal else 'OVER'}")
+    for r in runs:
+        worst = max(r.after_import_s.values())
+        print(f"goal {r.mode} first step <= {FIRST_STEP_GOAL_S:g} s after TF import: {worst:.3f} s "
+              f"{'OK' if worst <= FIRST_STEP_GOAL_S else 'OVER'}")
     for name, secs in timeouts.items():
         print(f"goal {name} <= {3 + TIMEOUT_SLACK_S:g} s: {secs:.3f} s "
               f"{'OK' if 3 <= secs <= 3 + TIMEOUT_SLACK_S else 'OVER'}")
     by_mode = {r.mode: r for r in runs}
     summary = {
         "first_step_s": max(v for r in runs for v in r.first_step_s.values()),
+        "first_step_after_import_s": max(v for r in runs for v in r.after_import_s.values()),
         "exit_s": max(v for r in runs for v in r.exit_s.values()),
         "async_steps_per_s": round(by_mode["async"].steps_per_s, 2),
         "sync_steps_per_s": round(by_mode["sync"].steps_per_s, 2),

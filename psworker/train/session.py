@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
-RECOVERY_WAIT_SECS = 0.5   # TF's default is 30 s: a non-chief would sleep that long before its first step
+RECOVERY_WAIT_SECS = 0.1   # TF's default is 30 s: a non-chief would sleep that long before its first step
 
 
 def _base_creator():
