@@ -30,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))   # run from a checkout without installing
@@ -60,10 +61,11 @@ class ClusterRun:
     wall_s: float
 
 
-def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, model: str) -> ClusterRun:
+def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, model: str,
+                data_dir: Optional[str] = None) -> ClusterRun:
     """Starts ps:0, worker:0 and worker:1 together (as `psworker local` does) and measures them."""
     workdir.mkdir(parents=True)
-    train = dict(model=model, mode=mode, max_steps=max_steps, batch_size=batch_size,
+    train = dict(model=model, mode=mode, max_steps=max_steps, batch_size=batch_size, data_dir=data_dir,
                  log_every_steps=max(1, max_steps // 4))
     began = time.time()
     with LocalCluster(workdir, train=train) as cluster:
@@ -116,7 +118,7 @@ def _import_s(cluster: LocalCluster, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def run_in_process(*, steps: int, batch_size: int, model: str) -> float:
+def run_in_process(*, steps: int, batch_size: int, model: str, data_dir: Optional[str] = None) -> float:
     """Global steps/s of the same model and batch in this process, without servers."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     import tensorflow as tf
@@ -126,7 +128,8 @@ def run_in_process(*, steps: int, batch_size: int, model: str) -> float:
     from psworker.train.graph import train_in_process
 
     tf.compat.v1.disable_eager_execution()
-    seconds, n = train_in_process(models.get(model), TrainConfig(model=model, batch_size=batch_size), steps=steps)
+    seconds, n = train_in_process(models.get(model), TrainConfig(model=model, batch_size=batch_size, data_dir=data_dir),
+                                  steps=steps)
     return n / seconds
 
 
@@ -136,12 +139,20 @@ def main(argv=None) -> int:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--model", default="mlp")
     p.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
+    p.add_argument("--data_dir", default=None, help="cifar10: its records (default: a synthetic set in --workdir)")
     args = p.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="psworker-lifecycle-"))
 
-    runs = [run_cluster(mode, workdir / mode, max_steps=args.max_steps, batch_size=args.batch_size, model=args.model)
+    if args.model == "cifar10" and args.data_dir is None:   # a small synthetic set in the real record format
+        from psworker.data import cifar10_files
+
+        args.data_dir = str(workdir / "cifar10-data")
+        cifar10_files.write_synthetic(args.data_dir)
+    runs = [run_cluster(mode, workdir / mode, max_steps=args.max_steps, batch_size=args.batch_size, model=args.model,
+                        data_dir=args.data_dir)
             for mode in ("async", "sync")]
-    inprocess = run_in_process(steps=args.max_steps, batch_size=args.batch_size, model=args.model)
+    inprocess = run_in_process(steps=args.max_steps, batch_size=args.batch_size, model=args.model,
+                               data_dir=args.data_dir)
     timeouts = run_timeouts(workdir / "timeouts")
 
     print(f"psworker lifecycle benchmark: {args.model}, batch {args.batch_size}, {args.max_steps} steps, "
