@@ -159,6 +159,30 @@ def use_worker_averages(on: bool) -> None:
     cls.apply = (lambda self, var_list: self._ema.apply(var_list)) if on else _SHIPPED["apply"]
 
 
+class InProcess:
+    """The same model's training graph in this process without servers (`build_train_graph(cluster=None)`): the
+    CPU per step a cluster step can at best get down to, measured in the same rounds as the cluster modes (its ps
+    CPU column reads the idle ps)."""
+
+    def __init__(self, model, config):
+        import tensorflow as tf
+
+        from psworker.train.graph import build_train_graph
+
+        self._graph = tf.Graph()
+        with self._graph.as_default():
+            self._train_op = build_train_graph(model, config, cluster=None, task_index=0).train_op
+            init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()]
+        self._sess = tf.compat.v1.Session(graph=self._graph)
+        self._sess.run(init)
+
+    def run(self):
+        self._sess.run(self._train_op)
+
+    def close(self):
+        self._sess.close()
+
+
 def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     """Builds `variant`'s training graph as worker 0 and measures it (see the module docstring)."""
     import psutil
@@ -223,6 +247,8 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
             "MonitoredSession + hooks before #9": lambda: monitored.run(tg.train_op),
             "MonitoredSession + TrainLoopHook": lambda: looped.run(tg.train_op),
         }
+        in_process = InProcess(model, config)
+        modes["in-process, no servers (the bound)"] = in_process.run
         for run in modes.values():
             for _ in range(args.warmup):
                 run()
@@ -256,6 +282,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
                 Path(path).write_text(timeline.Timeline(meta.step_stats).generate_chrome_trace_format())
         creator.abandon_on_close()
         creator_new.abandon_on_close()   # as psworker's trainer does; the process leaves through os._exit
+        in_process.close()
     return {
         "wall_ms_per_step": {k: statistics.median(v) for k, v in wall.items()},
         "worker_cpu_ms_per_step": {k: statistics.median(v) for k, v in cpu_me.items()},
@@ -272,6 +299,13 @@ def print_variant(variant: str, r: dict, batch_size: int) -> None:
     print(f"{'untraced, median over rounds':<44}{'wall ms/step':>13}{'worker CPU ms':>15}{'ps CPU ms':>11}")
     for k, v in r["wall_ms_per_step"].items():
         print(f"  {k:<42}{v:>13.2f}{r['worker_cpu_ms_per_step'][k]:>15.2f}{r['ps_cpu_ms_per_step'][k]:>11.2f}")
+    bound = "in-process, no servers (the bound)"
+    cpu = {k: r["worker_cpu_ms_per_step"][k] + r["ps_cpu_ms_per_step"][k] for k in r["wall_ms_per_step"]}
+    cluster = "MonitoredSession + TrainLoopHook"
+    print(f"CPU per step, worker + ps, against in-process: {cpu[cluster]:.1f} / {cpu[bound]:.1f} ms = "
+          f"{cpu[cluster] / cpu[bound]:.2f}x; where CPU is the limit (ps and worker sharing {os.cpu_count()} cores), "
+          f"a cluster step reaches at most {cpu[bound] / cpu[cluster]:.2f}x of in-process examples/s "
+          f"(wall here: {r['wall_ms_per_step'][bound] / r['wall_ms_per_step'][cluster]:.2f}x)")
     print(f"traced step (FULL_TRACE, bare session): wall {r['traced_wall_ms']:.2f} ms; union of op intervals (ms):")
     for k, v in sorted(r["trace_union_ms"].items()):
         print(f"  {k:<50}{v:>9.2f}")
