@@ -2,9 +2,10 @@
 
 For each model (cnn: the CIFAR-10 tutorial CNN; mlp: the digits MLP) and each shape (in-process, 1 ps + 1 worker,
 1 ps + 2 workers, async) it measures examples/s of
-  - psworker: `python -m psworker local SPEC`; global steps/s from the task logs, from the moment every worker
-    trains (the later worker's first step) to the last step, as benchmarks/lifecycle.py measures (the sum of the
-    workers' progress-line rates is kept in the JSON as a second opinion); in-process:
+  - psworker: `python -m psworker local SPEC`; global steps/s after the warm-up (the first 10% of the steps, as
+    on the PSS side), from the workers' own summaries (global step and wall time every `log_every_steps`); kept
+    in the JSON as second opinions: from every worker's first step (as benchmarks/lifecycle.py measures, warm-up
+    included) and the sum of the workers' progress-line rates; in-process:
     `psworker.train.graph.train_in_process` in a subprocess;
   - pss: benchmarks/pss_peer.py (ClusterCoordinator, one step per closure; warm-up steps left out).
 Same model, data pipeline (CIFAR-10 records with the tutorial's distortions / standardised digits), batch per
@@ -147,8 +148,39 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
     for worker, rate in RATE_LINE.findall(done.stdout):
         per_worker.setdefault(worker, []).append(float(rate))
     steady = {w: statistics.mean(r[1:]) for w, r in per_worker.items() if len(r) > 1}
-    return {"examples_per_sec": global_rate(workdir / tag / "logs", workers, what) * args.batch_size,
+    warmup = warmup_steps(steps)
+    return {"examples_per_sec": steady_rate(workdir / tag, workers, warmup, what) * args.batch_size,
+            "from_first_step": global_rate(workdir / tag / "logs", workers, what) * args.batch_size,
             "progress_lines_sum": sum(steady.values()), "wall_s": time.monotonic() - started}
+
+
+def warmup_steps(steps: int) -> int:
+    """Global steps left out at the start of a run, on both sides (pss_peer.py --warmup)."""
+    return max(5, steps // 10)
+
+
+def steady_rate(train_dir: Path, workers: int, warmup: int, what: str) -> float:
+    """Global steps/s after the warm-up, from the workers' own summaries (global step and wall time, written every
+    `log_every_steps`): from the first one at a global step >= `warmup` written once every worker trains, to the
+    last one. The first steps of a run (graph setup, the input pipeline's first shuffle buffer, autotuning) are
+    up to 20% slower than the rest; PSS and the in-process runs leave theirs out too."""
+    import tensorflow as tf
+
+    points, firsts = [], []
+    for i in range(workers):
+        files = sorted((train_dir / f"worker_{i}").glob("events.out.tfevents*"))
+        mine = [(e.wall_time, e.step) for f in files for e in tf.compat.v1.train.summary_iterator(str(f))
+                if e.summary.value]
+        if not mine:
+            raise RuntimeError(f"{what}: worker:{i} wrote no summaries under {train_dir}")
+        firsts.append(min(mine)[0])
+        points += mine
+    window = sorted(p for p in points if p[0] >= max(firsts) and p[1] >= warmup)
+    if len(window) < 2 or window[-1][0] <= window[0][0]:
+        raise RuntimeError(f"{what}: fewer than two summaries after the warm-up ({warmup} steps): raise --steps or "
+                           "--intervals")
+    (t0, s0), (t1, s1) = window[0], window[-1]
+    return (s1 - s0) / (t1 - t0)
 
 
 def _stamp(line: str) -> float:
@@ -183,7 +215,7 @@ def pss_run(model: str, workers: int, *, ema: bool, args) -> dict:
         steps *= args.inprocess_factor
     argv = [sys.executable, str(HERE / "pss_peer.py"), "--model", model, "--workers", str(workers),
             "--steps", str(steps), "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
-            "--warmup", str(max(5, steps // 10)), "--data_dir", args.data_dir] + (["--ema"] if ema else [])
+            "--warmup", str(warmup_steps(steps)), "--data_dir", args.data_dir] + (["--ema"] if ema else [])
     done = _run(argv, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), args.timeout, what)
     return {"examples_per_sec": _last_json(done.stdout, what)["examples_per_sec"]}
 
@@ -303,7 +335,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                             continue
                         samples[model][name][s].append(out["examples_per_sec"])
                         print(f"[{time.strftime('%H:%M:%S')}] {model} {name} {s}w: "
-                              f"{out['examples_per_sec']:.0f} examples/s", flush=True)
+                              f"{out['examples_per_sec']:.0f} examples/s"
+                              + (f" (from the first step: {out['from_first_step']:.0f})"
+                                 if "from_first_step" in out else ""), flush=True)
     nan = float("nan")
     results = {m: {name: {s: statistics.median(v) if v else nan for s, v in row.items()}
                    for name, row in rows.items()} for m, rows in samples.items()}
