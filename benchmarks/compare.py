@@ -1,0 +1,151 @@
+"""Interleaved A/B of psworker clusters: checkouts, sync against async, thread-pool settings, side by side in one run.
+
+Each variant is `NAME=CHECKOUT[:key=value...]`:
+  - CHECKOUT: a psworker source tree (e.g. a `git worktree` of the commit before a change; `.` for this one);
+  - `mode=sync|async` (default async);
+  - `threads=PS_INTRA/PS_INTER/WORKER_INTRA/WORKER_INTER` (0 = TensorFlow's default): set in every task's server
+    `ConfigProto` by a benchmark-only `sitecustomize.py` (written to a temporary folder, as peers.py does).
+
+    python benchmarks/compare.py before=/work/wt-before after=. --shapes 1,2 --repeat 2
+    python benchmarks/compare.py async=. sync=.:mode=sync --shapes 2 --repeat 2
+    python benchmarks/compare.py default=. ps1=.:threads=1/1/0/0 --shapes 1,2
+
+Rates are examples/s after the warm-up, from the workers' summaries (peers.py's `steady_rate`); a sync global step
+counts every aggregated worker's batch. Runs are interleaved (each repeat runs every variant once) and the median of
+--repeat is printed per shape and variant, with its samples, then a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import peers
+
+SITECUSTOMIZE = '''\
+"""Benchmark-only thread pools (written by benchmarks/compare.py)."""
+import os
+
+_spec = os.environ.get("PSWORKER_BENCH_THREADS")
+if _spec:
+    ps_intra, ps_inter, w_intra, w_inter = (int(x) for x in _spec.split("/"))
+    from psworker.train import devices
+
+    _worker, _ps = devices.server_config, devices.ps_server_config
+
+    def server_config(*args, **kwargs):
+        config = _worker(*args, **kwargs)
+        config.intra_op_parallelism_threads, config.inter_op_parallelism_threads = w_intra, w_inter
+        return config
+
+    def ps_server_config(*args, **kwargs):
+        config = _ps(*args, **kwargs)
+        config.intra_op_parallelism_threads, config.inter_op_parallelism_threads = ps_intra, ps_inter
+        return config
+
+    devices.server_config, devices.ps_server_config = server_config, ps_server_config
+'''
+
+
+def parse_variant(text: str) -> dict:
+    name, sep, rest = text.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"{text!r}: expected NAME=CHECKOUT[:key=value...]")
+    checkout, *options = rest.split(":")
+    variant = {"name": name, "checkout": str(Path(checkout).resolve()), "mode": "async", "threads": ""}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "mode" and value in ("async", "sync"):
+            variant["mode"] = value
+        elif key == "threads" and len(value.split("/")) == 4 and all(v.isdigit() for v in value.split("/")):
+            variant["threads"] = value
+        else:
+            raise ValueError(f"{text!r}: unknown option {option!r} (mode=async|sync, threads=A/B/C/D)")
+    if not (Path(variant["checkout"]) / "psworker" / "__init__.py").is_file():
+        raise ValueError(f"{text!r}: {variant['checkout']} holds no psworker package")
+    return variant
+
+
+def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, site_dir: Path, tag: str) -> float:
+    """Examples/s of one `psworker local` run of `variant` (from its own checkout)."""
+    import yaml
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PSWORKER_BENCH_THREADS=variant["threads"])
+    env["PYTHONPATH"] = os.pathsep.join([variant["checkout"], str(site_dir)]
+                                        + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    steps = args.steps if model == "cnn" else args.steps * args.mlp_factor
+    log_every = max(1, steps // (args.intervals * workers))
+    spec = workdir / f"{tag}.yaml"
+    spec.write_text(yaml.safe_dump({
+        "cluster": {"ps": ["localhost:auto"], "worker": ["localhost:auto"] * workers},
+        "train": {"model": peers.PSWORKER_MODEL[model], "mode": variant["mode"], "max_steps": steps,
+                  "batch_size": args.batch_size, "learning_rate": args.learning_rate, "log_every_steps": log_every,
+                  "data_dir": args.data_dir if model == "cnn" else None},
+    }, sort_keys=False))
+    what = f"{variant['name']} {model} {workers}w"
+    peers._run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag)], env,
+               args.timeout, what, cwd=workdir)
+    per_step = args.batch_size * (workers if variant["mode"] == "sync" else 1)
+    return peers.steady_rate(workdir / tag, workers, peers.warmup_steps(steps), what) * per_step
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("variants", nargs="+", help="NAME=CHECKOUT[:mode=sync][:threads=A/B/C/D]")
+    p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    p.add_argument("--shapes", default="1,2", help="workers per cluster (1 ps each), comma-separated")
+    p.add_argument("--steps", type=int, default=200, help="CNN global steps per run (MLP: x --mlp_factor)")
+    p.add_argument("--mlp_factor", type=int, default=10)
+    p.add_argument("--intervals", type=int, default=5, help="summaries per worker and run")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--learning_rate", type=float, default=0.1)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    args = p.parse_args(argv)
+    try:
+        variants = [parse_variant(v) for v in args.variants]
+    except ValueError as exc:
+        p.error(str(exc))
+    shapes = [int(s) for s in args.shapes.split(",") if s]
+    samples: dict = {}
+    with tempfile.TemporaryDirectory(prefix="psworker-compare-") as tmp:
+        workdir = Path(tmp)
+        site_dir = workdir / "site"
+        site_dir.mkdir()
+        (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        if args.data_dir is None and args.model == "cnn":
+            args.data_dir = str(workdir / "data")
+            peers._run([sys.executable, "-m", "psworker", "data", "cifar10-synthetic", "--data_dir", args.data_dir],
+                       dict(os.environ, PYTHONPATH=variants[0]["checkout"]), 300, "writing synthetic CIFAR-10")
+        n = 0
+        for _ in range(args.repeat):
+            for workers in shapes:
+                for v in variants:
+                    n += 1
+                    rate = run_variant(v, args.model, workers, args, workdir, site_dir, f"run{n}")
+                    samples.setdefault(f"{workers}w {v['name']}", []).append(rate)
+                    print(f"[{time.strftime('%H:%M:%S')}] {args.model} {workers}w {v['name']}: {rate:.0f} examples/s",
+                          flush=True)
+    medians = {k: statistics.median(xs) for k, xs in samples.items()}
+    print(f"\n{args.model}, batch {args.batch_size} per worker, {os.cpu_count()} CPUs, median of {args.repeat}; "
+          f"examples/s (x the first variant of the same shape)")
+    for workers in shapes:
+        base = medians[f"{workers}w {variants[0]['name']}"]
+        for v in variants:
+            key = f"{workers}w {v['name']}"
+            print(f"  {key:<28}{medians[key]:>10.0f}  ({medians[key] / base:.2f}x)  samples "
+                  + ", ".join(f"{x:.0f}" for x in samples[key]))
+    print(json.dumps({"model": args.model, "steps": args.steps, "repeat": args.repeat, "variants": variants,
+                      "samples": samples, "median": medians}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
