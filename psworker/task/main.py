@@ -39,18 +39,11 @@ def _import_tensorflow(name: str):
 
     tf.compat.v1.disable_eager_execution()
     log.info("%s: TensorFlow imported in %.3f s", name, time.time() - started)
-    freeze_garbage_collector()
-    return tf
-
-
-def freeze_garbage_collector() -> None:
-    """Moves every object alive now out of the garbage collector's reach (they live as long as the process).
-
-    A task holds ~340,000 objects once TensorFlow is imported and its graph built; each full collection walked them
-    all, ~0.2 s every time one came due while the task started (issue #9: one of them, in the middle of the first
-    gRPC probe, was a fifth of a CNN worker's time to its first step). Called again once the graph is built.
-    """
+    # What is alive now lives as long as the process: out of the garbage collector's reach with it. A task holds
+    # ~340,000 objects once TensorFlow is imported and its graph built; each full collection walked them all, ~0.2 s
+    # each time one came due during start-up (issue #9). The runner freezes again once the graph is built.
     gc.freeze()
+    return tf
 
 
 def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers_gone_timeout_secs: float = 300.0,
@@ -128,4 +121,4 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     return EXIT_OK
 
 
-__all__ = ["run_ps", "run_worker", "exit_now", "freeze_garbage_collector", "CHIEF_NEEDS_TRAIN_DIR"]
+__all__ = ["run_ps", "run_worker", "exit_now", "CHIEF_NEEDS_TRAIN_DIR"]

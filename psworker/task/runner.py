@@ -168,7 +168,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
             on_live_model=on_live_model,
         )
-        gc.freeze()   # the graph lives as long as the process: see task.main.freeze_garbage_collector
+        gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
         watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.

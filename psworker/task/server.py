@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 REACHABLE_PROBE_SECS = 0.5   # one gRPC readiness probe of a peer (an answer takes a few ms)
 PROBE_EVERY_SECS = 0.05      # while a peer is down: how often to probe it again
 WAIT_LOG_EVERY_SECS = 5.0    # while waiting for peers: how often to say so
+PROBE_METHOD = "/psworker.Probe/Ping"   # a method no TensorFlow server implements: it answers UNIMPLEMENTED
+# A channel of its own per probe: gRPC's shared subchannel of a refused address backs off for 1 s, which would
+# make a peer that came up meanwhile look down for that long.
+PROBE_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def check_bind_safety(address: Address, *, allow_public: bool) -> None:
@@ -69,12 +73,6 @@ def start_server(spec: ClusterSpec, job: str, index: int, *, config=None):
     return server
 
 
-PROBE_METHOD = "/psworker.Probe/Ping"   # a method no TensorFlow server implements: it answers UNIMPLEMENTED
-# A channel of its own per probe: gRPC's shared subchannel of a refused address backs off for 1 s, which would
-# make a peer that came up meanwhile look down for that long.
-PROBE_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
-
-
 def is_reachable(address: str, timeout: float = 1.0) -> bool:
     """Whether a gRPC server answers at `host:port` within `timeout` seconds.
 
@@ -89,7 +87,7 @@ def is_reachable(address: str, timeout: float = 1.0) -> bool:
         channel.unary_unary(PROBE_METHOD)(b"", timeout=timeout, wait_for_ready=False)
         return True
     except grpc.RpcError as exc:
-        return exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.OK)
+        return exc.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         channel.close()
 
