@@ -34,8 +34,17 @@ def test_scancel_leaves_no_process(slurm, tmp_path):
     slurm.wait_until(sleeping, 30, f"job {job_id}'s sleep running")
     started = slurm.job_processes()
     slurm.run(["scancel", job_id])
-    slurm.wait_until(lambda: not slurm.job_processes(), 30, f"every process of job {job_id} gone after scancel")
-    assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    # Both: a slurmstepd shutting down has already closed the socket `job_processes` finds it by, and runs on for
+    # a moment (seen once in CI), so the processes seen before the scancel are watched themselves too.
+    slurm.wait_until(lambda: not slurm.job_processes() and not [p for p in started if alive(p)], 30,
+                     f"every process of job {job_id} gone after scancel")
     slurm.wait_until(lambda: job_id not in slurm.jobs(), 30, f"job {job_id} out of squeue")
 
 
