@@ -73,26 +73,13 @@ def parse_variant(text: str) -> dict:
 
 
 def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, site_dir: Path, tag: str) -> float:
-    """Examples/s of one `psworker local` run of `variant` (from its own checkout)."""
-    import yaml
-
+    """Examples/s of one `psworker local` run of `variant` (from its own checkout), via peers.py's runner."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PSWORKER_BENCH_THREADS=variant["threads"])
     env["PYTHONPATH"] = os.pathsep.join([variant["checkout"], str(site_dir)]
                                         + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    steps = args.steps if model == "cnn" else args.steps * args.mlp_factor
-    log_every = max(1, steps // (args.intervals * workers))
-    spec = workdir / f"{tag}.yaml"
-    spec.write_text(yaml.safe_dump({
-        "cluster": {"ps": ["localhost:auto"], "worker": ["localhost:auto"] * workers},
-        "train": {"model": peers.PSWORKER_MODEL[model], "mode": variant["mode"], "max_steps": steps,
-                  "batch_size": args.batch_size, "learning_rate": args.learning_rate, "log_every_steps": log_every,
-                  "data_dir": args.data_dir if model == "cnn" else None},
-    }, sort_keys=False))
-    what = f"{variant['name']} {model} {workers}w"
-    peers._run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag)], env,
-               args.timeout, what, cwd=workdir)
-    per_step = args.batch_size * (workers if variant["mode"] == "sync" else 1)
-    return peers.steady_rate(workdir / tag, workers, peers.warmup_steps(steps), what) * per_step
+    out = peers.psworker_run(model, workers, ema="shipped", args=args, workdir=workdir, site_dir=site_dir, tag=tag,
+                             mode=variant["mode"], env=env)
+    return out["examples_per_sec"] * (workers if variant["mode"] == "sync" else 1)
 
 
 def main(argv=None) -> int:
@@ -114,6 +101,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     shapes = [int(s) for s in args.shapes.split(",") if s]
+    if not shapes or min(shapes) < 1:
+        p.error("--shapes takes worker counts of 1 or more (in-process runs: benchmarks/peers.py)")
     samples: dict = {}
     with tempfile.TemporaryDirectory(prefix="psworker-compare-") as tmp:
         workdir = Path(tmp)

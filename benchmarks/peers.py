@@ -118,9 +118,12 @@ def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, 
                       "ema": bool(models.get(name).moving_average_decay)}), flush=True)
 
 
-def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, site_dir: Path, tag: str) -> dict:
-    env = _env(ema, site_dir)
-    what = f"psworker {model} {workers}w ema={ema}"
+def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, site_dir: Path, tag: str,
+                 mode: str = "async", env: Optional[dict] = None) -> dict:
+    """One run; `examples_per_sec` counts one batch per global step (sync: times the workers aggregated).
+    `env` replaces the environment `ema` selects (benchmarks/compare.py runs other checkouts)."""
+    env = _env(ema, site_dir) if env is None else env
+    what = f"psworker {model} {workers}w ema={ema} {mode}"
     if workers == 0:
         steps = args.steps * args.inprocess_factor
         done = _run([sys.executable, str(Path(__file__).resolve()), "_psworker_in_process", "--model", model,
@@ -137,7 +140,7 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
     spec = workdir / f"{tag}.yaml"
     spec.write_text(yaml.safe_dump({
         "cluster": {"ps": ["localhost:auto"], "worker": ["localhost:auto"] * workers},
-        "train": {"model": PSWORKER_MODEL[model], "mode": "async", "max_steps": steps,
+        "train": {"model": PSWORKER_MODEL[model], "mode": mode, "max_steps": steps,
                   "batch_size": args.batch_size, "learning_rate": args.learning_rate, "log_every_steps": log_every,
                   "data_dir": args.data_dir if model == "cnn" else None},
     }, sort_keys=False))
