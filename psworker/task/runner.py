@@ -6,6 +6,7 @@ What differs between replications comes in a `Replication` (`between_graph`, `in
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -18,6 +19,7 @@ from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
 from psworker.task import done_queue, shutdown
+from psworker.task.peers import SyncPeerWatch
 from psworker.train import graph
 from psworker.train.graph import SYNC_INIT_TOKENS, TrainGraph
 from psworker.train.ingraph import CLIENT_INDEX, build_in_graph_train_graph
@@ -44,6 +46,9 @@ class Replication:
         release: `release(target)` once training is over, before the final evaluation (in-graph: frees the
             serving workers).
         workers: the between-graph workers (each moves the global step); 1 for the in-graph client.
+        peers: sync between-graph: `{index: "host:port"}` of the other workers, watched while training
+            (`SyncPeerWatch`); None otherwise.
+        needed: sync: the workers each step needs gradients from.
     """
 
     build: Callable[[Model, TrainConfig], TrainGraph]
@@ -55,6 +60,8 @@ class Replication:
     timeout_message: str
     release: Optional[Callable[[str], None]] = None
     workers: int = 1   # the most the global step advances per step of this runner (async: one per worker)
+    peers: Optional[dict] = None
+    needed: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,8 +181,9 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
         with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
             try:
-                with StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs) as watchdog:
-                    _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message)
+                with StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs) as watchdog, \
+                        _peer_watch(replication, config, name) as peers:
+                    _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message, peers)
             except v1.train.NanLossDuringTrainingError:
                 raise TrainingFailed(f"{name}: the loss became NaN (lower --learning_rate?)") from None
             finally:
@@ -205,9 +213,17 @@ def _sync_reset_on_restart(sync_reset, name: str):
     return on_live_model
 
 
-def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str
-               ) -> None:
-    """One `train_op` per step, each bounded by `--step_timeout_secs`; returns when the session says stop."""
+def _peer_watch(replication: Replication, config: TrainConfig, name: str):
+    if replication.peers is None:
+        return contextlib.nullcontext()
+    return SyncPeerWatch(name, replication.peers, needed=replication.needed, down_secs=config.step_timeout_secs,
+                         never_seen_secs=config.step_timeout_secs + config.startup_timeout_secs)
+
+
+def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str,
+               peers: Optional[SyncPeerWatch] = None) -> None:
+    """One `train_op` per step, each bounded by `--step_timeout_secs`, and (sync) while enough workers are up;
+    returns when the session says stop."""
     import tensorflow as tf
 
     steady = tf.compat.v1.RunOptions(timeout_in_ms=int(config.step_timeout_secs * 1000))
@@ -221,7 +237,8 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         try:
             sess.run(tg.train_op, options=first if session_now != seen_session else steady)
         except tf.errors.DeadlineExceededError:
-            raise StepTimeout(timeout_message) from None
+            down = peers.describe_down() if peers is not None else ""
+            raise StepTimeout(timeout_message + (f" (down now: {down})" if down else "")) from None
         except tf.errors.OutOfRangeError:
             # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
             # step read at the end tells whether training is complete.
@@ -231,6 +248,9 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         finally:
             watchdog.step_finished()
         seen_session = creator.sessions_created
+        failure = peers.failure() if peers is not None else None
+        if failure:
+            raise StepTimeout(failure)
 
 
 def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
@@ -265,11 +285,13 @@ def between_graph(spec: ClusterSpec, index: int, config: TrainConfig) -> Replica
         timeout = (f"{name}: a training step did not finish within {config.step_timeout_secs:g} s "
                    "(--step_timeout_secs): is a ps task overloaded or unreachable?")
     cluster = spec.as_dict()
+    peers = ({i: str(a) for i, a in enumerate(spec.worker) if i != index} if config.mode == "sync" else None)
     return Replication(
         build=lambda model, cfg: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index),
         is_chief=index == 0, examples_per_step=config.batch_size * config.num_devices,
         session_config=srv.session_config("worker", index), wait_for=srv.task_addresses(spec, ("ps",)),
         hint=hint, timeout_message=timeout, workers=len(spec.worker),
+        peers=peers, needed=config.replicas_to_aggregate or len(spec.worker),
     )
 
 
