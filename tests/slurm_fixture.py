@@ -107,9 +107,12 @@ class SlurmCluster:
 
     def job_processes(self) -> list[psutil.Process]:
         """Processes started for this cluster's jobs: their environment names our SLURM_CONF, or they are a
-        slurmstepd serving our spool directory."""
+        slurmstepd of ours: serving our spool directory, or holding a file under our root open (slurmd's log). A
+        stepd that is shutting down has already closed its spool socket but still logs (seen once in CI); its
+        environment names no SLURM_CONF."""
         found = []
         spool = str(self.root / "spool")
+        root = str(self.root) + os.sep
         for p in psutil.process_iter(["pid", "name"]):
             if p.pid == os.getpid() or p.info["name"] in DAEMONS:
                 continue
@@ -117,7 +120,8 @@ class SlurmCluster:
                 if p.status() == psutil.STATUS_ZOMBIE:   # exited; only waits for its (re)parent to reap it
                     continue
                 if p.info["name"] == "slurmstepd":
-                    if any(str(c.laddr).startswith(spool) for c in p.net_connections(kind="unix")):
+                    if (any(str(c.laddr).startswith(spool) for c in p.net_connections(kind="unix"))
+                            or any(f.path.startswith(root) for f in p.open_files())):
                         found.append(p)
                 elif p.environ().get("SLURM_CONF") == str(self.conf) and "SLURM_JOB_ID" in p.environ():
                     found.append(p)

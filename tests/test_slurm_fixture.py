@@ -41,8 +41,8 @@ def test_scancel_leaves_no_process(slurm, tmp_path):
         except psutil.NoSuchProcess:
             return False
 
-    # Both: a slurmstepd shutting down has already closed the socket `job_processes` finds it by, and runs on for
-    # a moment (seen once in CI), so the processes seen before the scancel are watched themselves too.
+    # Both: `job_processes` finds the cluster's processes by what they hold (environment, spool socket, files under
+    # its root); the processes seen before the scancel are also watched themselves, whatever they still hold.
     slurm.wait_until(lambda: not slurm.job_processes() and not [p for p in started if alive(p)], 30,
                      f"every process of job {job_id} gone after scancel")
     slurm.wait_until(lambda: job_id not in slurm.jobs(), 30, f"job {job_id} out of squeue")
