@@ -1,11 +1,13 @@
-"""A sync worker's watch on the other workers: too few up for a step is an error, not a slow run.
+"""The sync chief's watch on the other workers: too few up for a step is an error, not a slow run.
 
 `SyncReplicasOptimizer` counts gradients, not workers: when a worker dies while no token is out for it, the
 survivors take its tokens and push its share, so a 2-of-2 sync run goes on at half speed with every step's
 gradients from one worker; when it dies holding a token, every survivor waits for a token and the step times out.
-Which of the two happens is chance (CI saw both). With this watch both end the same way: once fewer than the
-gradients a step needs come from live workers for `--step_timeout_secs`, the worker stops with an error that names
-who is down. Backup workers (`--replicas_to_aggregate` below the workers) keep a run going while enough are up.
+Which of the two happens is chance (CI saw both). With this watch both end the same way: once fewer workers than
+a step needs gradients from have been up for `--step_timeout_secs`, the chief stops with an error that names who is
+down, and the others' next steps time out for want of a token. Only the chief watches (N-1 probes per interval,
+not N^2 across the cluster). Backup workers (`--replicas_to_aggregate` below the workers) keep a run going while
+enough are up.
 """
 
 from __future__ import annotations

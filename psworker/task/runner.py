@@ -46,8 +46,8 @@ class Replication:
         release: `release(target)` once training is over, before the final evaluation (in-graph: frees the
             serving workers).
         workers: the between-graph workers (each moves the global step); 1 for the in-graph client.
-        peers: sync between-graph: `{index: "host:port"}` of the other workers, watched while training
-            (`SyncPeerWatch`); None otherwise.
+        peers: the sync between-graph chief: `{index: "host:port"}` of the other workers, watched while
+            training (`SyncPeerWatch`); None otherwise.
         needed: sync: the workers each step needs gradients from.
     """
 
@@ -285,7 +285,10 @@ def between_graph(spec: ClusterSpec, index: int, config: TrainConfig) -> Replica
         timeout = (f"{name}: a training step did not finish within {config.step_timeout_secs:g} s "
                    "(--step_timeout_secs): is a ps task overloaded or unreachable?")
     cluster = spec.as_dict()
-    peers = ({i: str(a) for i, a in enumerate(spec.worker) if i != index} if config.mode == "sync" else None)
+    # Only the chief watches (N-1 probes per interval, not N^2 across the cluster): it makes the tokens, so when it
+    # stops the others' next steps time out.
+    peers = ({i: str(a) for i, a in enumerate(spec.worker) if i != index}
+             if config.mode == "sync" and index == 0 else None)
     return Replication(
         build=lambda model, cfg: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index),
         is_chief=index == 0, examples_per_step=config.batch_size * config.num_devices,
