@@ -173,7 +173,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
             checkpoint_dir=config.train_dir if replication.is_chief else None,
             max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
-            on_live_model=on_live_model,
+            on_live_model=on_live_model, warm_up=tg.inputs,
         )
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
@@ -257,13 +257,12 @@ def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
     """The chief's checkpoint and summary hooks, writing into `config.train_dir`."""
     import tensorflow as tf
 
-    from psworker.train.hooks import CheckpointLogger
+    from psworker.train.hooks import CheckpointLogger, ChiefCheckpointSaverHook
 
     v1 = tf.compat.v1
     every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
              else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
-    saver = v1.train.CheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)],
-                                         **every)
+    saver = ChiefCheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)], **every)
     summaries = v1.train.SummarySaverHook(save_steps=max(1, config.log_every_steps), output_dir=config.train_dir,
                                           scaffold=scaffold)
     return [saver, summaries]

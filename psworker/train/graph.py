@@ -34,6 +34,7 @@ class TrainGraph:
     learning_rate: object
     sync_optimizer: object   # None unless between-graph sync mode
     sync_reset: object = None   # a SyncRestartReset in sync mode (the chief runs it when it restarts on a live ps)
+    inputs: object = None       # this worker's input batch (the session's input warm-up fetches one)
 
 
 SYNC_RESET_RUN_SECS = 10.0   # one run of the sync reset (a take of what an accumulator holds cannot wait long)
@@ -237,7 +238,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         train_op = finish_train_op(apply_op, None if sync else ema, loss, lr)
         reset = SyncRestartReset(sync) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
-                      sync_reset=reset)
+                      sync_reset=reset, inputs=(images, labels))
 
 
 class ColocatedAverages:

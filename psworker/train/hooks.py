@@ -4,6 +4,7 @@ reports slow steps."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Callable, Optional
@@ -188,6 +189,51 @@ class StepWatchdog:
             message = self.check()
             if message:
                 log.warning("%s", message)
+
+
+def _saver_hook_base():
+    import tensorflow as tf
+
+    return tf.compat.v1.train.CheckpointSaverHook
+
+
+class ChiefCheckpointSaverHook(_saver_hook_base()):
+    """TF's `CheckpointSaverHook` (the step-0 checkpoint when a session is made, then by steps or seconds), writing
+    the graph files of a new session (`graph.pbtxt`, the graph and meta graph in the events file) from one
+    `GraphDef` instead of three, and `graph.pbtxt` with protobuf's C text encoder: TF's took ~0.1 s of the chief's
+    path to its first step, nearly all of it the pure-Python text format (docs/performance.md)."""
+
+    def after_create_session(self, session, coord):
+        global_step = session.run(self._global_step_tensor)
+        self._write_graph()
+        self._save(session, global_step)   # the state at `global_step`, as TF's hook saves it
+        self._timer.update_last_triggered_step(global_step)
+
+    def _write_graph(self) -> None:
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        graph_def = v1.get_default_graph().as_graph_def(add_shapes=True)
+        if self._save_graph_def:
+            write_text_proto(graph_def, os.path.join(self._checkpoint_dir, "graph.pbtxt"))
+        saver = self._get_saver()
+        meta_graph_def = v1.train.export_meta_graph(graph_def=graph_def, saver_def=saver.saver_def if saver else None)
+        self._summary_writer.add_event(   # as add_graph writes it
+            v1.Event(wall_time=time.time(), graph_def=graph_def.SerializeToString()))
+        self._summary_writer.add_meta_graph(meta_graph_def)
+
+
+def write_text_proto(message, path: str) -> None:
+    """Writes `message` in protobuf text format, as `tf.io.write_graph(..., as_text=True)` does, but through the
+    C++/upb encoder (`str(message)`: 4 ms for the CIFAR-10 graph against 40 ms in `text_format`; the same message
+    when parsed back, map entries possibly in another order)."""
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(os.path.dirname(path) or ".")
+    partial = f"{path}.tmp{os.getpid()}"
+    with tf.io.gfile.GFile(partial, "w") as f:
+        f.write(str(message))
+    tf.io.gfile.rename(partial, path, overwrite=True)   # whole or not at all, as TF's own write is
 
 
 def _listener_base():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
@@ -25,8 +27,11 @@ class FastSessionCreator(_base_creator()):
       checkpoint in `checkpoint_dir`, or initialise.
       Before the session is handed over (and the hooks' `after_create_session` run), `on_live_model(session)`
       runs on that path only: sync mode resets the `SyncReplicasOptimizer`'s state on the ps there.
-    - Non-chief workers poll for the model every `RECOVERY_WAIT_SECS` instead of TF's 30 s, and give up after
-      `max_wait_secs` with a `DeadlineExceededError`.
+    - Non-chief workers poll for the model every `RECOVERY_WAIT_SECS` instead of TF's 30 s, in one session (TF's
+      `SessionManager` makes a new one per poll), and give up after `max_wait_secs` with a `DeadlineExceededError`.
+    - With `warm_up` (the input batch's tensors), each session made here starts by fetching one batch in a thread,
+      while the chief initialises the model or a non-chief waits for it: the input pipeline's first fill (the
+      CIFAR-10 shuffle buffer: 0.15 s) is then off the first step's path. That batch is not trained on.
     - Once `abandon_on_close()` was called, closing a session it made does nothing: the process is about to leave
       through `os._exit`, and `tf.Session.close()` of a gRPC session was measured at 1.7-2.4 s in about a third of
       the runs (the master waits on its workers), the bulk of the time between a worker's last step and its exit.
@@ -35,7 +40,7 @@ class FastSessionCreator(_base_creator()):
 
     def __init__(self, scaffold, *, master: str, config, is_chief: bool, checkpoint_dir: Optional[str],
                  max_wait_secs: float, name: str, before_create: Optional[Callable[[], None]] = None,
-                 on_live_model: Optional[Callable[[object], None]] = None):
+                 on_live_model: Optional[Callable[[object], None]] = None, warm_up=None):
         self._scaffold = scaffold
         self._master = master
         self._config = config
@@ -45,6 +50,7 @@ class FastSessionCreator(_base_creator()):
         self._name = name
         self._before_create = before_create
         self._on_live_model = on_live_model
+        self._warm_up = warm_up
         self.sessions_created = 0
         self._abandon = False
         self._abandoned: list = []
@@ -76,62 +82,78 @@ class FastSessionCreator(_base_creator()):
             # Also after a ps failure: without this, TF re-creates sessions against a dead ps forever.
             self._before_create()
         graph = tf.compat.v1.get_default_graph()
-        manager = tf.compat.v1.train.SessionManager(
-            local_init_op=self._scaffold.local_init_op,
-            local_init_feed_dict=self._scaffold.local_init_feed_dict,
-            ready_op=self._scaffold.ready_op,
-            ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
-            graph=graph,
-            recovery_wait_secs=RECOVERY_WAIT_SECS,
-        )
         self.sessions_created += 1
-        if not self._is_chief:
-            log.info("%s: waiting for the chief's model on the ps tasks", self._name)
-            return manager.wait_for_session(self._master, config=self._config, max_wait_secs=self._max_wait_secs)
-        sess = self._live_model_session(graph)
-        if sess is not None:
-            log.info("%s: the ps tasks already hold a model; continuing from it (no checkpoint restore)", self._name)
-            if self._on_live_model is not None:
-                try:
-                    self._on_live_model(sess)
-                except Exception:
-                    sess.close()
-                    raise
-            return sess
-        checkpoint = tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
-        if checkpoint:
-            log.info("%s: restoring the checkpoint %s", self._name, os.path.basename(checkpoint))
-        else:
-            log.info("%s: no checkpoint to restore; initialising the model", self._name)
-        return manager.prepare_session(
-            self._master,
-            saver=self._scaffold.saver,
-            checkpoint_dir=self._checkpoint_dir,
-            init_op=self._scaffold.init_op,
-            init_feed_dict=self._scaffold.init_feed_dict,
-            init_fn=self._scaffold.init_fn,
-            config=self._config,
-        )
-
-    def _live_model_session(self, graph):
-        """A session on the live model when every global variable is already initialised, else None.
-
-        Global variables only (`ready_for_local_init_op`): `ready_op` also lists this worker's own local variables
-        (sync mode's `sync_rep_local_step`), which a restarted chief has not initialised yet.
-        """
-        import tensorflow as tf
-
-        sess = tf.compat.v1.Session(self._master, graph=graph, config=self._config)
+        sess = self._new_session(graph)
         try:
-            if sess.run(self._scaffold.ready_for_local_init_op).size:
-                sess.close()
-                return None
-            if self._scaffold.local_init_op is not None:
-                sess.run(self._scaffold.local_init_op, feed_dict=self._scaffold.local_init_feed_dict)
-            not_ready = sess.run(self._scaffold.ready_op)
-            if not_ready.size:
-                raise RuntimeError(f"{self._name}: the live model is not ready after local init: {not_ready}")
+            if not self._is_chief:
+                self._wait_for_model(sess)
+            elif self._model_is_live(sess):
+                log.info("%s: the ps tasks already hold a model; continuing from it (no checkpoint restore)",
+                         self._name)
+                self._local_init(sess)
+                if self._on_live_model is not None:
+                    self._on_live_model(sess)
+            else:
+                self._restore_or_initialise(sess)
+                self._local_init(sess)
             return sess
         except Exception:
             sess.close()
             raise
+
+    def _new_session(self, graph):
+        import tensorflow as tf
+
+        sess = tf.compat.v1.Session(self._master, graph=graph, config=self._config)
+        if self._warm_up is not None:
+            threading.Thread(target=_fetch_quietly, args=(sess, self._warm_up, self._name),
+                             name="psworker-input-warm-up", daemon=True).start()
+        return sess
+
+    def _model_is_live(self, sess) -> bool:
+        """Every global variable is initialised (`ready_for_local_init_op`: `ready_op` also lists this worker's own
+        local variables, such as sync mode's `sync_rep_local_step`, which a restarted chief has not initialised)."""
+        return not sess.run(self._scaffold.ready_for_local_init_op).size
+
+    def _restore_or_initialise(self, sess) -> None:
+        import tensorflow as tf
+
+        checkpoint = tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+        if checkpoint:
+            log.info("%s: restoring the checkpoint %s", self._name, os.path.basename(checkpoint))
+            self._scaffold.saver.restore(sess, checkpoint)
+            return
+        log.info("%s: no checkpoint to restore; initialising the model", self._name)
+        sess.run(self._scaffold.init_op, feed_dict=self._scaffold.init_feed_dict)
+        if self._scaffold.init_fn is not None:
+            self._scaffold.init_fn(sess)
+
+    def _local_init(self, sess) -> None:
+        if self._scaffold.local_init_op is not None:
+            sess.run(self._scaffold.local_init_op, feed_dict=self._scaffold.local_init_feed_dict)
+        not_ready = sess.run(self._scaffold.ready_op)
+        if not_ready.size:
+            raise RuntimeError(f"{self._name}: the model is not ready after its local init: {not_ready}")
+
+    def _wait_for_model(self, sess) -> None:
+        """Polls until the chief has initialised the model, then runs this worker's local init (one session
+        throughout, unlike TF's `SessionManager.wait_for_session`, so that the input warm-up keeps running)."""
+        import tensorflow as tf
+
+        log.info("%s: waiting for the chief's model on the ps tasks", self._name)
+        deadline = time.monotonic() + self._max_wait_secs
+        while not self._model_is_live(sess):
+            if time.monotonic() + RECOVERY_WAIT_SECS > deadline:
+                raise tf.errors.DeadlineExceededError(
+                    None, None, f"the chief's model was not ready after {self._max_wait_secs:g} s "
+                    "(--startup_timeout_secs): is the chief, worker 0, running?")
+            time.sleep(RECOVERY_WAIT_SECS)
+        self._local_init(sess)
+
+
+def _fetch_quietly(sess, fetches, name: str) -> None:
+    """One run of `fetches`; an error is the training step's to report (it runs the same input)."""
+    try:
+        sess.run(fetches)
+    except Exception as exc:   # noqa: BLE001 - the first step meets the same error and reports it
+        log.debug("%s: input warm-up: %s", name, exc)

@@ -1,0 +1,125 @@
+"""FastSessionCreator against a real in-process `tf.train.Server`: the chief initialises, restores or continues from
+a live model; a non-chief waits for it (with its input already running) and gives up on time; and the chief's
+checkpoint hook writes the graph files TF's does."""
+
+from __future__ import annotations
+
+import glob
+import time
+
+import pytest
+
+
+def _graph(marker: str):
+    """A global step, a variable and an input whose every element writes its index to `marker`."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    v1.train.get_or_create_global_step()
+    weights = v1.get_variable("weights", initializer=tf.constant([1.0, 2.0, 3.0]))
+
+    def record(i):
+        with tf.control_dependencies([tf.io.write_file(marker, tf.strings.as_string(i))]):
+            return tf.identity(i)
+
+    batch = v1.data.make_one_shot_iterator(tf.data.Dataset.range(10**6).map(record)).get_next()
+    return weights, batch
+
+
+def _creator(master: str, *, is_chief: bool, batch=None, checkpoint_dir=None, max_wait_secs=30.0, **kwargs):
+    import tensorflow as tf
+
+    from psworker.train.session import FastSessionCreator
+
+    return FastSessionCreator(tf.compat.v1.train.Scaffold(), master=master, config=None, is_chief=is_chief,
+                              checkpoint_dir=checkpoint_dir, max_wait_secs=max_wait_secs,
+                              name="worker:0" if is_chief else "worker:1", warm_up=batch, **kwargs)
+
+
+def test_a_waiting_worker_starts_its_input_and_gives_up_after_max_wait(tmp_path):
+    import tensorflow as tf
+
+    server = tf.compat.v1.train.Server.create_local_server()
+    marker = tmp_path / "element"
+    with tf.Graph().as_default():
+        _, batch = _graph(str(marker))
+        creator = _creator(server.target, is_chief=False, batch=batch, max_wait_secs=1.5)
+        began = time.monotonic()
+        with pytest.raises(tf.errors.DeadlineExceededError, match="the chief's model was not ready after 1.5 s"):
+            creator.create_session()
+        took = time.monotonic() - began
+    assert 1.4 <= took < 10, took
+    assert marker.read_text().isdigit()   # the input made elements while the worker waited
+
+
+def test_the_chief_initialises_restores_or_continues_and_a_worker_joins_it(tmp_path):
+    import numpy as np
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    server = v1.train.Server.create_local_server()
+    with tf.Graph().as_default():
+        weights, batch = _graph(str(tmp_path / "element"))
+        add = v1.assign_add(weights, [10.0, 10.0, 10.0])
+        saver = v1.train.Saver()
+        seen = []
+        chief = _creator(server.target, is_chief=True, batch=batch, checkpoint_dir=str(tmp_path))
+        worker = _creator(server.target, is_chief=False, batch=batch, max_wait_secs=5)
+        again = _creator(server.target, is_chief=True, checkpoint_dir=str(tmp_path), on_live_model=seen.append)
+        fresh = v1.train.Server.create_local_server()   # a restarted ps
+        restored = _creator(fresh.target, is_chief=True, checkpoint_dir=str(tmp_path))
+
+        sess = chief.create_session()   # nothing on the server, no checkpoint: initialise
+        sess.run(add)
+        saver.save(sess, str(tmp_path / "model.ckpt"), global_step=7)
+        sess.run(add)
+
+        np.testing.assert_allclose(worker.create_session().run(weights), [21.0, 22.0, 23.0])
+
+        live = again.create_session()   # the server still holds the model: continue from it, not the checkpoint
+        np.testing.assert_allclose(live.run(weights), [21.0, 22.0, 23.0])
+        assert seen == [live]
+
+        # a restarted ps holds nothing: restore the latest checkpoint
+        np.testing.assert_allclose(restored.create_session().run(weights), [11.0, 12.0, 13.0])
+
+
+def _saver_run(hook_class, train_dir):
+    """One step under `hook_class(train_dir)`; returns (node names of the graph, graph.pbtxt as a GraphDef, the
+    events file's graphs and meta graphs)."""
+    import tensorflow as tf
+    from google.protobuf import text_format
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        step = v1.train.get_or_create_global_step()
+        v1.get_variable("weights", initializer=tf.constant([1.0, 2.0]))
+        train_op = v1.assign_add(step, 1)
+        with v1.train.MonitoredSession(hooks=[hook_class(str(train_dir), save_steps=1000)]) as sess:
+            sess.run(train_op)
+        nodes = {node.name for node in graph.as_graph_def().node}
+    v1.summary.FileWriterCache.clear()
+    pbtxt = text_format.Parse((train_dir / "graph.pbtxt").read_text(), v1.GraphDef())
+    events = [e for path in glob.glob(str(train_dir / "events.out.tfevents.*")) for e in v1.train.summary_iterator(path)]
+    graphs = [v1.GraphDef.FromString(e.graph_def) for e in events if e.graph_def]
+    metas = [v1.MetaGraphDef.FromString(e.meta_graph_def) for e in events if e.meta_graph_def]
+    return nodes, pbtxt, graphs, metas
+
+
+def test_the_chief_saver_hook_writes_what_tfs_writes(tmp_path):
+    import tensorflow as tf
+
+    from psworker.train.hooks import ChiefCheckpointSaverHook
+
+    nodes, pbtxt, graphs, metas = _saver_run(ChiefCheckpointSaverHook, tmp_path / "ours")
+    tf_nodes, tf_pbtxt, tf_graphs, tf_metas = _saver_run(tf.compat.v1.train.CheckpointSaverHook, tmp_path / "tf")
+
+    assert nodes == tf_nodes
+    assert {n.name for n in pbtxt.node} == {n.name for n in tf_pbtxt.node} == nodes
+    assert [{n.name for n in g.node} for g in graphs] == [{n.name for n in g.node} for g in tf_graphs]
+    assert {n.name for n in graphs[-1].node} == nodes
+    assert len(metas) == len(tf_metas) >= 1
+    assert metas[-1].saver_def == tf_metas[-1].saver_def
+    for run in ("ours", "tf"):
+        assert tf.train.load_checkpoint(str(tmp_path / run / "model.ckpt-0")).get_tensor("global_step") == 0
+        assert (tmp_path / run / "model.ckpt-0.meta").exists()
