@@ -153,6 +153,38 @@ def test_train_inputs_and_a_training_step_lowers_the_loss(tmp_path):
     assert np.isfinite(before) and after < before - 0.05
 
 
+def test_moving_averages_start_at_their_variables_and_live_on_their_ps(tmp_path):
+    """The shadows the trainer creates (`ColocatedAverages`) start equal to their variables in one init run, sit on
+    their variable's ps, and keep TF's names and collection."""
+    from psworker.spec import TrainConfig
+    from psworker.train import graph
+
+    files.write_synthetic(str(tmp_path), train_per_class=2, test_per_class=1)
+    config = TrainConfig(model="cifar10", batch_size=4, data_dir=str(tmp_path))
+    cluster = {"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"]}
+    with tf.Graph().as_default():
+        graph.build_train_graph(Cifar10Model(), config, cluster=cluster, task_index=0)
+        variables = {v.op.name: v for v in v1.global_variables()}
+        averaged = v1.moving_average_variables()
+        assert averaged and {v.op.name for v in averaged} == {v.op.name for v in v1.trainable_variables()}
+        for var in averaged:
+            assert variables[f"{var.op.name}/ExponentialMovingAverage"].device == var.device
+    with tf.Graph().as_default():
+        tg = graph.build_train_graph(Cifar10Model(), config, cluster=None, task_index=0)
+        variables = {v.op.name: v for v in v1.global_variables()}
+        pairs = [(var, variables[f"{var.op.name}/ExponentialMovingAverage"]) for var in v1.moving_average_variables()]
+        assert len(pairs) == 10
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for var, shadow in pairs:
+                np.testing.assert_array_equal(*sess.run([var, shadow]), err_msg=var.op.name)
+            start = sess.run(pairs[0][0])
+            sess.run(tg.train_op)
+            moved, shadow = sess.run(pairs[0])
+    assert np.abs(moved - start).max() > 0
+    assert np.abs(shadow - start).max() < np.abs(moved - start).max()   # the average trails the variable
+
+
 def test_eval_dataset_from_model(tmp_path):
     files.write_synthetic(str(tmp_path), train_per_class=1, test_per_class=3)
     ds = Cifar10Model().eval_dataset(str(tmp_path), 16)
