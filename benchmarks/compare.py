@@ -4,11 +4,13 @@ Each variant is `NAME=CHECKOUT[:key=value...]`:
   - CHECKOUT: a psworker source tree (e.g. a `git worktree` of the commit before a change; `.` for this one);
   - `mode=sync|async` (default async);
   - `threads=PS_INTRA/PS_INTER/WORKER_INTRA/WORKER_INTER` (0 = TensorFlow's default): set in every task's server
-    `ConfigProto` by a benchmark-only `sitecustomize.py` (written to a temporary folder, as peers.py does).
+    `ConfigProto` by a benchmark-only `sitecustomize.py` (written to a temporary folder, as peers.py does);
+  - `grpc=NAME=VALUE,...`: gRPC channel arguments for every task, through TensorFlow's `TF_GRPC_DEFAULT_OPTIONS`.
 
     python benchmarks/compare.py before=/work/wt-before after=. --shapes 1,2 --repeat 2
     python benchmarks/compare.py async=. sync=.:mode=sync --shapes 2 --repeat 2
     python benchmarks/compare.py default=. ps1=.:threads=1/1/0/0 --shapes 1,2
+    python benchmarks/compare.py default=. tput=.:grpc=grpc.optimization_target=throughput
 
 Rates are examples/s after the warm-up, from the workers' summaries (peers.py's `steady_rate`); a sync global step
 counts every aggregated worker's batch. Runs are interleaved (each repeat runs every variant once) and the median of
@@ -58,15 +60,18 @@ def parse_variant(text: str) -> dict:
     if not sep or not name or not rest:
         raise ValueError(f"{text!r}: expected NAME=CHECKOUT[:key=value...]")
     checkout, *options = rest.split(":")
-    variant = {"name": name, "checkout": str(Path(checkout).resolve()), "mode": "async", "threads": ""}
+    variant = {"name": name, "checkout": str(Path(checkout).resolve()), "mode": "async", "threads": "", "grpc": ""}
     for option in options:
         key, _, value = option.partition("=")
         if key == "mode" and value in ("async", "sync"):
             variant["mode"] = value
         elif key == "threads" and len(value.split("/")) == 4 and all(v.isdigit() for v in value.split("/")):
             variant["threads"] = value
+        elif key == "grpc" and value and all("=" in arg for arg in value.split(",")):
+            variant["grpc"] = value
         else:
-            raise ValueError(f"{text!r}: unknown option {option!r} (mode=async|sync, threads=A/B/C/D)")
+            raise ValueError(f"{text!r}: unknown option {option!r} (mode=async|sync, threads=A/B/C/D, "
+                             "grpc=NAME=VALUE,...)")
     if not (Path(variant["checkout"]) / "psworker" / "__init__.py").is_file():
         raise ValueError(f"{text!r}: {variant['checkout']} holds no psworker package")
     return variant
@@ -75,6 +80,8 @@ def parse_variant(text: str) -> dict:
 def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, site_dir: Path, tag: str) -> float:
     """Examples/s of one `psworker local` run of `variant` (from its own checkout), via peers.py's runner."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PSWORKER_BENCH_THREADS=variant["threads"])
+    if variant["grpc"]:
+        env["TF_GRPC_DEFAULT_OPTIONS"] = variant["grpc"]
     env["PYTHONPATH"] = os.pathsep.join([variant["checkout"], str(site_dir)]
                                         + [p for p in [os.environ.get("PYTHONPATH")] if p])
     out = peers.psworker_run(model, workers, ema="shipped", args=args, workdir=workdir, site_dir=site_dir, tag=tag,
@@ -84,7 +91,7 @@ def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, si
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("variants", nargs="+", help="NAME=CHECKOUT[:mode=sync][:threads=A/B/C/D]")
+    p.add_argument("variants", nargs="+", help="NAME=CHECKOUT[:mode=sync][:threads=A/B/C/D][:grpc=NAME=VALUE,...]")
     p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
     p.add_argument("--shapes", default="1,2", help="workers per cluster (1 ps each), comma-separated")
     p.add_argument("--steps", type=int, default=200, help="CNN global steps per run (MLP: x --mlp_factor)")
