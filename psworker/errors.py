@@ -103,6 +103,17 @@ class StepTimeout(PsworkerError):
     exit_code = EXIT_PEER_GONE
 
 
+class AlreadyComplete(PsworkerError):
+    """A worker started after training ended: the train_dir's newest checkpoint is at `--max_steps`. Not a
+    failure: the worker exits 0."""
+
+    exit_code = EXIT_OK
+
+    def __init__(self, message: str, *, global_step: int) -> None:
+        super().__init__(message)
+        self.global_step = global_step
+
+
 class StoppedEarly(PsworkerError):
     """The training loop ended before the global step reached `--max_steps` (the chief closed the sync queue)."""
 
@@ -153,6 +164,7 @@ class ExportExistsError(PsworkerError):
 
 
 __all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",
-           "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "StoppedEarly",
+           "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
+           "StoppedEarly",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
            "ClusterError"]

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from psworker.errors import StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
+from psworker.errors import AlreadyComplete, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
@@ -96,6 +96,11 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
         os.makedirs(config.train_dir, exist_ok=True)
     try:
         result = _train(server.target, config, model, replication, index, name, emit)
+    except AlreadyComplete as exc:   # the ps tasks are gone and the train_dir says training ended
+        log.info("%s", exc)
+        if replication.is_chief:
+            _evaluate_and_export(model, config, name, emit)
+        return TrainResult(global_step=exc.global_step, local_steps=0, seconds=0.0)
     except tf.errors.DeadlineExceededError as exc:
         raise StartupTimeout(f"{name}: timed out: {exc.message.splitlines()[0]}") from None
     except (StepTimeout, StoppedEarly):
@@ -103,8 +108,12 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
             replication.release(server.target)
         done_queue.signal_done(server.target, spec, index, timeout_secs=done_queue.SEND_DONE_AFTER_FAILURE_SECS)
         raise
-    log.info("%s: done at global step %d after %d local steps in %.1f s", name, result.global_step,
-             result.local_steps, result.seconds)
+    if result.local_steps:
+        log.info("%s: done at global step %d after %d local steps in %.1f s", name, result.global_step,
+                 result.local_steps, result.seconds)
+    else:
+        log.info("%s: training is already complete: the global step on the ps tasks is %d (--max_steps %d); "
+                 "no step to run", name, result.global_step, config.max_steps)
     if replication.release is not None:
         replication.release(server.target)
     if replication.is_chief:
@@ -164,7 +173,8 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                                            examples_per_step=replication.examples_per_step))
 
         def wait_for_peers() -> None:
-            srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name)
+            srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name,
+                               meanwhile=_CompleteOnDisk(config, name))
 
         on_live_model = (_sync_reset_on_restart(tg.sync_reset, name)
                          if replication.is_chief and tg.sync_reset is not None else None)
@@ -196,6 +206,26 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
                            f"{why}")
     return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started)
+
+
+class _CompleteOnDisk:
+    """While a worker waits for its ps tasks: raises `AlreadyComplete` once the train_dir's newest checkpoint is at
+    `--max_steps` (the ps tasks left after training ended). Reads the train_dir at most every `every_secs`."""
+
+    def __init__(self, config: TrainConfig, name: str, *, every_secs: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._config, self._name, self._every, self._clock = config, name, every_secs, clock
+        self._next = clock()
+
+    def __call__(self) -> None:
+        if self._clock() < self._next:
+            return
+        self._next = self._clock() + self._every
+        step = shutdown.checkpoint_at_max_steps(self._config.train_dir, self._config.max_steps)
+        if step is not None:
+            raise AlreadyComplete(f"{self._name}: training is already complete: the ps tasks are not up and the "
+                                  f"newest checkpoint in {self._config.train_dir} is at global step {step} "
+                                  f"(--max_steps {self._config.max_steps}); nothing to do", global_step=step)
 
 
 def _sync_reset_on_restart(sync_reset, name: str):
@@ -254,7 +284,8 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
 
 
 def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
-    """The chief's checkpoint and summary hooks, writing into `config.train_dir`."""
+    """The chief's checkpoint saver, writing into `config.train_dir` (with the graph, for TensorBoard's Graphs
+    dashboard: the train dir's own events file holds no scalars; they are the workers', see `train.summaries`)."""
     import tensorflow as tf
 
     from psworker.train.hooks import CheckpointLogger, ChiefCheckpointSaverHook
@@ -262,10 +293,7 @@ def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
     v1 = tf.compat.v1
     every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
              else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
-    saver = ChiefCheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)], **every)
-    summaries = v1.train.SummarySaverHook(save_steps=max(1, config.log_every_steps), output_dir=config.train_dir,
-                                          scaffold=scaffold)
-    return [saver, summaries]
+    return [ChiefCheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)], **every)]
 
 
 def between_graph(spec: ClusterSpec, index: int, config: TrainConfig) -> Replication:

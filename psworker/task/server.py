@@ -6,9 +6,9 @@ import ipaddress
 import logging
 import socket
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
-from psworker.errors import ServerError, StartupTimeout
+from psworker.errors import ServerError, StartupTimeout, UsageError
 from psworker.spec import Address, ClusterSpec
 from psworker.task.shutdown import poll_until
 
@@ -24,14 +24,16 @@ PROBE_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def check_bind_safety(address: Address, *, allow_public: bool) -> None:
-    """Refuses to serve a task whose address resolves to a public IP unless `allow_public`.
+    """Refuses to serve a task whose address is public or names every interface, unless `allow_public`.
 
     TensorFlow's gRPC server has no authentication, and it listens on every interface of the host whatever host
     the spec names (`0.0.0.0:<port>` is hard-coded in TF's grpc_server_lib.cc); so the spec's host is the only
-    signal of intent we have. Loopback, private (RFC 1918, ULA) and link-local addresses are allowed.
+    signal of intent we have. Loopback, private (RFC 1918, ULA) and link-local addresses are allowed; a public
+    address, or `0.0.0.0` / `::` (every interface), is a usage error (exit 2).
 
     Raises:
-        ServerError: the host is public (or cannot be resolved) and `allow_public` is false.
+        UsageError: the host is public or unspecified and `allow_public` is false.
+        ServerError: the host cannot be resolved (and `allow_public` is false).
     """
     if allow_public:
         return
@@ -41,11 +43,12 @@ def check_bind_safety(address: Address, *, allow_public: bool) -> None:
         raise ServerError(f"cannot resolve this task's host {address.host!r}: {exc}") from None
     for info in infos:
         ip = ipaddress.ip_address(info[4][0].split("%")[0])
-        if ip.is_global:
-            raise ServerError(
-                f"refusing to serve {address}: {address.host} resolves to the public address {ip}. TensorFlow's "
-                "gRPC servers are unauthenticated; run clusters on private networks only, or pass "
-                "--allow_public_bind if this host is firewalled and you accept the risk."
+        if ip.is_global or ip.is_unspecified:
+            what = "names every interface of this host" if ip.is_unspecified else f"resolves to the public address {ip}"
+            raise UsageError(
+                f"refusing to serve {address}: {address.host} {what}. TensorFlow's gRPC servers are "
+                "unauthenticated; run clusters on private networks only, or pass --allow_public_bind if this host "
+                "is firewalled and you accept the risk."
             )
 
 
@@ -99,8 +102,11 @@ def wait_for_tasks(
     who: str,
     clock: Callable[[], float] = time.monotonic,
     log_every_secs: float = WAIT_LOG_EVERY_SECS,
+    meanwhile: Optional[Callable[[], None]] = None,
 ) -> None:
     """Waits until every task in `{name: "host:port"}` answers; logs what it waits for.
+
+    `meanwhile()`, if given, runs after each round of probes that left a task down (it may raise to end the wait).
 
     Raises:
         StartupTimeout: some task did not answer within `timeout_secs`; the message names them.
@@ -117,6 +123,8 @@ def wait_for_tasks(
         if pending and clock() >= next_log:
             log.info("%s: waiting for %s (%.0f s of %g s)", who, _names(pending), clock() - start, timeout_secs)
             next_log = clock() + log_every_secs
+        if pending and meanwhile is not None:
+            meanwhile()
         return not pending
 
     if not poll_until(everyone_up, start + timeout_secs, interval=PROBE_EVERY_SECS, clock=clock):

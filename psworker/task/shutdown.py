@@ -25,7 +25,8 @@ T = TypeVar("T")
 POLL_SECS = 0.05              # how often a waiting loop looks again
 PORT_PROBE_SECS = 0.2         # one TCP connect to a peer's port
 PEER_CHECK_SECS = 0.5         # how often the ports of peers that have not said they are done are probed
-VANISHED_GRACE_SECS = 2.0     # once training is over, a worker whose port stays closed this long counts as done
+VANISHED_GRACE_SECS = 30.0    # once training is over, a non-chief whose port stays closed this long counts as done
+                              # (time for a task restarted by hand, a pod or a Slurm step to come back)
 PS_EXIT_WAIT_SECS = 10.0      # a ps waits at most this long for the workers' ports to close before it exits
 
 
@@ -158,15 +159,9 @@ def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], 
     return done
 
 
-def training_complete(spec: ClusterSpec) -> Optional[int]:
-    """The global step of the latest checkpoint in the spec's `train.train_dir` when it has reached the spec's
-    `train.max_steps`, else None (no train_dir in the spec, not readable from this host, or training not over).
-
-    How a ps that has seen no worker for a long time tells "training is over" from "the workers crashed". A ps
-    reads only the spec (its command takes no training flags), and on a real cluster it may not see the train_dir
-    at all: then it cannot tell, and says so.
-    """
-    train_dir = spec.train.train_dir
+def checkpoint_at_max_steps(train_dir: Optional[str], max_steps: int) -> Optional[int]:
+    """The global step of the latest checkpoint in `train_dir` when it has reached `max_steps`, else None (no
+    train_dir, not readable from this host, or training not over)."""
     if not train_dir:
         return None
     try:
@@ -179,11 +174,111 @@ def training_complete(spec: ClusterSpec) -> Optional[int]:
     except Exception as exc:   # unreadable, half-written, or another format: not proof of anything
         log.info("cannot read the latest checkpoint in %s: %s", train_dir, exc)
         return None
-    return step if step >= spec.train.max_steps else None
+    return step if step >= max_steps else None
 
 
-PS_DONE = "done"            # every worker said it is done (or went away after one had)
-PS_COMPLETE = "complete"    # no worker for --workers_gone_timeout_secs, and the train_dir shows training complete
+def training_complete(spec: ClusterSpec) -> Optional[int]:
+    """`checkpoint_at_max_steps` of the spec's `train.train_dir` and `train.max_steps`.
+
+    How a ps that has seen no worker for a long time tells "training is over" from "the workers crashed". A ps
+    reads only the spec (its command takes no training flags), and on a real cluster it may not see the train_dir
+    at all: then it cannot tell, and says so.
+    """
+    return checkpoint_at_max_steps(spec.train.train_dir, spec.train.max_steps)
+
+
+PS_DONE = "done"            # every worker said it is done (or a non-chief went away after training ended)
+PS_COMPLETE = "complete"    # the workers (or the chief) stayed away, and the train_dir shows training complete
+CHIEF = 0
+
+
+class _PsWait:
+    """A ps's decisions while it waits for done tokens (`serve_ps_until_workers_done`'s `on_idle`).
+
+    Once some worker is done, training is over: a non-chief whose port stays closed for `rejoin_grace_secs`
+    counts as done. The chief never does: until its token comes, its final checkpoint is outstanding, so a chief
+    that vanished is waited for (`gone_timeout_secs`, counted from the end of training at the earliest). Before
+    any token, the wait ends when every worker has been down for `gone_timeout_secs` (never seen: at least the
+    spec's `startup_timeout_secs`). Either wait ends in `complete(spec)`: training complete, or `PeerGone`.
+    """
+
+    def __init__(self, spec: ClusterSpec, name: str, *, gone_timeout_secs: Optional[float], rejoin_grace_secs: float,
+                 complete: Callable[[ClusterSpec], Optional[int]], clock: Callable[[], float] = time.monotonic,
+                 probe: Callable[[str], bool] = port_open):
+        self.spec, self.name = spec, name
+        self.workers = {i: str(a) for i, a in enumerate(spec.worker)}
+        self.watch = GoneWatch(self.workers, clock=clock, probe=probe)
+        self.gone_timeout, self.grace, self.complete, self.clock = gone_timeout_secs, rejoin_grace_secs, complete, clock
+        self.finished: Optional[int] = None   # the checkpoint's step, once training is known complete that way
+        self.over_at: Optional[float] = None  # when the first done token came
+        self.warned = False
+
+    def __call__(self, done: set[int]) -> bool:
+        self.watch.update()
+        if not done:
+            return self._all_gone()
+        if self.over_at is None:
+            self.over_at = self.clock()
+        for i in set(self.workers) - done - {CHIEF}:
+            if self.watch.gone_for(i) >= self.grace:
+                done.add(i)
+                log.info("%s: worker:%d has gone away after training ended; counting it as done", self.name, i)
+        return CHIEF not in done and self._chief_gone()
+
+    def _chief_gone(self) -> bool:
+        gone = min(self.watch.gone_for(CHIEF), self.clock() - self.over_at)
+        if not gone or not self.gone_timeout:
+            self.warned = False
+            return False
+        if not self.warned:
+            self.warned = True
+            log.warning("%s: the other workers are done, but the chief (worker:0 at %s) is down without saying it "
+                        "is done: its final checkpoint is outstanding; waiting %g s for it to come back", self.name,
+                        self.workers[CHIEF], self.gone_timeout)
+        if gone < self.gone_timeout:
+            return False
+        return self._decide(self.gone_timeout, (
+            f"{self.name}: the chief (worker:0 at {self.workers[CHIEF]}) went away without saying it was done (its "
+            f"final checkpoint is outstanding) and did not come back within {self.gone_timeout:g} s "
+            "(--workers_gone_timeout_secs), and the spec's train_dir does not show training complete; exiting"))
+
+    def _all_gone(self) -> bool:
+        gone = self.watch.all_gone_for()
+        if not self.gone_timeout or not gone:
+            self.warned = False
+            return False
+        never = sorted(set(self.workers) - self.watch.seen)
+        # a worker not seen yet may still be starting: give it what a worker gives its ps (the spec's setting)
+        limit = max(self.gone_timeout, self.spec.train.startup_timeout_secs) if never else self.gone_timeout
+        names = ", ".join(f"worker:{i}" for i in never)
+        if not self.warned:
+            self.warned = True
+            if not never:
+                log.warning("%s: every worker has gone away without saying it is done; waiting %g s for them to "
+                            "come back", self.name, self.gone_timeout)
+            elif self.watch.seen:
+                log.warning("%s: every worker is down without saying it is done (never seen: %s); waiting %g s for "
+                            "them", self.name, names, limit)
+        if gone < limit:
+            return False
+        if never:
+            why = (f"{self.name}: {names} never came up within {limit:g} s (the larger of --workers_gone_timeout_secs "
+                   "and the spec's startup_timeout_secs), no other worker is up, and the spec's train_dir does not "
+                   "show training complete; exiting")
+        else:
+            why = (f"{self.name}: every worker went away without saying it was done and none came back within "
+                   f"{self.gone_timeout:g} s (--workers_gone_timeout_secs); exiting")
+        return self._decide(limit, why)
+
+    def _decide(self, waited: float, failure: str) -> bool:
+        """After a wait ran out: True when the train_dir shows training complete, else `PeerGone(failure)`."""
+        step = self.complete(self.spec)
+        if step is None:
+            raise PeerGone(failure)
+        log.info("%s: no answer for %g s, and the latest checkpoint in %s is at global step %d (max_steps %d): "
+                 "training is complete", self.name, waited, self.spec.train.train_dir, step, self.spec.train.max_steps)
+        self.finished = step
+        return True
 
 
 def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
@@ -191,74 +286,24 @@ def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
                                 rejoin_grace_secs: float = VANISHED_GRACE_SECS,
                                 reader: Optional[DoneReader] = None,
                                 complete: Callable[[ClusterSpec], Optional[int]] = training_complete) -> str:
-    """A ps's loop: returns once every worker has put its token here (or went away after training ended).
-
-    Once any worker is done, training is over (every worker stops at the same global step), so a worker whose port
-    stays closed for `rejoin_grace_secs` (default `VANISHED_GRACE_SECS`) counts as done too: it ended while this ps
-    was down and restarting. Under a launcher that restarts tasks, the grace covers a worker's restart, so that a
-    worker killed near the end rejoins (and finds training complete) instead of finding no ps.
-    Before that, with `gone_timeout_secs`: every worker has been down that long (gone after being up), or, when
-    some worker was never seen since this ps started (a ps restarted after training ended, a worker that never
-    came), for the larger of that and the spec's `startup_timeout_secs`. Then `complete(spec)` decides: training
-    is complete (`PS_COMPLETE` is returned) or not known to be (`PeerGone`).
+    """A ps's loop: returns once every worker has put its token here (a non-chief may instead have gone away after
+    training ended); the rules are `_PsWait`'s.
 
     Returns:
         `PS_DONE` or `PS_COMPLETE`.
 
     Raises:
-        PeerGone: every worker is down, none said it was done, and training is not known to be complete.
+        PeerGone: every worker (or, once the others are done, the chief) stayed down without saying it was done,
+            and training is not known to be complete.
     """
-    name = f"ps:{index}"
-    workers = {i: str(a) for i, a in enumerate(spec.worker)}
-    watch = GoneWatch(workers)
-    warned = False
-    finished: list[int] = []
-
-    def on_idle(done: set[int]) -> bool:
-        nonlocal warned
-        watch.update()
-        if done:
-            for i in set(workers) - done:
-                if watch.gone_for(i) >= rejoin_grace_secs:
-                    done.add(i)
-                    log.info("%s: worker:%d has gone away after training ended; counting it as done", name, i)
-            return False
-        gone = watch.all_gone_for()
-        if not gone_timeout_secs or not gone:
-            warned = False
-            return False
-        never = sorted(set(workers) - watch.seen)
-        # a worker not seen yet may still be starting: give it what a worker gives its ps (the spec's setting)
-        limit = max(gone_timeout_secs, spec.train.startup_timeout_secs) if never else gone_timeout_secs
-        names = ", ".join(f"worker:{i}" for i in never)
-        if not warned:
-            warned = True
-            if not never:
-                log.warning("%s: every worker has gone away without saying it is done; waiting %g s for them to "
-                            "come back", name, gone_timeout_secs)
-            elif watch.seen:
-                log.warning("%s: every worker is down without saying it is done (never seen: %s); waiting %g s for "
-                            "them", name, names, limit)
-        if gone < limit:
-            return False
-        step = complete(spec)
-        if step is not None:
-            log.info("%s: no worker for %g s, and the latest checkpoint in %s is at global step %d (max_steps %d): "
-                     "training is complete", name, limit, spec.train.train_dir, step, spec.train.max_steps)
-            finished.append(step)
-            return True
-        if never:
-            raise PeerGone(f"{name}: {names} never came up within {limit:g} s (the larger of "
-                           "--workers_gone_timeout_secs and the spec's startup_timeout_secs), no other worker is up, "
-                           "and the spec's train_dir does not show training complete; exiting")
-        raise PeerGone(f"{name}: every worker went away without saying it was done and none came back within "
-                       f"{gone_timeout_secs:g} s (--workers_gone_timeout_secs); exiting")
-
-    serve_until_done(target, "ps", index, workers, len(workers), on_idle=on_idle, reader=reader)
-    if finished:
+    wait = _PsWait(spec, f"ps:{index}", gone_timeout_secs=gone_timeout_secs, rejoin_grace_secs=rejoin_grace_secs,
+                   complete=complete)
+    serve_until_done(target, "ps", index, wait.workers, len(wait.workers), on_idle=wait, reader=reader)
+    if wait.finished is not None:
         return PS_COMPLETE
     if wait_for_exit:
-        wait_until_closed({f"worker:{i}": a for i, a in workers.items()}, timeout_secs=PS_EXIT_WAIT_SECS, who=name)
+        wait_until_closed({f"worker:{i}": a for i, a in wait.workers.items()}, timeout_secs=PS_EXIT_WAIT_SECS,
+                          who=f"ps:{index}")
     return PS_DONE
 
 
@@ -301,5 +346,5 @@ def release_workers(target: str, spec: ClusterSpec, client: int, *, timeout_secs
 
 
 __all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "serve_until_done",
-           "training_complete", "PS_DONE", "PS_COMPLETE", "serve_ps_until_workers_done",
+           "checkpoint_at_max_steps", "training_complete", "PS_DONE", "PS_COMPLETE", "serve_ps_until_workers_done",
            "serve_until_client_done", "release_workers"]

@@ -23,7 +23,7 @@ CHECK_EVERY_STEPS = 10   # the most local steps between two runs of the loss che
 
 class TrainLoopHook(_hook_base()):
     """The trainer's one per-step hook: stop at `last_step`, the progress line, the NaN check, and a gate for other
-    hooks (the chief's checkpoint and summary savers), with as few fetches and as little Python as possible per step.
+    hooks (the chief's checkpoint saver), with as few fetches and as little Python as possible per step.
 
     Most steps run the train op alone. *Check steps* (the first, every `every_steps`-th and every
     `CHECK_EVERY_STEPS`-th local step, and the step after the global step may have crossed a multiple of one of
@@ -67,6 +67,10 @@ class TrainLoopHook(_hook_base()):
     def after_create_session(self, session, coord):
         for hook in self._gated:
             hook.after_create_session(session, coord)
+        # A worker (re)started after training ended: stop before a step (one more would pass `last_step`).
+        self.last_global_step = max(self.last_global_step, int(session.run(self._global_step)))
+        if self.last_global_step >= self._last_step:
+            coord.request_stop()
 
     def _is_check_step(self) -> bool:
         n = self.local_steps + 1
