@@ -112,9 +112,10 @@ def test_run_local_failure_returns_the_exit_code_and_reports(tmp_path, fake_pyth
 
 def test_run_local_picks_a_fresh_train_dir_under_runs(tmp_path, fake_python, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "0.2")
+    monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "60")      # serves until the launcher stops it, after the workers
     console = io.StringIO()
-    assert run_local(make_spec(), console=console, python=fake_python, grace_period_secs=2.0) == 0
+    assert run_local(make_spec(), console=console, python=fake_python, grace_period_secs=2.0,
+                     ps_exit_grace_secs=0.2) == 0, console.getvalue()
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("mycluster-") and (run_dir / "cluster.yaml").exists()
     assert f"train_dir is {Path('runs') / run_dir.name}" in console.getvalue()

@@ -14,12 +14,12 @@ from psworker.launcher.inject import parse_fault, parse_faults
 from psworker.launcher.policy import RestartPolicy, is_retryable
 from psworker.launcher.report import exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
-from tests.fake_tasks.fakes import fake, kill_quietly
+from tests.fake_tasks.fakes import fake, kill_quietly, poll_until, task_state, wait_for
 
 
 @pytest.fixture
-def run(tmp_path):
-    """Runs fake tasks under a supervisor to the end (60 s at most); returns (result, supervisor)."""
+def start(tmp_path):
+    """Starts fake tasks under a supervisor and returns it (stopped at teardown); the test drives it."""
     made = []
 
     def go(tasks, **kwargs):
@@ -27,13 +27,24 @@ def run(tmp_path):
         sup = Supervisor(tasks, tmp_path / "logs", grace_period_secs=2.0, ps_exit_grace_secs=0.2, **kwargs)
         made.append(sup)
         sup.start()
-        return sup.wait(timeout=60), sup
+        return sup
 
     yield go
     for sup in made:
         pids = list(sup.pids().values())
         sup.stop("teardown")
         kill_quietly(pids)
+
+
+@pytest.fixture
+def run(start):
+    """Runs fake tasks under a supervisor to the end (60 s at most); returns (result, supervisor)."""
+
+    def go(tasks, **kwargs):
+        sup = start(tasks, **kwargs)
+        return sup.wait(timeout=60), sup
+
+    return go
 
 
 def stepper(tmp_path, index=0, *args):
@@ -57,7 +68,8 @@ def test_backoff_doubles_up_to_its_bound_with_jitter():
 
 def test_an_injected_kill_restarts_the_task_and_marks_its_log(tmp_path, run):
     fault = parse_fault("kill:worker:0@step=30")
-    result, sup = run([fake("ps", 0, "sleep_forever"), stepper(tmp_path)], faults=[fault],
+    # The first attempt stops at step 30 until killed: the fault cannot miss it; the second one goes on to 100.
+    result, sup = run([fake("ps", 0, "sleep_forever"), stepper(tmp_path, 0, "--hang-at", "30")], faults=[fault],
                       restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0.1))
     assert result.ok, format_report(result)
     assert result.exits["worker:0"].restarts == 1
@@ -78,7 +90,8 @@ def test_a_permanent_exit_fails_the_run_at_once(run):
 @pytest.mark.parametrize("code, restarted", [(3, False), (143, True)])
 def test_an_injected_exit_code_goes_through_the_policy(tmp_path, run, code, restarted):
     fault = parse_fault(f"exit:worker:0@step=20,code={code}")
-    result, _ = run([stepper(tmp_path)], faults=[fault], restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0))
+    result, _ = run([stepper(tmp_path, 0, "--hang-at", "20")], faults=[fault],
+                    restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0))
     assert result.ok is restarted, format_report(result)
     if not restarted:
         assert result.failure.returncode == 3 and exit_status(result.failure.returncode) == 3
@@ -86,14 +99,23 @@ def test_an_injected_exit_code_goes_through_the_policy(tmp_path, run, code, rest
 
 
 def test_without_restarts_an_injected_kill_fails_the_run_with_137(tmp_path, run):
-    result, _ = run([stepper(tmp_path)], faults=[parse_fault("kill:worker:0@time=0.5")])
+    # The stepper stops at step 0 until killed: it is still running whenever the time trigger fires.
+    result, _ = run([stepper(tmp_path, 0, "--hang-at", "0")], faults=[parse_fault("kill:worker:0@time=0.5")])
     assert not result.ok and exit_status(result.failure.returncode) == 137
     assert result.failure.returncode == -signal.SIGKILL
 
 
-def test_a_stalled_worker_is_killed_and_restarted(tmp_path, run):
-    result, sup = run([stepper(tmp_path, 0, "--hang-at", "20")], stall_timeout_secs=1.5,
-                      restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0))
+def test_a_stalled_worker_is_killed_and_restarted(tmp_path, start):
+    """The stall clock also runs from an attempt's start to its first step line (the interpreter's start-up): the
+    supervisor's loop runs only while the stepper hangs at step 20, so start-up on a busy machine is never seen as
+    a stall."""
+    sup = start([stepper(tmp_path, 0, "--hang-at", "20", "--to", "30")], stall_timeout_secs=1.5,
+                restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0))
+    progress = sup.progress.snapshot
+    wait_for(lambda: progress()["worker:0"].step == 20, 60, "worker:0 at step 20 (where it hangs)")
+    poll_until(sup, lambda: sup.restarts("worker:0") == 1, 60, "worker:0 killed as stalled and restarted")
+    assert sup.wait_task("worker:0", timeout=60) == 0     # the second attempt: steps 20 and 30, then exit 0
+    result = sup.wait(timeout=30)
     assert result.ok, format_report(result)
     (cause,) = result.exits["worker:0"].restart_causes
     assert cause.startswith("stalled: step 20 unchanged for"), cause
@@ -101,9 +123,13 @@ def test_a_stalled_worker_is_killed_and_restarted(tmp_path, run):
 
 def test_a_stop_fault_pauses_the_task_then_resumes_it(tmp_path, run):
     started = time.monotonic()
-    result, _ = run([stepper(tmp_path, 0, "--to", "40")], faults=[parse_fault("stop:worker:0@step=10,for=1.5")])
-    assert result.ok and result.exits["worker:0"].restarts == 0
+    # The stepper waits after step 10 for the SIGCONT that ends the stop: it cannot finish before the fault fires.
+    result, sup = run([stepper(tmp_path, 0, "--to", "40", "--pause-at", "10")],
+                      faults=[parse_fault("stop:worker:0@step=10,for=1.5")])
+    assert result.ok and result.exits["worker:0"].restarts == 0, format_report(result)
     assert time.monotonic() - started >= 1.5
+    log = sup.log_path("worker:0").read_text()
+    assert log.index("resumed after step 10") < log.index("step 40,")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -130,11 +156,15 @@ def test_a_fault_must_name_a_task_of_the_run():
         parse_faults(["kill:worker:5@step=1"], ["ps:0", "worker:0"])
 
 
-def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(run):
+def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(tmp_path, start):
     """A ps exits by itself only when training is over; a worker still (re)starting then has nothing to do."""
     chief = fake("worker", 0, "echo_exit", 0)
-    result, _ = run([fake("ps", 0, "echo_exit", 0, "--sleep", "1"), dataclasses.replace(chief, is_chief=True),
-                     fake("worker", 1, "sleep_forever")])
+    release = tmp_path / "release-ps"
+    sup = start([fake("ps", 0, "echo_exit", 0, "--wait-for", release), dataclasses.replace(chief, is_chief=True),
+                 fake("worker", 1, "sleep_forever")])
+    poll_until(sup, lambda: task_state(sup, "worker:0") == "done", 30, "the chief seen to exit 0")
+    release.touch()              # the ps exits after the chief, as a real one does
+    result = sup.wait(timeout=60)
     assert result.ok and result.reason == "the chief and every ps exited 0: training is over"
     assert result.exits["worker:1"].stopped
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from psworker.launcher.local import run_local
 from psworker.launcher.status import read_run_dir
 from psworker.spec import TrainConfig, build_cluster
 from tests.cluster_utils import task_env
+from tests.fake_tasks.fakes import wait_for
 
 STEP = "step {}, loss = 0.{} (1000.0 examples/sec; 0.030 sec/batch)"
 
@@ -63,11 +66,26 @@ def spec(train_dir):
 
 
 def test_off_a_terminal_plain_status_lines_are_printed(tmp_path, fake_python, monkeypatch):
+    """The workers finish only once a status line was printed (a handshake, not a sleep against the interval)."""
+    release = tmp_path / "release-workers"
     monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "60")
-    monkeypatch.setenv("PSWORKER_FAKE_WORKER_SECS", "1.0")
+    monkeypatch.setenv("PSWORKER_FAKE_WORKER_WAIT_FOR", str(release))
     console = io.StringIO()
-    assert run_local(spec(tmp_path / "t"), console=console, python=fake_python, grace_period_secs=2.0,
-                     ps_exit_grace_secs=0.2, live=None, status_every_secs=0.2) == 0
+
+    def release_after_a_status_line() -> None:
+        with contextlib.suppress(AssertionError):    # on a timeout the workers give up and the asserts say why
+            wait_for(lambda: done.is_set() or "psworker: status: step " in console.getvalue(), 60, "a status line")
+        release.touch()
+
+    done = threading.Event()
+    releaser = threading.Thread(target=release_after_a_status_line)
+    releaser.start()
+    try:
+        assert run_local(spec(tmp_path / "t"), console=console, python=fake_python, grace_period_secs=2.0,
+                         ps_exit_grace_secs=0.2, live=None, status_every_secs=0.2) == 0, console.getvalue()
+    finally:
+        done.set()
+        releaser.join(70)
     lines = [line for line in console.getvalue().splitlines() if line.startswith("psworker: status: step ")]
     assert lines and "/7, " in lines[0] and "worker:1 " in lines[-1], console.getvalue()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.fake_tasks.fakes import HERE, FakeTask, fake, kill_quietly, wait_for, wait_gone
+from tests.fake_tasks.fakes import HERE, FakeTask, fake, kill_quietly, poll_until, task_state, wait_for, wait_gone
 from psworker.launcher.report import exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
 
@@ -58,6 +58,7 @@ def test_success_prefixes_console_and_writes_full_logs(make_sup):
         fake("worker", 1, "echo_exit", 0, "--tag", "w1", "--sleep", "0.3"),
     ], console=console)
     sup.start()
+    wait_ready(sup, "ps:0")     # before the first poll: nothing can stop the ps before it said so
     result = sup.wait(timeout=30)
 
     assert result.ok and result.failure is None
@@ -87,11 +88,14 @@ def test_task_env_is_added_to_the_environment(make_sup, monkeypatch):
     assert "PSWORKER_TEST_INHERITED=from-parent" in log_text(sup, "worker:1")
 
 
-def test_ps_that_exits_by_itself_is_not_stopped(make_sup):
-    sup = make_sup([fake("ps", 0, "echo_exit", 0, "--sleep", "0.5"), fake("worker", 0, "echo_exit", 0)],
+def test_ps_that_exits_by_itself_is_not_stopped(make_sup, tmp_path):
+    release = tmp_path / "release-ps"
+    sup = make_sup([fake("ps", 0, "echo_exit", 0, "--wait-for", release), fake("worker", 0, "echo_exit", 0)],
                    ps_exit_grace_secs=20.0)
     sup.start()
-    result = sup.wait(timeout=15)
+    poll_until(sup, lambda: task_state(sup, "worker:0") == "done", 30, "worker:0 seen to exit 0")
+    release.touch()              # the ps exits only after the run is done, as a real one does
+    result = sup.wait(timeout=30)
     assert result.ok
     assert result.exits["ps:0"].returncode == 0 and not result.exits["ps:0"].stopped
 
@@ -142,15 +146,17 @@ def test_ps_exiting_while_workers_run_fails_the_run(make_sup):
     assert result.exits["worker:0"].stopped
 
 
-def test_the_first_failure_by_time_is_the_root_cause(make_sup):
+def test_the_first_failure_by_time_is_the_root_cause(make_sup, tmp_path):
+    """worker:0 would fail later (exit 5 once a file appears, which only happens after the run): the first failure
+    ends the run, and worker:0 is stopped rather than reported."""
     sup = make_sup([
-        fake("worker", 0, "echo_exit", 5, "--sleep", "1.5"),
+        fake("worker", 0, "echo_exit", 5, "--wait-for", tmp_path / "never"),
         fake("worker", 1, "echo_exit", 7),
     ])
     sup.start()
     result = sup.wait(timeout=30)
     assert result.failure.name == "worker:1" and result.failure.returncode == 7
-    assert result.exits["worker:0"].stopped
+    assert result.exits["worker:0"].stopped and result.exits["worker:0"].returncode == -signal.SIGTERM
 
 
 def test_term_ignoring_task_is_killed_after_the_grace_period(make_sup):
@@ -196,9 +202,10 @@ def test_kill_task_without_restart_fails_the_run(make_sup):
     assert exit_status(result.failure.returncode) == 137
 
 
-def test_kill_task_and_start_task_restart_a_task(make_sup):
+def test_kill_task_and_start_task_restart_a_task(make_sup, tmp_path):
+    release = tmp_path / "release-w0"     # each attempt of worker:0 exits 0 only once this exists
     sup = make_sup([fake("ps", 0, "sleep_forever"),
-                    fake("worker", 0, "echo_exit", 0, "--tag", "w0", "--sleep", "1")])
+                    fake("worker", 0, "echo_exit", 0, "--tag", "w0", "--wait-for", release)])
     sup.start()
     wait_for(lambda: "w0 line 2" in log_text(sup, "worker:0"), 15, "worker:0 output")
     first_pid = sup.pids()["worker:0"]
@@ -206,6 +213,7 @@ def test_kill_task_and_start_task_restart_a_task(make_sup):
     assert sup.wait_task("worker:0", timeout=10) == -signal.SIGKILL
     sup.start_task("worker:0")
     assert sup.pids()["worker:0"] != first_pid
+    release.touch()
     result = sup.wait(timeout=30)
 
     assert result.ok

@@ -2,7 +2,8 @@
 
 Reads the spec it is given and prints its address and train_dir, then "ready". A ps serves until stopped (or
 exits after PSWORKER_FAKE_PS_SECS seconds); a worker prints a few steps and exits with the code given in
-PSWORKER_FAKE_EXIT (e.g. "worker:1=3"), 0 by default, after PSWORKER_FAKE_WORKER_SECS seconds.
+PSWORKER_FAKE_EXIT (e.g. "worker:1=3"), 0 by default, after PSWORKER_FAKE_WORKER_SECS seconds and, with
+PSWORKER_FAKE_WORKER_WAIT_FOR=PATH, once PATH exists (a test's handshake; exit 1 after 120 s without it).
 """
 import argparse
 import os
@@ -34,6 +35,12 @@ if args.job == "ps":
         time.sleep(0.05)
     sys.exit(0)
 time.sleep(float(os.environ.get("PSWORKER_FAKE_WORKER_SECS", "0")))
+wait_for = os.environ.get("PSWORKER_FAKE_WORKER_WAIT_FOR")
+deadline = time.monotonic() + 120
+while wait_for and not os.path.exists(wait_for):
+    if time.monotonic() > deadline:
+        sys.exit(f"{name}: {wait_for} did not appear within 120 s")
+    time.sleep(0.02)
 for step in range(25):
     print(f"{name} step {step}")
 codes = dict(item.split("=") for item in os.environ.get("PSWORKER_FAKE_EXIT", "").split(",") if item)

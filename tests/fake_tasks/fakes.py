@@ -46,6 +46,24 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condi
         time.sleep(0.05)
 
 
+def poll_until(sup, predicate: Callable[[], object], timeout: float, what: str = "condition") -> object:
+    """Runs the supervisor's loop (`sup.poll()`) until `predicate` holds; fails if the run ends first or after
+    `timeout` seconds. A test drives the loop itself to act between two of its decisions (e.g. let a ps exit only
+    once the supervisor has seen the chief's exit)."""
+    def check() -> object:
+        result = sup.poll()
+        if result is not None:
+            raise AssertionError(f"the run ended ({result.reason}) before {what}")
+        return predicate()
+
+    return wait_for(check, timeout, what)
+
+
+def task_state(sup, name: str) -> str:
+    """The supervisor's state of task `name` (starting, training, done, restarting N, ...)."""
+    return sup.progress.snapshot()[name].state
+
+
 def gone(pid: int) -> bool:
     """True when `pid` no longer runs (a zombie counts as gone: it runs no code and holds no port)."""
     try:
