@@ -248,7 +248,8 @@ def test_backup_worker_killed_the_others_finish_at_max_steps_exactly(make_cluste
     max_steps = 240
     cluster = make_cluster(num_workers=3, train=dict(mode="sync", replicas_to_aggregate=2, max_steps=max_steps,
                                                      batch_size=16, log_every_steps=20, save_checkpoint_steps=100,
-                                                     step_timeout_secs=60.0))
+                                                     step_timeout_secs=60.0),
+                           args={"ps:0": ["--rejoin_grace_secs", "2"]})   # worker:2 is not started again
     cluster.wait_for_log("worker:2", STEP_LINE, 180)
     cluster.kill("worker:2")
     codes = cluster.wait_exits(180, ["worker:0", "worker:1", "ps:0"])
