@@ -75,7 +75,7 @@ def test_continuous_eval_evaluates_each_new_checkpoint_and_writes_summaries(tmp_
     events = glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
     assert len(events) == 1
     values = [(e.step, v.tag, v.simple_value) for e in v1.train.summary_iterator(events[0]) for v in e.summary.value]
-    assert [(step, tag) for step, tag, _ in values] == [(5, "precision_at_1"), (9, "precision_at_1")]
+    assert [(step, tag) for step, tag, _ in values] == [(5, "precision@1"), (9, "precision@1")]
     assert all(value == pytest.approx(0.1) for _, _, value in values)
 
 
@@ -119,5 +119,5 @@ def test_eval_command_in_continuous_mode_writes_a_summary(tmp_path, cifar_dir):
     assert PRECISION_LINE.search(output).group(3) == "12", output[-3000:]
     events = glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
     assert [(e.step, v.tag) for e in v1.train.summary_iterator(events[0]) for v in e.summary.value] == [
-        (12, "precision_at_1")]
+        (12, "precision@1")]
     assert_processes_gone([proc.pid])

@@ -61,7 +61,8 @@ def test_start_scripts_train_a_cluster(tmp_path, make_cluster):
 
 
 def test_local_launcher_runs_the_default_job(tmp_path):
-    """The README's first command: 1 ps + 2 workers on real digits data, evaluated at the end."""
+    """The README's first command: 1 ps + 2 workers on real digits data, evaluated at the end; its train dir as
+    TensorBoard reads it."""
     train_dir = tmp_path / "train"
     run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(train_dir)],
                                  cwd=tmp_path, timeout=300)
@@ -75,6 +76,29 @@ def test_local_launcher_runs_the_default_job(tmp_path):
     assert (train_dir / "cluster.yaml").exists()
     assert len(run.pids) >= 3
     assert_processes_gone(run.pids)
+    assert_tensorboard_runs(train_dir, num_workers=2)
+
+
+def assert_tensorboard_runs(train_dir, *, num_workers: int) -> None:
+    """TensorBoard's own reader on a finished run: one scalar run per worker and `eval`, each tag once, without
+    TensorFlow's uniquifying `_N` suffix; the train dir itself (run `.`) holds the chief's graph and no scalars."""
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    from psworker.train import summaries
+
+    multiplexer = EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(train_dir))
+    multiplexer.Reload()
+    assert set(multiplexer.Runs()) == {".", summaries.EVAL_DIR, *(f"worker_{i}" for i in range(num_workers))}
+    assert multiplexer.Runs()["."]["graph"]
+    scalars = {run: set(tags) for run, tags in multiplexer.PluginRunToTagToContent("scalars").items()}
+    expected = {f"worker_{i}": set(summaries.worker_tags(i).values()) for i in range(num_workers)}
+    assert scalars == {**expected, summaries.EVAL_DIR: {summaries.PRECISION_TAG}}, scalars
+    uniquified = [f"{run}: {tag}" for run, tags in scalars.items() for tag in tags if re.search(r"_\d+$", tag)]
+    assert not uniquified, uniquified
+    for run in scalars:
+        for tag in scalars[run]:
+            assert multiplexer.Tensors(run, tag), f"{run}: {tag} has no value"
 
 
 def test_a_failing_task_tears_the_cluster_down(tmp_path):

@@ -67,7 +67,7 @@ def write_mlp_checkpoint(train_dir: Path, step: int) -> str:
 
 
 def test_eval_and_worker_summaries_are_runs_of_one_logdir(tmp_path):
-    """`psworker eval` (continuous) and `write_eval_summary` both write `precision_at_1` into `<train_dir>/eval`,
+    """`psworker eval` (continuous) and `write_eval_summary` both write `precision@1` into `<train_dir>/eval`,
     beside the workers' runs: TensorBoard on the train dir shows them together."""
     train_tiny(tmp_path, 0, steps=6, every=5)
     write_mlp_checkpoint(tmp_path, 30)

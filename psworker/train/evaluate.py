@@ -74,7 +74,7 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
              emit=print, sleep=time.sleep) -> int:
     """`psworker eval`: evaluates the latest checkpoint once, or each new one every `eval_interval_secs`.
 
-    In continuous mode each result is also written as a `precision_at_1` summary at the checkpoint's global step
+    In continuous mode each result is also written as a `precision@1` summary at the checkpoint's global step
     into `<train_dir>/eval` (for TensorBoard). Graphs are built explicitly, so this needs no global graph mode.
 
     Args:

@@ -235,7 +235,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             optimizer = sync
         apply_op = optimizer.apply_gradients(grads, global_step=global_step)
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
-        train_op = finish_train_op(apply_op, None if sync else ema, loss, lr)
+        train_op = finish_train_op(apply_op, None if sync else ema)
         reset = SyncRestartReset(sync) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=(images, labels))
@@ -285,17 +285,14 @@ class ColocatedAverages:
         return getattr(self._ema, attr)
 
 
-def finish_train_op(apply_op, ema, loss, learning_rate):
+def finish_train_op(apply_op, ema):
     """The train op: `apply_op`, then the moving averages of the trainable variables when `ema` is given (each
-    computed on its variable's device, see `ColocatedAverages`).
-
-    Also records the loss and learning-rate summaries the chief writes.
+    computed on its variable's device, see `ColocatedAverages`). No summary ops: each worker writes its own scalars
+    (`train.summaries.WorkerSummaryHook`).
     """
     import tensorflow as tf
 
     v1 = tf.compat.v1
-    v1.summary.scalar("loss", loss)
-    v1.summary.scalar("learning_rate", learning_rate)
     if ema is None:
         return apply_op
     with tf.control_dependencies([apply_op]):

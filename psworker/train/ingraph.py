@@ -76,7 +76,7 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
             grads = towers.average_gradients(worker_grads)
             loss = tf.math.divide(tf.add_n(worker_losses), float(num_workers), name="mean_loss")
         apply_op = optimizer.apply_gradients(grads, global_step=global_step)
-        train_op = finish_train_op(apply_op, opt.ema, loss, opt.learning_rate)
+        train_op = finish_train_op(apply_op, opt.ema)
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=opt.learning_rate,
                       sync_optimizer=None)
 

@@ -6,10 +6,11 @@ Layout under the train dir (each directory is one TensorBoard run):
   because every worker is its own process with its own event file, and TensorBoard reads a run's event files one
   after another (it stops reading an older file once a newer one appears), so concurrent writers must not share a
   directory.
-- `eval/`: `precision_at_1` at the evaluated checkpoint's global step (what `psworker eval` writes).
+- `eval/`: `precision@1` at the evaluated checkpoint's global step (what `psworker eval` writes).
+- the train dir itself (TensorBoard's run `.`): the chief's checkpoint saver writes the graph there (the Graphs
+  dashboard), and no scalars: they would repeat worker 0's.
 
-The values are written as `Summary` protos from Python: no summary ops are added to the training graph, so the
-chief's `merge_all` summaries are unchanged.
+The values are written as `Summary` protos from Python: the training graph has no summary ops.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from typing import Optional
 
 EVAL_DIR = "eval"
-PRECISION_TAG = "precision_at_1"
+PRECISION_TAG = "precision@1"
 METRICS = ("loss", "learning_rate", "examples_per_sec", "global_steps_per_sec")
 
 
@@ -55,7 +56,7 @@ def make_writer(logdir: str):
 
 
 def write_eval_summary(train_dir: str, precision: float, global_step: int) -> str:
-    """Writes `precision_at_1` at `global_step` into `<train_dir>/eval` (where `psworker eval` writes it).
+    """Writes `precision@1` at `global_step` into `<train_dir>/eval` (where `psworker eval` writes it).
 
     Returns:
         The directory written to.
