@@ -14,7 +14,8 @@ import sys
 from typing import Callable, Optional
 
 from psworker.cli_backends import cmd_local, cmd_run, cmd_status
-from psworker.cli_common import add_cluster_flags, add_launch_flags, add_status_flags, add_train_flags, train_config
+from psworker.cli_common import (add_cluster_flags, add_launch_flags, add_model_flag, add_status_flags, add_train_flags,
+                                 int_type, port_type, positive_float, train_config)
 from psworker.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import ALL_JOBS, ClusterSpec, CountSpec, TrainConfig, load_spec, merge_train
 
@@ -118,8 +119,6 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """`psworker eval --train_dir D ...`: evaluates the latest (or every new) checkpoint."""
-    if args.eval_interval_secs <= 0:
-        raise UsageError(f"--eval_interval_secs must be > 0, got {args.eval_interval_secs:g}")
     checked = merge_train(TrainConfig(), {"model": args.model, "batch_size": args.batch_size,
                                           "train_dir": args.train_dir, "data_dir": args.data_dir})
     from psworker.train.evaluate import run_eval
@@ -171,22 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--model", help="also show how this model's variables are placed on the ps tasks, and the "
-                                   "network load they make")
-    p.add_argument("--step_rate", type=float, default=10.0, metavar="R",
+    add_model_flag(p, "also show how this model's variables are placed on the ps tasks, and the network load "
+                      "they make")
+    p.add_argument("--step_rate", type=positive_float, default=10.0, metavar="R",
                    help="with --model: steps/s of each worker for the network estimate (measured: the progress "
                         "line's 1/sec_per_batch; default 10)")
-    p.add_argument("--bandwidth_gbps", type=float, default=10.0, metavar="B",
+    p.add_argument("--bandwidth_gbps", type=positive_float, default=10.0, metavar="B",
                    help="with --model: each ps's link, Gbit/s each way (default 10)")
     p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
                                                        "(default: placeholders node0, node1, ...)")
-    p.add_argument("--tasks_per_node", type=int, default=1, metavar="INT",
+    p.add_argument("--tasks_per_node", type=int_type(1), default=1, metavar="INT",
                    help="a count spec: tasks on each host (default 1)")
 
     p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--job", required=True, choices=ALL_JOBS)
-    p.add_argument("--task_index", required=True, type=int)
+    p.add_argument("--task_index", required=True, type=int_type(0), metavar="INT")
 
     p = add("ps", cmd_ps, "run one parameter server task")
     p.set_defaults(task_process=True)
@@ -194,14 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep_ps_running", action="store_true",
                    help="keep serving after the workers finish (default: exit once every worker is done)")
     p.add_argument("--rejoin_grace_secs", type=float, default=None, metavar="FLOAT",
-                   help="once some worker is done, how long a worker that went away without saying so may take to "
-                        "come back before it counts as done (default 2; launchers that restart tasks pass the "
-                        "time a restart takes)")
+                   help="once some worker is done, how long a non-chief worker that went away without saying so "
+                        "may take to come back before it counts as done (default 30: a restart by hand, by a pod's "
+                        "controller or by Slurm; the launcher passes its longest backoff plus 60). The chief never "
+                        "counts as done until it says so: its final checkpoint is outstanding")
     p.add_argument("--workers_gone_timeout_secs", type=float, default=300.0, metavar="FLOAT",
-                   help="when every worker has gone away without saying it is done (crashed), exit with an error "
-                        "(170) after this long instead of serving forever (default 300); workers never seen get at "
-                        "least the spec's startup_timeout_secs, and if the spec's train_dir shows training "
-                        "complete (a ps restarted after the end) the ps exits 0")
+                   help="when every worker has gone away without saying it is done (crashed), or the others are "
+                        "done and the chief has, exit with an error (170) after this long instead of serving forever "
+                        "(default 300); workers never seen get at least the spec's startup_timeout_secs, and if the "
+                        "spec's train_dir shows training complete (a ps restarted after the end) the ps exits 0")
 
     p = add("worker", cmd_worker, "run one worker task (worker 0 is the chief)")
     p.set_defaults(task_process=True)
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC")
     add_launch_flags(p)
     add_train_flags(p)
-    p.add_argument("--tensorboard", nargs="?", type=int, const=0, default=None, metavar="PORT",
+    p.add_argument("--tensorboard", nargs="?", type=port_type(free_ok=True), const=0, default=None, metavar="PORT",
                    help="serve the run dir with TensorBoard on 127.0.0.1 while the run lasts and print its URL "
                         "(PORT default: a free one)")
 
@@ -237,11 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("eval", cmd_eval, "evaluate checkpoints from a train_dir")
     p.add_argument("--train_dir", required=True)
     p.add_argument("--data_dir", default=None)
-    p.add_argument("--model", default=None,
-                   help="registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
+    add_model_flag(p, "registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
     p.add_argument("--once", action="store_true", help="evaluate the latest checkpoint once and exit")
-    p.add_argument("--eval_interval_secs", type=float, default=60.0)
-    p.add_argument("--batch_size", default=None, metavar="INT", help="default: the evaluator's")
+    p.add_argument("--eval_interval_secs", type=positive_float, default=60.0, metavar="SECS",
+                   help="without --once: how often to look for a new checkpoint (default 60)")
+    p.add_argument("--batch_size", type=int_type(1), default=None, metavar="INT",
+                   help="examples per eval batch (default: the evaluator's)")
     from psworker import cli_backends
     cli_backends.add_slurm_parsers(sub)
     cli_backends.add_ssh_parser(sub)
@@ -249,14 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("export", cmd_export, "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>")
     p.add_argument("--train_dir", required=True)
     p.add_argument("--checkpoint", default=None, help="a checkpoint prefix (default: the latest in --train_dir)")
-    p.add_argument("--model", default=None,
-                   help="registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
+    add_model_flag(p, "registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
     p.add_argument("--export_dir", default=None, help="parent of the <global_step> directory "
                                                       "(default: <train_dir>/export)")
 
     p = add("tensorboard", cmd_tensorboard, "serve a run dir with TensorBoard on 127.0.0.1 until Ctrl-C")
     p.add_argument("--logdir", required=True)
-    p.add_argument("--port", type=int, default=6006, help="default 6006; 0 picks a free port")
+    p.add_argument("--port", type=port_type(free_ok=True), default=6006,
+                   help="the port on 127.0.0.1 (default 6006; 0: a free one)")
 
     from psworker import cli_k8s
     cli_k8s.add_k8s_parsers(sub)

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from psworker.cli_common import add_launch_flags, add_status_flags, add_train_flags, launch_config, train_overrides
+from psworker.cli_common import (add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
+                                 train_overrides, value_type)
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, load_spec, merge_train
 
@@ -109,8 +110,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from psworker.launcher.status import read_run_dir, render
 
-    if args.silent_secs <= 0:
-        raise UsageError(f"--silent_secs must be > 0, got {args.silent_secs:g}")
     status = read_run_dir(args.run_dir, now=time.time())
     silent = {name: t.last_output_at for name, t in status.tasks.items()
               if t.state not in ("done", "failed", "not started") and status.now - t.last_output_at >= args.silent_secs}
@@ -164,15 +163,15 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     overrides = train_overrides(args)
     merge_train(spec.train, overrides, num_workers=counts["worker"])   # bad flags fail here, not in the queue
     launch_flags = forwarded_launch_flags(args)
-    if args.port_base is not None and not 1 <= args.port_base <= 65535:
-        raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
     port_base = slurm.count_spec(spec, args.port_base).port
     if args.run_dir:
         run_dir = Path(args.run_dir).resolve()
+        _check_run_dir(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         from psworker.launcher.local import default_train_dir
         run_dir = default_train_dir(spec).resolve()
+        _check_run_dir(run_dir)
     spec_copy = run_dir / slurm.SUBMITTED_SPEC        # the job reads this copy: later edits do not change it
     shutil.copyfile(args.spec, spec_copy)
     for name in ("train_dir", "data_dir"):      # the job runs in run_dir: relative paths would move
@@ -200,13 +199,20 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
 
 
 
+def _check_run_dir(run_dir: Path) -> None:
+    """The run dir is the script's `#SBATCH --chdir`: one word, as every other #SBATCH value."""
+    from psworker.schedulers import slurm
+    try:
+        slurm.check_sbatch_value(str(run_dir))
+    except ValueError as e:
+        raise UsageError(f"--run_dir: {e}") from None
+
+
 def cmd_slurm_launch(args: argparse.Namespace) -> int:
     """`psworker slurm launch SPEC --run_dir D ...`: inside an allocation, runs every task as its own srun step."""
     from psworker.launcher.launch import launch
     from psworker.launcher.slurm import spec_for_allocation
 
-    if args.port_base is not None and not 1 <= args.port_base <= 65535:
-        raise UsageError(f"--port_base must be within 1-65535, got {args.port_base}")
     spec = spec_for_allocation(load_spec(args.spec, allow_counts=True), args.port_base, os.environ)
     run_dir = Path(args.run_dir or os.getcwd()).resolve()
     overrides = train_overrides(args)
@@ -270,18 +276,10 @@ def add_slurm_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_slurm_submit)
     p.add_argument("spec", metavar="SPEC", help="cluster spec: task counts (`ps: 1`), or addresses whose hosts are "
                                                 "replaced by the allocation's nodes")
-    g = p.add_argument_group("Slurm job (#SBATCH lines; --ntasks is the spec's task count)")
-    g.add_argument("--nodes", help="node count or range, e.g. 2 or 2-4 (default: Slurm's)")
-    g.add_argument("--time", help="time limit, e.g. 1:00:00 (default: the partition's)")
-    g.add_argument("--partition")
-    g.add_argument("--account")
-    g.add_argument("--output", help="Slurm's output file (default: <run_dir>/slurm-%%j.out)")
-    g.add_argument("--job_name", default="psworker")
-    g.add_argument("--overcommit", action="store_true",
-                   help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
+    _add_sbatch_flags(p)
     p.add_argument("--run_dir", help="shared directory for the script, the spec copy, logs and (by default) "
                                      "train_dir (default: a fresh runs/<spec>-<date>-<time>)")
-    p.add_argument("--port_base", type=int, default=None,
+    p.add_argument("--port_base", type=port_type(), default=None, metavar="PORT",
                    help="first port of the tasks on each node, +1 per further task there, as TensorFlow's "
                         "SlurmClusterResolver (default: the spec's cluster.port, else 2222)")
     p.add_argument("--python", default=sys.executable, help="interpreter the job runs (default: this one)")
@@ -290,6 +288,28 @@ def add_slurm_parsers(sub: Any) -> None:
     add_submit_launch_flags(p)
 
     slurm_parsers(slurm_sub)
+
+
+def _add_sbatch_flags(p: argparse.ArgumentParser) -> None:
+    """The `#SBATCH` flags of `slurm submit`, each value checked as Slurm reads it before the script is written."""
+    from psworker.schedulers import slurm
+
+    name = value_type(slurm.check_sbatch_value, "name")
+    g = p.add_argument_group("Slurm job (#SBATCH lines; --ntasks is the spec's task count)")
+    g.add_argument("--nodes", type=value_type(slurm.check_nodes, "nodes"), metavar="N|MIN-MAX",
+                   help="node count or range, e.g. 2 or 2-4 (default: Slurm's)")
+    g.add_argument("--time", type=value_type(slurm.check_time, "time"), metavar="TIME",
+                   help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 1:00:00 "
+                        "(default: the partition's)")
+    g.add_argument("--partition", type=name, metavar="NAME",
+                   help="partition to queue in (default: the cluster's default)")
+    g.add_argument("--account", type=name, metavar="NAME", help="account to charge (default: your default one)")
+    g.add_argument("--output", type=name, metavar="FILE",
+                   help="Slurm's output file (default: <run_dir>/slurm-%%j.out)")
+    g.add_argument("--job_name", type=name, default="psworker", metavar="NAME",
+                   help="the job's name in squeue (default: psworker)")
+    g.add_argument("--overcommit", action="store_true",
+                   help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
 
 
 def slurm_parsers(slurm_sub: Any) -> None:
@@ -301,7 +321,7 @@ def slurm_parsers(slurm_sub: Any) -> None:
     p.set_defaults(func=cmd_slurm_launch, launcher=True)
     p.add_argument("spec", metavar="SPEC", help="task counts (`ps: 1`), or addresses whose hosts are replaced")
     p.add_argument("--run_dir", help="shared directory for cluster.yaml and logs/ (default: the working directory)")
-    p.add_argument("--port_base", type=int, default=None,
+    p.add_argument("--port_base", type=port_type(), default=None, metavar="PORT",
                    help="first port on each node (default: the spec's cluster.port, else 2222)")
     add_launch_flags(p, network=False)
     add_train_flags(p)

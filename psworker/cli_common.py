@@ -4,20 +4,121 @@ options. Parsing only; no command runs here."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
-from psworker.errors import UsageError
+from psworker.errors import PsworkerError, SpecError, UsageError
 from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, merge_train
+from psworker.train_config import parse_setting, setting_doc
+
+T = TypeVar("T")
+MAX_PORT = 65535
+
+
+def value_type(check: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """An argparse `type` from a check that raises ValueError or PsworkerError: a bad value is a usage error
+    (exit 2, `argument --flag: MESSAGE`)."""
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except SpecError as e:
+            raise argparse.ArgumentTypeError(e.message) from None
+        except (ValueError, PsworkerError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = name
+    return parse
+
+
+def _whole_number(text: str, what: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected {what}, got {text!r}") from None
+
+
+def _port(text: str, free_ok: bool) -> int:
+    port = _whole_number(text, "a port number")
+    if not (0 if free_ok else 1) <= port <= MAX_PORT:
+        raise ValueError(f"port {port} is out of range {'0' if free_ok else '1'}-{MAX_PORT}"
+                         + (" (0: a free one)" if free_ok else ""))
+    return port
+
+
+def port_type(free_ok: bool = False) -> Callable[[str], int]:
+    """The one argparse type of every port flag: 1-65535, and 0 (a free port) where `free_ok`."""
+    return value_type(lambda text: _port(text, free_ok), "port")
+
+
+def int_type(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`."""
+    def check(text: str) -> int:
+        value = _whole_number(text, "an integer")
+        if value < minimum:
+            raise ValueError(f"must be >= {minimum}, got {value}")
+        return value
+    return value_type(check, "int")
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+class _LiveChoices:
+    """argparse `choices` read each time they are shown or checked (the model registry can grow)."""
+
+    def __init__(self, read: Callable[[], tuple[str, ...]]) -> None:
+        self._read = read
+
+    def _names(self) -> tuple[str, ...]:
+        try:
+            return self._read()
+        except PsworkerError:         # e.g. a PSWORKER_MODELS module that fails: the value check says so
+            return ()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
+
+
+def _train_flag_help(name: str) -> tuple[str, Optional[str], Optional[_LiveChoices]]:
+    """(help, metavar, choices) of one training-setting flag, from its `SettingDoc`."""
+    doc = setting_doc(name)
+    choices = _LiveChoices(doc.choices) if doc.choices is not None else None
+    metavar = doc.metavar or (None if choices is not None else TRAIN_TYPES[name][0].__name__.upper())
+    return f"{doc.meaning} (default: {doc.default})".replace("%", "%%"), metavar, choices
+
+
+def _setting_type(name: str) -> Callable[[str], str]:
+    """Checks one setting's value alone and keeps the text as given (merge_train parses it with the spec's)."""
+    def check(text: str) -> str:
+        parse_setting(name, text)
+        return text
+    return value_type(check, name)
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    """Adds one flag per TrainConfig field (default None: the spec's value stands)."""
-    g = p.add_argument_group("training settings (override the spec's train section)")
-    defaults = TrainConfig()
+    """Adds one flag per TrainConfig field, its help generated from the field's `SettingDoc`; each value is
+    checked alone when parsed (default None: the spec's value stands)."""
+    g = p.add_argument_group("training settings (each overrides the spec's train section; the default applies "
+                             "when neither sets it)")
     for name in TRAIN_FIELDS:
-        kind, _ = TRAIN_TYPES[name]
-        g.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper(),
-                       help=f"built-in default: {getattr(defaults, name)}")
+        help_, metavar, choices = _train_flag_help(name)
+        g.add_argument(f"--{name}", default=None, metavar=metavar, choices=choices, type=_setting_type(name),
+                       help=help_)
+
+
+def add_model_flag(p: argparse.ArgumentParser, help_: str) -> None:
+    """`--model` outside the training settings (`plan`, `eval`, `export`): the same choices and check."""
+    _, _, choices = _train_flag_help("model")
+    p.add_argument("--model", default=None, choices=choices, type=_setting_type("model"), help=help_)
 
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -31,7 +132,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ps_hosts", help="comma-separated host:port list of the ps job")
     g.add_argument("--worker_hosts", help="comma-separated host:port list of the worker job")
     g.add_argument("--job_name", help="must match the command (ps or worker) when given")
-    g.add_argument("--task_index", type=int, help="this task's index within its job")
+    g.add_argument("--task_index", type=int_type(0), metavar="INT", help="this task's index within its job")
     p.add_argument("--allow_public_bind", action="store_true",
                    help="serve even when this task's host resolves to a public IP address (TensorFlow's servers are "
                         "unauthenticated; the default refuses)")
@@ -63,8 +164,8 @@ def launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[st
 def add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
     """Flags shared by the launchers (`local`, `run`, `ssh`, `slurm launch`): supervision, restarts, fault
     injection, console; `--network` only where the cluster runs on this machine."""
-    p.add_argument("--grace_period_secs", type=float, default=10.0,
-                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL")
+    p.add_argument("--grace_period_secs", type=float, default=10.0, metavar="SECS",
+                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL (default 10)")
     p.add_argument("--max_restarts", type=int, default=0, metavar="N",
                    help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
                         "for a peer gone) up to N times; other exits fail the run at once (default 0)")
@@ -94,9 +195,10 @@ def add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
 def add_status_flags(p: argparse.ArgumentParser) -> None:
     """The options of `psworker status` and `psworker slurm status`."""
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--silent_secs", type=float, default=60.0,
+    p.add_argument("--silent_secs", type=positive_float, default=60.0, metavar="SECS",
                    help="call a running task silent when its log has not grown for this long (default 60)")
 
 
-__all__ = ["add_train_flags", "train_overrides", "add_cluster_flags", "train_config", "launch_config",
-           "add_launch_flags", "add_status_flags"]
+__all__ = ["value_type", "port_type", "int_type", "positive_float", "add_train_flags", "add_model_flag",
+           "train_overrides", "add_cluster_flags", "train_config", "launch_config", "add_launch_flags",
+           "add_status_flags"]

@@ -9,7 +9,7 @@ import logging
 import sys
 from typing import Any
 
-from psworker.cli_common import add_train_flags, train_overrides
+from psworker.cli_common import add_train_flags, int_type, port_type, train_overrides
 from psworker.errors import UsageError
 from psworker.spec import JOBS, load_spec, merge_train
 
@@ -91,13 +91,13 @@ def add_k8s_parsers(sub: Any) -> None:
     p.add_argument("--namespace", default="default")
     p.add_argument("--flavor", choices=list(FLAVORS), default="plain",
                    help="tfjob: Kubeflow TFJob; plain: Service + Indexed Jobs (default); jobset: JobSet")
-    p.add_argument("--port", type=int, help="every task's gRPC port (default: the spec's port, else 2222)")
+    p.add_argument("--port", type=port_type(), metavar="PORT", help="every task's gRPC port (default: the spec's port, else 2222)")
     p.add_argument("--cpu", help="CPU request per task, e.g. 2")
     p.add_argument("--memory", help="memory request and limit per task, e.g. 4Gi")
     p.add_argument("--train_dir_volume", metavar="CLAIM",
                    help="PersistentVolumeClaim mounted at --train_dir on workers (default: an emptyDir, lost "
                         "with the pod)")
-    p.add_argument("--retries", type=int, default=3,
+    p.add_argument("--retries", type=int_type(0), default=3, metavar="N",
                    help="restarts of a task after a retryable exit (128-255) before the run fails (default 3)")
     p.add_argument("--cluster_domain", default="cluster.local",
                    help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
@@ -116,8 +116,8 @@ def add_k8s_parsers(sub: Any) -> None:
         p.add_argument("--namespace", default="default")
         if name == "logs":
             p.add_argument("--job", choices=JOBS)
-            p.add_argument("--task_index", type=int)
-            p.add_argument("--tail", type=int, metavar="LINES")
+            p.add_argument("--task_index", type=int_type(0), metavar="INT")
+            p.add_argument("--tail", type=int_type(1), metavar="LINES", help="only each pod's last LINES lines")
     for p in k8s_sub.choices.values():
         p.add_argument("--context", help="kubeconfig context (default: the current one)")
 

@@ -10,8 +10,8 @@ import difflib
 import math
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
 
 from psworker.errors import SpecError, describe_value, unknown_key
 from psworker.fieldtypes import PARSERS, TYPE_PARSERS
@@ -19,29 +19,75 @@ from psworker.models import registry as model_registry
 
 MODES = ("async", "sync")
 REPLICATIONS = ("between-graph", "in-graph")
+DEFAULT_SAVE_CHECKPOINT_SECS = 60.0       # when neither save_checkpoint_steps nor save_checkpoint_secs is set
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    """What `--help` says about one TrainConfig field: its meaning, its choices, its default in words."""
+
+    meaning: str
+    default: str                                          # in words: "the model's", "every worker", "2000"
+    choices: Optional[Callable[[], tuple[str, ...]]] = None   # read when needed: the model registry is live
+    metavar: Optional[str] = None                         # None: from the type (INT, FLOAT, ...) or the choices
+
+
+def _setting(default: Any, meaning: str, words: Optional[str] = None, **doc: Any) -> Any:
+    """A TrainConfig field with its `SettingDoc` (a None default must say in words what None means)."""
+    if default is None and words is None:
+        raise TypeError(f"{meaning!r}: a None default needs its meaning in words")
+    shown = words if words is not None else _in_words(default)
+    return field(default=default, metadata={"doc": SettingDoc(meaning, shown, **doc)})
+
+
+def _in_words(value: Any) -> str:
+    """A default as a spec would write it: `true`, `120`, `async`."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Trainer settings: the spec's `train` section, overridden by command-line flags of the same names."""
+    """Trainer settings: the spec's `train` section, overridden by command-line flags of the same names.
 
-    model: str = "mlp"
-    mode: str = "async"                       # MODES
-    max_steps: int = 2000
-    batch_size: int = 64
-    learning_rate: Optional[float] = None     # None: the model's default
-    train_dir: Optional[str] = None           # None: the command decides (see cli)
-    data_dir: Optional[str] = None            # None: the model's default (digits need none)
-    save_checkpoint_steps: Optional[int] = None
-    save_checkpoint_secs: Optional[float] = None   # both None: every 60 s
-    log_every_steps: int = 100
-    replicas_to_aggregate: Optional[int] = None    # sync only; None: number of workers
-    startup_timeout_secs: float = 120.0
-    step_timeout_secs: float = 300.0          # one training step (sync: waiting for the other workers) at most
-    num_devices: Union[int, str] = 1          # towers per worker, or "auto": every visible GPU (CPU when none)
-    replication: str = "between-graph"        # REPLICATIONS
-    seed: Optional[int] = None
-    scale_learning_rate: bool = True          # linear scaling with the global batch (models with a reference batch)
+    Each field's `SettingDoc` (`setting_doc`) is the one description of it: `--help` is generated from it."""
+
+    model: str = _setting("mlp", "the registered model to train", choices=model_registry.names)
+    mode: str = _setting("async", "async: each worker applies its own gradients at once; sync: the gradients of "
+                                  "replicas_to_aggregate workers are averaged once per global step",
+                         choices=lambda: MODES)
+    max_steps: int = _setting(2000, "train until the global step reaches this")
+    batch_size: int = _setting(64, "examples per step of each tower; a worker's batch is this x num_devices")
+    learning_rate: Optional[float] = _setting(None, "the base learning rate, before scale_learning_rate",
+                                              "the model's")
+    train_dir: Optional[str] = _setting(None, "checkpoints and summaries; a launcher's run dir also holds "
+                                              "cluster.yaml and logs/",
+                                        "a launcher's fresh runs/<spec>-<date>-<time>; worker 0 of `psworker "
+                                        "worker` needs one", metavar="DIR")
+    data_dir: Optional[str] = _setting(None, "where the model's data set lies", "none; the digits come with "
+                                             "scikit-learn, cifar10 needs one", metavar="DIR")
+    save_checkpoint_steps: Optional[int] = _setting(None, "write a checkpoint every this many global steps",
+                                                    "off, time-based")
+    save_checkpoint_secs: Optional[float] = _setting(None, "write a checkpoint every this many seconds; not with "
+                                                           "save_checkpoint_steps",
+                                                     f"every {DEFAULT_SAVE_CHECKPOINT_SECS:g} s")
+    log_every_steps: int = _setting(100, "print a step line every this many global steps")
+    replicas_to_aggregate: Optional[int] = _setting(None, "sync: gradients averaged per global step; fewer than "
+                                                          "the workers makes the others backup workers",
+                                                    "every worker")
+    startup_timeout_secs: float = _setting(120.0, "how long a worker waits for its ps tasks and the chief's model, "
+                                                  "in seconds")
+    step_timeout_secs: float = _setting(300.0, "longest training step (sync: waiting for the other workers) "
+                                               "before the worker fails, in seconds")
+    num_devices: Union[int, str] = _setting(1, "towers per worker, or auto: one per visible GPU, one CPU tower "
+                                               "when there is none", metavar="{N,auto}")
+    replication: str = _setting("between-graph", "between-graph: every worker builds its own graph; in-graph: "
+                                                  "one client drives every worker", choices=lambda: REPLICATIONS)
+    seed: Optional[int] = _setting(None, "random seed of the initial weights and the data order",
+                                   "off, different each run")
+    scale_learning_rate: bool = _setting(True, "scale the learning rate linearly with the global batch, for "
+                                               "models with a reference batch", metavar="{true,false}")
 
 
 TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
@@ -51,8 +97,6 @@ TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 _MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1,
             "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0}
 _POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs", "step_timeout_secs")
-# Enumerations, read when a value is checked: the model registry is live (`models.register` extends it).
-_CHOICES = {"mode": lambda: MODES, "replication": lambda: REPLICATIONS, "model": model_registry.names}
 _NONEMPTY = ("train_dir", "data_dir")
 
 
@@ -71,6 +115,11 @@ def _train_types() -> dict[str, tuple[type, bool]]:
 
 
 TRAIN_TYPES = _train_types()
+
+
+def setting_doc(name: str) -> SettingDoc:
+    """The meaning, choices and default in words of the TrainConfig field `name`."""
+    return TrainConfig.__dataclass_fields__[name].metadata["doc"]
 
 
 def _join(prefix: str, key: str) -> str:
@@ -118,11 +167,24 @@ def _check_value(name: str, value: Any, path: str, source: str) -> None:
         raise SpecError(source, path, f"must be > 0, got {value}")
     if name in _NONEMPTY and not value.strip():
         raise SpecError(source, path, f"must not be empty, got {value!r}")
-    choices = _CHOICES[name]() if name in _CHOICES else ()
+    read = setting_doc(name).choices          # read now: the model registry is live (`models.register`)
+    choices = read() if read is not None else ()
     if choices and value not in choices:
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise SpecError(source, path, f"{value!r} is not one of {', '.join(choices)}{hint}")
+
+
+def parse_setting(name: str, text: str, source: str = "--flags") -> Any:
+    """One flag's value, parsed and checked alone (rules between fields wait for `merge_train`).
+
+    Raises:
+        SpecError: a bad value, naming `--NAME`.
+    """
+    path = _join("--", name)
+    value = _coerce(name, text, path, source, True)
+    _check_value(name, value, path, source)
+    return value
 
 
 def check_train_rules(config: TrainConfig, source: str, prefix: str,
@@ -183,5 +245,6 @@ def merge_train(base: TrainConfig, overrides: Mapping[str, Any], source: str = "
     return train_from(base, given, source, path_prefix, True, num_workers)
 
 
-__all__ = ["MODES", "REPLICATIONS", "TrainConfig", "TRAIN_FIELDS", "TRAIN_TYPES", "merge_train", "check_train_rules",
+__all__ = ["MODES", "REPLICATIONS", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "parse_setting",
+           "TrainConfig", "TRAIN_FIELDS", "TRAIN_TYPES", "merge_train", "check_train_rules",
            "train_from"]

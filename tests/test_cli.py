@@ -87,10 +87,18 @@ def clean_env(monkeypatch):
     monkeypatch.delenv("PSWORKER_SPEC", raising=False)
 
 
-def test_worker_bad_flag_value_is_a_spec_error(clean_env, capsys):
+def test_worker_bad_flag_value_is_a_usage_error(clean_env, capsys):
     rc = cli.main(["worker", "--spec", str(SPECS / "two-ps.yaml"), "--task_index", "0", "--batch_size", "zero"])
     assert rc == 2
-    assert "psworker: error: --flags: --batch_size: expected an integer, got 'zero'" in capsys.readouterr().err
+    assert "psworker worker: error: argument --batch_size: expected an integer, got 'zero'" in capsys.readouterr().err
+
+
+def test_rules_between_flags_are_checked_with_the_spec(clean_env, capsys):
+    """Each value is checked alone by argparse; rules that need the spec (its worker count) come after it."""
+    rc = cli.main(["worker", "--spec", str(SPECS / "two-ps.yaml"), "--task_index", "0", "--train_dir", "t",
+                   "--replicas_to_aggregate", "4"])
+    assert rc == 2
+    assert "--replicas_to_aggregate: 4 is not between 1 and the number of workers (3)" in capsys.readouterr().err
 
 
 def test_worker_flags_are_generated_from_train_config():
@@ -118,3 +126,167 @@ def test_the_chief_needs_a_train_dir(clean_env, capsys):
     """No silent shared default: a rerun would resume from (or collide with) another run's checkpoints."""
     assert cli.main(["worker", "--spec", str(SPECS / "two-ps.yaml"), "--task_index", "0"]) == 2
     assert "worker 0 (the chief) needs --train_dir" in capsys.readouterr().err
+
+
+# ------------------------------------------------------- flags that explain themselves and refuse bad values
+
+LOCAL = ["local", str(SPECS / "local.yaml")]
+SUBMIT = ["slurm", "submit", str(SPECS / "local.yaml"), "--dry_run"]
+BAD_VALUES = [
+    # training settings, on every command that takes them
+    (LOCAL + ["--max_steps", "0"], "--max_steps", "must be >= 1, got 0"),
+    (LOCAL + ["--batch_size", "many"], "--batch_size", "expected an integer, got 'many'"),
+    (LOCAL + ["--learning_rate", "-0.1"], "--learning_rate", "must be > 0"),
+    (LOCAL + ["--mode", "synch"], "--mode", "'synch' is not one of async, sync; did you mean 'sync'?"),
+    (LOCAL + ["--replication", "ingraph"], "--replication", "did you mean 'in-graph'?"),
+    (LOCAL + ["--model", "cifar"], "--model", "did you mean 'cifar10'?"),
+    (LOCAL + ["--num_devices", "0"], "--num_devices", "must be >= 1"),
+    (LOCAL + ["--scale_learning_rate", "maybe"], "--scale_learning_rate", "expected true or false"),
+    (LOCAL + ["--train_dir", " "], "--train_dir", "must not be empty"),
+    (["worker", "--seed", "-1"], "--seed", "must be >= 0"),
+    (SUBMIT + ["--step_timeout_secs", "inf"], "--step_timeout_secs", "finite"),
+    (["ssh", str(SPECS / "local.yaml"), "--log_every_steps", "0"], "--log_every_steps", "must be >= 1"),
+    (["k8s", "manifest", str(SPECS / "local.yaml"), "--image", "i", "--mode", "x"], "--mode", "not one of"),
+    (["slurm", "launch", str(SPECS / "local.yaml"), "--save_checkpoint_secs", "0"], "--save_checkpoint_secs",
+     "must be > 0"),
+    (["eval", "--train_dir", "t", "--model", "nope"], "--model", "not one of mlp"),
+    (["plan", str(SPECS / "local.yaml"), "--model", "nope"], "--model", "not one of mlp"),
+    # ports: one shared type
+    (LOCAL + ["--tensorboard", "99999"], "--tensorboard", "port 99999 is out of range 0-65535"),
+    (LOCAL + ["--tensorboard", "http"], "--tensorboard", "expected a port number, got 'http'"),
+    (["tensorboard", "--logdir", ".", "--port", "-1"], "--port", "port -1 is out of range 0-65535"),
+    (SUBMIT + ["--port_base", "65536"], "--port_base", "port 65536 is out of range 1-65535"),
+    (SUBMIT + ["--port_base", "0"], "--port_base", "port 0 is out of range 1-65535"),
+    (["slurm", "launch", str(SPECS / "local.yaml"), "--port_base", "x"], "--port_base", "expected a port number"),
+    (["k8s", "manifest", str(SPECS / "local.yaml"), "--image", "i", "--port", "0"], "--port", "out of range"),
+    # sbatch values: checked as Slurm reads them, before the script is written
+    (SUBMIT + ["--nodes", "zero"], "--nodes", "'zero' is not a node count"),
+    (SUBMIT + ["--nodes", "0"], "--nodes", "'0' is not a node count"),
+    (SUBMIT + ["--nodes", "4-2"], "--nodes", "goes backwards"),
+    (SUBMIT + ["--time", "1h"], "--time", "'1h' is not a Slurm time limit: use MM, MM:SS, HH:MM:SS, D-HH"),
+    (SUBMIT + ["--time", "1:75:00"], "--time", "below 60"),
+    (SUBMIT + ["--time", "1-25"], "--time", "below 24"),
+    (SUBMIT + ["--partition", "gpu\n#SBATCH --qos=high"], "--partition", "cannot be empty or hold whitespace"),
+    (SUBMIT + ["--account", "a b"], "--account", "whitespace"),
+    (SUBMIT + ["--job_name", "it's"], "--job_name", "quotes"),
+    (SUBMIT + ["--output", "out#1"], "--output", "'#'"),
+    # other numbers
+    (["plan", str(SPECS / "local.yaml"), "--tasks_per_node", "0"], "--tasks_per_node", "must be >= 1, got 0"),
+    (["plan", str(SPECS / "local.yaml"), "--step_rate", "0"], "--step_rate", "must be a number > 0"),
+    (["tf-config", str(SPECS / "local.yaml"), "--job", "ps", "--task_index", "-1"], "--task_index", ">= 0"),
+    (["worker", "--task_index", "one"], "--task_index", "expected an integer, got 'one'"),
+    (["eval", "--train_dir", "t", "--eval_interval_secs", "nan"], "--eval_interval_secs", "must be a number > 0"),
+    (["status", ".", "--silent_secs", "-5"], "--silent_secs", "must be a number > 0"),
+    (["k8s", "manifest", str(SPECS / "local.yaml"), "--image", "i", "--retries", "-1"], "--retries", ">= 0"),
+    (["k8s", "logs", "run", "--tail", "0"], "--tail", "must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("argv, flag, message", BAD_VALUES, ids=[f"{a[0]}{a[1]}" for a in BAD_VALUES])
+def test_a_bad_value_is_a_usage_error_naming_its_flag(tmp_path, argv, flag, message):
+    """The real command line: exit 2, `argument --flag: message`, no traceback, nothing written."""
+    r = subprocess.run([sys.executable, "-m", "psworker", *argv], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60, env=_env())
+    assert r.returncode == 2, r.stderr
+    assert f"error: argument {flag}: " in r.stderr and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []          # no run dir, no script
+
+
+def _help(*argv: str) -> str:
+    """`psworker ARGV --help`, unwrapped (wide COLUMNS: argparse also breaks lines at hyphens)."""
+    r = subprocess.run([sys.executable, "-m", "psworker", *argv, "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env={**_env(), "COLUMNS": "2000"})
+    assert r.returncode == 0, r.stderr
+    return " ".join(r.stdout.split())
+
+
+def test_local_help_explains_every_training_setting():
+    help_text = _help("local")
+    from psworker.models import registry
+    from psworker.train_config import TRAIN_FIELDS, setting_doc
+
+    assert "--model {" + ",".join(registry.names()) + "}" in help_text
+    for fragment in ("--mode {async,sync} async: each worker applies its own gradients",
+                     "--replication {between-graph,in-graph} between-graph: every worker builds its own graph",
+                     "--num_devices {N,auto}", "--scale_learning_rate {true,false}",
+                     "--learning_rate FLOAT the base learning rate, before scale_learning_rate (default: the model's)",
+                     "(default: every worker)", "(default: every 60 s)", "(default: off, different each run)",
+                     "--max_steps INT train until the global step reaches this (default: 2000)",
+                     "--tensorboard [PORT]"):
+        assert fragment in help_text, fragment
+    for name in TRAIN_FIELDS:
+        doc = setting_doc(name)
+        assert f"--{name} " in help_text and f"{doc.meaning} (default: {doc.default})" in help_text, name
+    assert "built-in default" not in help_text
+
+
+def test_every_command_with_training_settings_explains_them():
+    for argv in (["worker"], ["run"], ["ssh"], ["slurm", "submit"], ["slurm", "launch"], ["k8s", "manifest"]):
+        text = _help(*argv)
+        if argv == ["run"]:    # `run` starts your own program: only its run dir
+            assert "--mode" not in text and "--train_dir" in text
+            continue
+        assert "--mode {async,sync} async: each worker" in text and "(default: every worker)" in text, argv
+
+
+def test_model_choices_follow_the_registry(tmp_path):
+    """A model registered by a PSWORKER_MODELS module is offered and accepted; the help is not a copy."""
+    (tmp_path / "mymodels.py").write_text(
+        "from psworker.models import registry\nfrom psworker.models.mlp import MlpModel\n"
+        "registry.register('tiny', MlpModel)\n")
+    env = {**_env(), "PYTHONPATH": f"{ROOT}:{tmp_path}", "PSWORKER_MODELS": "mymodels"}
+    r = subprocess.run([sys.executable, "-m", "psworker", "local", "--help"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "--model {mlp,cifar10,linear,tiny}" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "psworker", "plan", str(SPECS / "local.yaml"), "--model", "tiny"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "ps:0" in r.stdout, r.stderr
+
+
+def test_the_default_checkpoint_interval_in_words_is_the_trainers():
+    from psworker.task.runner import DEFAULT_SAVE_CHECKPOINT_SECS
+    from psworker.train_config import DEFAULT_SAVE_CHECKPOINT_SECS as documented
+
+    assert documented == DEFAULT_SAVE_CHECKPOINT_SECS
+
+
+@pytest.mark.parametrize("text", ["1", "2-4", "1,3,5", "1-9:4", "16"])
+def test_sbatch_nodes_accepted(text):
+    from psworker.schedulers.slurm import check_nodes
+    assert check_nodes(text) == text
+
+
+@pytest.mark.parametrize("text", ["0", "zero", "", "2-", "-2", "2 ", "4-2", "1,,2", "02"])
+def test_sbatch_nodes_refused(text):
+    from psworker.schedulers.slurm import check_nodes
+    with pytest.raises(ValueError, match="node count|backwards"):
+        check_nodes(text)
+
+
+@pytest.mark.parametrize("text", ["0", "90", "10:30", "1:00:00", "100:59:59", "2-12", "2-12:30", "2-12:30:15",
+                                  "UNLIMITED", "infinite"])
+def test_sbatch_time_accepted(text):
+    from psworker.schedulers.slurm import check_time
+    assert check_time(text) == text
+
+
+@pytest.mark.parametrize("text", ["", "1h", "1:60", "1:00:60", "1-24", "1-2:60", "1:2:3:4", "-1", "1.5", "2-",
+                                  " 1:00:00", "1:00:00\n"])
+def test_sbatch_time_refused(text):
+    from psworker.schedulers.slurm import check_time
+    with pytest.raises(ValueError, match="Slurm time limit|below"):
+        check_time(text)
+
+
+@pytest.mark.parametrize("text, ok", [("debug", True), ("gpu,cpu", True), ("/shared/out-%j.log", True),
+                                      ("", False), ("a b", False), ("a\tb", False), ("a\n#SBATCH", False),
+                                      ("a\x00", False), ('"q"', False), ("a\\b", False), ("a#b", False)])
+def test_sbatch_values(text, ok):
+    from psworker.schedulers.slurm import check_sbatch_value
+    if ok:
+        assert check_sbatch_value(text) == text
+    else:
+        with pytest.raises(ValueError, match="#SBATCH value"):
+            check_sbatch_value(text)

@@ -53,8 +53,21 @@ def test_submit_checks_values_before_queueing(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
     assert main(["slurm", "submit", str(SPEC), "--run_dir", str(tmp_path / "r"), "--partition", "a b",
                  "--dry_run"]) == 2
-    assert "cannot hold spaces" in capsys.readouterr().err
+    assert "argument --partition: 'a b': an #SBATCH value cannot be empty or hold whitespace" in capsys.readouterr().err
     assert main(["slurm", "submit", str(SPEC), "--max_steps", "-3", "--dry_run"]) == 2   # flags checked up front
+    assert main(["slurm", "submit", str(SPEC), "--run_dir", str(tmp_path / "a b"), "--dry_run"]) == 2
+    assert "--run_dir: '" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "a b").exists()
+
+
+def test_sbatch_options_check_their_values_as_the_flags_do(tmp_path):
+    """A library caller of SbatchOptions meets the same checks as `slurm submit`'s flags."""
+    with pytest.raises(slurm.UsageError, match=r"--nodes: '0' is not a node count"):
+        slurm.sbatch_script(SbatchOptions(ntasks=3, nodes="0"), tmp_path, ["true"])
+    with pytest.raises(slurm.UsageError, match=r"--time: '61:61': .* below 60"):
+        slurm.sbatch_script(SbatchOptions(ntasks=3, time="61:61"), tmp_path, ["true"])
+    assert "#SBATCH --time=2-00:30:00" in slurm.sbatch_script(SbatchOptions(ntasks=3, time="2-00:30:00"), tmp_path,
+                                                              ["true"])
 
 
 def test_sbatch_accepts_the_written_script(slurm, tmp_path):

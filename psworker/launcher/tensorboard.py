@@ -14,12 +14,13 @@ import urllib.error
 import urllib.request
 from typing import Iterator, Optional
 
-from psworker.errors import TensorBoardError
+from psworker.errors import TensorBoardError, UsageError
 from psworker.launcher.process import die_with_parent
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
+MAX_PORT = 65535
 _PR_SET_PDEATHSIG = 1
 
 
@@ -110,8 +111,12 @@ def stop_pid(pid: int, timeout_secs: float = 10.0) -> None:
 
 
 def _address(port: int) -> tuple[int, str]:
-    """The port (a free one for 0) and URL to serve on; fails first if TensorBoard is not installed."""
+    """The port (a free one for 0) and URL to serve on; fails first if the port is out of range or TensorBoard is
+    not installed."""
     import importlib.util
+
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+        raise UsageError(f"TensorBoard port {port!r} is out of range 0-{MAX_PORT} (0: a free one)")
 
     if importlib.util.find_spec("tensorboard") is None:
         raise TensorBoardError("TensorBoard is not installed (TensorFlow 2.21 no longer brings it): "

@@ -33,7 +33,8 @@ from psworker import plan
 from psworker.errors import SubmitError, UsageError
 from psworker.spec import DEFAULT_PORT_BASE, JOBS, ClusterSpec, CountSpec
 
-__all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "cluster_dict", "count_spec",
+__all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "check_nodes",
+           "check_sbatch_value", "check_time", "cluster_dict", "count_spec",
            "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "parse_steps", "sbatch_script",
            "signal_step_argv", "srun_argv", "step_job_name", "steps_argv", "submit", "write_sbatch_script"]
 
@@ -273,6 +274,62 @@ def signal_step_argv(step: str, signal: str = "TERM", *, scancel: str = "scancel
 
 # -------------------------------------------------------------------------------------------- sbatch
 
+_COUNT = r"[1-9]\d*"
+_NODES = re.compile(rf"{_COUNT}(?:-{_COUNT}(?::{_COUNT})?)?(?:,{_COUNT}(?:-{_COUNT}(?::{_COUNT})?)?)*\Z")
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
+_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
+def check_nodes(text: str) -> str:
+    """An sbatch `--nodes` value: a count (`2`), a range (`2-4`), a list (`1,3`) or a stepped range (`1-9:4`),
+    every count >= 1 and each range increasing.
+
+    Raises:
+        ValueError: the message names the value and the forms sbatch takes.
+    """
+    if not _NODES.match(text):
+        raise ValueError(f"{text!r} is not a node count: use N (>= 1), MIN-MAX, a list N,M or MIN-MAX:STEP")
+    for part in text.split(","):
+        low, _, high = part.partition(":")[0].partition("-")
+        if high and int(high) < int(low):
+            raise ValueError(f"{text!r}: the range {low}-{high} goes backwards")
+    return text
+
+
+def check_time(text: str) -> str:
+    """An sbatch `--time` limit in one of Slurm's forms (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; 0,
+    INFINITE or UNLIMITED: no limit); minutes and seconds after the first field are below 60, hours after days
+    below 24.
+
+    Raises:
+        ValueError: the message names the value and Slurm's forms.
+    """
+    if text.upper() in ("INFINITE", "UNLIMITED"):
+        return text
+    m = _TIME.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a Slurm time limit: use {_TIME_FORMATS}")
+    days, first, *rest = m.groups()
+    if days is not None and int(first) > 23:
+        raise ValueError(f"{text!r}: hours after the days must be below 24")
+    if any(f is not None and int(f) > 59 for f in rest):
+        raise ValueError(f"{text!r}: minutes and seconds after the first field must be below 60")
+    return text
+
+
+def check_sbatch_value(text: str) -> str:
+    """A name or path for an `#SBATCH` line (partition, account, job name, output): one word sbatch reads as is,
+    so no whitespace, control characters, quotes, '\\' or '#'.
+
+    Raises:
+        ValueError: the message names the value.
+    """
+    if not _SBATCH_VALUE.match(text) or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ValueError(f"{text!r}: an #SBATCH value cannot be empty or hold whitespace, control characters, "
+                         f"quotes, '\\' or '#'")
+    return text
+
+
 @dataclass(frozen=True)
 class SbatchOptions:
     """The `#SBATCH` settings of a psworker job. `ntasks` is the spec's task count; None leaves Slurm's default."""
@@ -295,12 +352,17 @@ class SbatchOptions:
         for name, value in values:
             if value is None:
                 continue
-            if not _SBATCH_VALUE.match(value):
-                raise UsageError(f"--{name} {value!r}: an #SBATCH value cannot hold spaces, quotes, '\\' or '#'")
+            try:
+                _SBATCH_CHECKS.get(name, check_sbatch_value)(value)
+            except ValueError as e:
+                raise UsageError(f"--{name}: {e}") from None
             out.append(f"#SBATCH --{name}={value}")
         if self.overcommit:
             out.insert(2, "#SBATCH --overcommit")
         return out
+
+
+_SBATCH_CHECKS = {"nodes": check_nodes, "time": check_time}
 
 
 def launch_argv(spec_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], *, python: str,
