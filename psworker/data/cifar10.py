@@ -180,12 +180,13 @@ def preprocess_train(image, seed: Optional[int] = None):
 
 
 def preprocess_eval(image):
-    """Central 24x24 crop and per-image standardization of one uint8 `[32, 32, 3]` image (float32 out)."""
+    """Central 24x24 crop and per-image standardization (float32 out) of one uint8 `[32, 32, 3]` image, or of each
+    image of a batch `[N, 32, 32, 3]` (the exported model's graph: the same ops, batched)."""
     import tensorflow as tf
 
     image = tf.image.resize_with_crop_or_pad(tf.cast(image, tf.float32), IMAGE_SIZE, IMAGE_SIZE)
     image = tf.image.per_image_standardization(image)
-    image.set_shape([IMAGE_SIZE, IMAGE_SIZE, DEPTH])
+    image.set_shape([*image.shape[:-3], IMAGE_SIZE, IMAGE_SIZE, DEPTH])
     return image
 
 
@@ -279,7 +280,9 @@ __all__ = [
     "BATCHES_DIR",
     "TRAIN_FILES",
     "TEST_FILE",
+    "ORIGINAL_SIZE",
     "IMAGE_SIZE",
+    "DEPTH",
     "NUM_CLASSES",
     "RECORD_BYTES",
     "NUM_TRAIN_EXAMPLES",

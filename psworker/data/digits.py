@@ -8,27 +8,39 @@ import numpy as np
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
+RAW_MAX = 16.0   # `load_digits().data` holds pixel values 0..16
 
 
 @functools.lru_cache(maxsize=1)
-def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Returns `(train_x, train_y, test_x, test_y)`: float32 pixels scaled to [0, 1], int32 labels.
-
-    The split is stratified and fixed (seed 0), so every worker and the evaluator see the same one.
-    """
+def held_out_mask() -> np.ndarray:
+    """Which of `load_digits()`'s 1,797 examples are the held-out split: bool `[1797]`, stratified, fixed (seed 0)."""
     from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int32)
+    y = load_digits().target
     rng = np.random.default_rng(SPLIT_SEED)
     test_idx = []
     for label in np.unique(y):
         idx = np.flatnonzero(y == label)
         rng.shuffle(idx)
         test_idx.extend(idx[: int(round(len(idx) * TEST_FRACTION))])
-    test_mask = np.zeros(len(y), dtype=bool)
-    test_mask[test_idx] = True
+    mask = np.zeros(len(y), dtype=bool)
+    mask[test_idx] = True
+    mask.flags.writeable = False
+    return mask
+
+
+@functools.lru_cache(maxsize=1)
+def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Returns `(train_x, train_y, test_x, test_y)`: float32 pixels scaled to [0, 1], int32 labels.
+
+    The split is stratified and fixed (`held_out_mask`), so every worker and the evaluator see the same one.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / RAW_MAX).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    test_mask = held_out_mask()
     return x[~test_mask], y[~test_mask], x[test_mask], y[test_mask]
 
 
@@ -40,8 +52,20 @@ def feature_stats() -> tuple[np.ndarray, np.ndarray]:
 
 
 def standardize(x: np.ndarray) -> np.ndarray:
+    """Pixels scaled to [0, 1] (as `load_split` gives them), standardised with `feature_stats`."""
     mean, spread = feature_stats()
     return ((x - mean) / spread).astype(np.float32)
+
+
+def preprocess_raw(raw):
+    """The graph form of what `eval_dataset` does to raw pixels: float32 `[batch, 64]` (0..16) -> scaled by 1/16 and
+    standardised, the training split's per-pixel mean and spread held as constants (`train_mean`, `train_spread`)."""
+    import tensorflow as tf
+
+    mean, spread = feature_stats()
+    x = tf.cast(raw, tf.float32) / RAW_MAX
+    return tf.math.divide(x - tf.constant(mean, name="train_mean"), tf.constant(spread, name="train_spread"),
+                          name="standardized")
 
 
 def shard(x: np.ndarray, y: np.ndarray, shard_index: int, num_shards: int) -> tuple[np.ndarray, np.ndarray]:

@@ -33,6 +33,10 @@ class Model(abc.ABC):
     reference_batch_size: Optional[int] = None
     moving_average_decay: Optional[float] = None   # set: the trainer keeps EMAs, eval restores them
     image_shape: tuple[int, ...] = ()              # one example as `inference` takes it, e.g. (24, 24, 3)
+    # One example as the data set gives it, which the exported model's default signature takes: its dtype name and
+    # shape (None: `image_shape`), turned into `image_shape` in the graph by `serving_preprocess`.
+    raw_input_dtype: str = "float32"
+    raw_input_shape: Optional[tuple[int, ...]] = None
 
     @abc.abstractmethod
     def train_inputs(self, spec: InputSpec):
@@ -53,6 +57,11 @@ class Model(abc.ABC):
         Safe to call several times inside `tf.compat.v1.variable_scope(..., reuse=tf.compat.v1.AUTO_REUSE)`
         (towers): variables come from `get_variable` and are shared.
         """
+
+    def serving_preprocess(self, raw):
+        """Graph ops that turn a raw batch `[batch, *raw_input_shape]` into `inference`'s input exactly as
+        `eval_dataset` does, any statistics held as constants (the SavedModel's default signature). Default: none."""
+        return raw
 
     def loss(self, logits, labels):
         """Total loss: mean cross-entropy plus any weight decay. Must not depend on global collections."""

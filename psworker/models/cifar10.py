@@ -49,6 +49,8 @@ class Cifar10Model(Model):
     reference_batch_size = 128   # the tutorial's batch; other global batches scale the rate linearly
     moving_average_decay = 0.9999
     image_shape = (24, 24, 3)
+    raw_input_dtype = "uint8"
+    raw_input_shape = (32, 32, 3)   # the data set's images: height, width, RGB
 
     def __init__(self) -> None:
         # graph -> {logits tensor name: [weights to decay]}: `loss` finds the (shared) variables of the
@@ -72,6 +74,12 @@ class Cifar10Model(Model):
         from psworker.data import cifar10 as data
 
         return data.eval_dataset(data_dir, batch_size)
+
+    def serving_preprocess(self, raw):
+        """Central 24x24 crop and per-image standardisation of each uint8 `[32, 32, 3]` image, as eval does."""
+        from psworker.data import cifar10 as data
+
+        return data.preprocess_eval(raw)
 
     def num_train_examples(self, data_dir: Optional[str]) -> int:
         """Records in the training files (50,000 for the real data; 50,000 when the files are not there)."""

@@ -16,6 +16,7 @@ class DigitsModel(Model):
     num_classes = 10
     moving_average_decay = None
     image_shape = (INPUT_DIM,)
+    raw_input_shape = (INPUT_DIM,)   # `load_digits().data`'s pixel values, 0..16, as float32
 
     def train_inputs(self, spec: InputSpec):
         import tensorflow as tf
@@ -25,6 +26,10 @@ class DigitsModel(Model):
 
     def eval_dataset(self, data_dir: Optional[str], batch_size: int):
         return digits.eval_dataset(batch_size)
+
+    def serving_preprocess(self, raw):
+        """Pixels / 16, standardised with the training split's per-pixel mean and spread (constants)."""
+        return digits.preprocess_raw(raw)
 
     def num_train_examples(self, data_dir: Optional[str]) -> int:
         return len(digits.load_split()[1])

@@ -1,10 +1,12 @@
 """SavedModel export: a checkpoint (its moving averages, where the model keeps them) as a servable model.
 
-The `serving_default` signature takes `images`, a float32 `[batch, *model.image_shape]` tensor **preprocessed exactly
-as the model's `eval_dataset` yields them** (digits: 64 pixels scaled to [0, 1] then standardised with the training
-split's per-pixel mean and spread; cifar10: central 24x24 crop of the 32x32 image, then per-image standardisation),
-and returns `logits` (float32 `[batch, num_classes]`) and `classes` (int64 `[batch]`, the arg-max). Preprocessing is
-kept out of the graph so that the exported model scores exactly what `psworker eval` scores.
+Two signatures, each with one input `images` and the outputs `logits` (float32 `[batch, num_classes]`) and `classes`
+(int64 `[batch]`, the arg-max):
+- `serving_default` takes examples **as the data set gives them** (`model.raw_input_dtype`, `[batch,
+  *model.raw_input_shape]`: digits, float32 `[batch, 64]` pixel values 0..16; cifar10, uint8 `[batch, 32, 32, 3]`)
+  and applies the eval preprocessing in the graph (`model.serving_preprocess`), the training split's statistics
+  stored as constants, so a client needs nothing from psworker;
+- `preprocessed` takes float32 `[batch, *model.image_shape]`, preprocessed exactly as `eval_dataset` yields them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from psworker.errors import ExportExistsError, TrainingFailed, UsageError
 log = logging.getLogger(__name__)
 
 SIGNATURE_KEY = "serving_default"
+PREPROCESSED_SIGNATURE_KEY = "preprocessed"
 INPUT_KEY = "images"
+PREPROCESSED_INPUT_NAME = "preprocessed_images"
 OUTPUT_KEYS = ("logits", "classes")
 EXPORT_SUBDIR = "export"
 
@@ -45,7 +49,8 @@ def checkpoint_global_step(checkpoint: str) -> int:
 def export_saved_model(model, checkpoint: str, export_base: str) -> str:
     """Exports `checkpoint` as a SavedModel into `<export_base>/<global_step>/` and returns that path.
 
-    Builds a fresh graph (`model.inference(training=False)` on an `images` placeholder), restores the moving-average
+    Builds a fresh graph with both signatures (`model.inference(training=False)` on the raw input after
+    `model.serving_preprocess`, and again, variables shared, on a preprocessed input), restores the moving-average
     shadow variables into the model's variables when `model.moving_average_decay` is set (else the variables
     themselves), and writes it with `tf.compat.v1.saved_model.Builder` into a temporary directory beside the target,
     renamed into place when complete, so that a reader never sees a partial export.
@@ -62,42 +67,14 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
         ExportExistsError: that directory exists already.
         TrainingFailed: the checkpoint cannot be read, or does not match the model.
     """
-    import tensorflow as tf
-
-    v1 = tf.compat.v1
     step = checkpoint_global_step(checkpoint)
     final = os.path.join(export_base, str(step))
     if os.path.exists(final):
         raise ExportExistsError(f"{final} exists already: exports are never overwritten")
     os.makedirs(export_base, exist_ok=True)
     temp = os.path.join(export_base, f".{step}.tmp-{uuid.uuid4().hex[:8]}")
-    graph = tf.Graph()
     try:
-        with graph.as_default():
-            images = v1.placeholder(tf.float32, [None, *model.image_shape], name=INPUT_KEY)
-            logits = model.inference(images, training=False)
-            classes = tf.argmax(logits, axis=1, name="classes")
-            if model.moving_average_decay:
-                variables = v1.train.ExponentialMovingAverage(model.moving_average_decay).variables_to_restore()
-            else:
-                variables = v1.global_variables()
-            saver = v1.train.Saver(variables)
-            with v1.Session(graph=graph) as sess:
-                try:
-                    saver.restore(sess, checkpoint)
-                except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
-                    raise TrainingFailed(f"cannot restore {checkpoint} into model {model.name!r}: "
-                                        f"{exc.message.splitlines()[0]}") from None
-                from tensorflow.python.util import deprecation
-
-                with deprecation.silence():   # TF's "designed for TensorFlow v1" notes: nothing a user can act on
-                    signature = v1.saved_model.signature_def_utils.predict_signature_def(
-                        inputs={INPUT_KEY: images}, outputs={"logits": logits, "classes": classes})
-                    builder = v1.saved_model.Builder(temp)
-                    builder.add_meta_graph_and_variables(
-                        sess, [v1.saved_model.tag_constants.SERVING],
-                        signature_def_map={SIGNATURE_KEY: signature}, strip_default_attrs=True)
-                    builder.save()
+        _write(model, checkpoint, temp)
         try:
             os.rename(temp, final)
         except OSError as exc:
@@ -107,6 +84,48 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
             shutil.rmtree(temp, ignore_errors=True)
     log.info("exported %s (global step %d) to %s", checkpoint, step, final)
     return final
+
+
+def _signature(model, images, *, preprocess: bool):
+    """A predict SignatureDef: `images` (raw when `preprocess`) -> `logits`, `classes`."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with v1.variable_scope(v1.get_variable_scope(), reuse=v1.AUTO_REUSE):   # both signatures share the variables
+        logits = model.inference(model.serving_preprocess(images) if preprocess else images, training=False)
+    classes = tf.argmax(logits, axis=1, name="classes")
+    return v1.saved_model.signature_def_utils.predict_signature_def(
+        inputs={INPUT_KEY: images}, outputs={"logits": logits, "classes": classes})
+
+
+def _write(model, checkpoint: str, path: str) -> None:
+    """Builds the serving graph, restores `checkpoint` into it and writes the SavedModel to `path`."""
+    import tensorflow as tf
+    from tensorflow.python.util import deprecation
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default(), deprecation.silence():   # TF's "designed for TensorFlow v1" notes: nothing to act on
+        raw = v1.placeholder(tf.as_dtype(model.raw_input_dtype), [None, *(model.raw_input_shape or model.image_shape)],
+                             name=INPUT_KEY)
+        preprocessed = v1.placeholder(tf.float32, [None, *model.image_shape], name=PREPROCESSED_INPUT_NAME)
+        signatures = {SIGNATURE_KEY: _signature(model, raw, preprocess=True),
+                      PREPROCESSED_SIGNATURE_KEY: _signature(model, preprocessed, preprocess=False)}
+        if model.moving_average_decay:
+            variables = v1.train.ExponentialMovingAverage(model.moving_average_decay).variables_to_restore()
+        else:
+            variables = v1.global_variables()
+        saver = v1.train.Saver(variables)
+        with v1.Session(graph=graph) as sess:
+            try:
+                saver.restore(sess, checkpoint)
+            except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
+                raise TrainingFailed(f"cannot restore {checkpoint} into model {model.name!r}: "
+                                     f"{exc.message.splitlines()[0]}") from None
+            builder = v1.saved_model.Builder(path)
+            builder.add_meta_graph_and_variables(sess, [v1.saved_model.tag_constants.SERVING],
+                                                 signature_def_map=signatures, strip_default_attrs=True)
+            builder.save()
 
 
 def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: Optional[str] = None,
@@ -155,4 +174,4 @@ def recorded_model(train_dir: str) -> Optional[str]:
 
 
 __all__ = ["export_saved_model", "run_export", "checkpoint_global_step", "recorded_model", "ExportExistsError",
-           "SIGNATURE_KEY", "INPUT_KEY", "OUTPUT_KEYS", "EXPORT_SUBDIR"]
+           "SIGNATURE_KEY", "PREPROCESSED_SIGNATURE_KEY", "INPUT_KEY", "OUTPUT_KEYS", "EXPORT_SUBDIR"]
