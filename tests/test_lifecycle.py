@@ -37,10 +37,11 @@ def test_port_open_and_wait_until_closed():
     assert wait_until_closed({"worker:0": address}, timeout_secs=5, who="ps:0")
 
 
-def test_is_reachable_answers_in_milliseconds_and_sees_a_server_that_just_came_up():
+def test_is_reachable_answers_and_sees_a_server_that_just_came_up():
     """The readiness probe a worker runs before its session: a TF gRPC server answers, a closed port or a non-gRPC
-    listener does not; a server started right after a refused probe is seen at once (gRPC's shared subchannel of
-    a refused address backs off for 1 s: issue #9 measured that as most of a worker's time to its first step)."""
+    listener does not; a server started right after a refused probe is seen by the next probe. How soon (gRPC's
+    shared subchannel of a refused address backs off for 1 s: issue #9 measured that as most of a worker's time to
+    its first step) and how fast a probe answers: benchmarks/response_times.py, not here (no time bound in tests)."""
     import socket
 
     import tensorflow as tf
@@ -49,13 +50,9 @@ def test_is_reachable_answers_in_milliseconds_and_sees_a_server_that_just_came_u
     from psworker.task.server import is_reachable
 
     address = f"127.0.0.1:{pick_free_ports(1)[0]}"
-    assert not is_reachable(address, timeout=0.5)   # refused: nothing listens yet
+    assert not is_reachable(address, timeout=10)    # refused: nothing listens yet (fails at once, whatever the timeout)
     tf.distribute.Server({"ps": [address]}, job_name="ps", task_index=0, protocol="grpc", start=True)
-    # An answer is one RPC (3 ms here); grpc.channel_ready_future, which grpcio polls every 0.2 s, took 200-240 ms
-    # whatever its timeout, so five of those would take 1 s or more.
-    started = time.monotonic()
-    assert all(is_reachable(address, timeout=0.5) for _ in range(5))
-    assert time.monotonic() - started < 0.9
+    assert all(is_reachable(address, timeout=10) for _ in range(5))
 
     plain = socket.socket()   # accepts TCP but speaks no gRPC
     plain.bind(("127.0.0.1", 0))

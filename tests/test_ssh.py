@@ -58,29 +58,26 @@ def test_ssh_to_each_fixture_host_and_a_dead_one(sshd):
     for host in sshd.hosts:
         result = sshd.ssh(host, "true")
         assert result.returncode == 0, f"{host}: {result.stderr}\n{sshd.log_tail()}"
-    started = time.monotonic()
-    result = sshd.ssh("127.0.0.4", "true")
+    result = sshd.ssh("127.0.0.4", "true")      # how long a refusal takes: benchmarks/response_times.py
     assert result.returncode == 255
     assert f"127.0.0.4 port {sshd.port}: Connection refused" in result.stderr
-    assert time.monotonic() - started < 5
 
 
 def test_reachability_check_names_each_failing_host(sshd):
     cfg = sshd.client_config
     assert check_reachable(list(sshd.hosts), ssh_config=cfg, timeout=10) == {}
     require_reachable(list(sshd.hosts) * 2, ssh_config=cfg, timeout=10)
-    started = time.monotonic()
     with pytest.raises(UnreachableHosts) as info:
         require_reachable(["127.0.0.1", "127.0.0.4", "127.0.0.3", "127.0.0.5"], ssh_config=cfg,
                           timeout=10)
-    assert time.monotonic() - started < 10
     assert set(info.value.failures) == {"127.0.0.4", "127.0.0.5"}
     assert "Connection refused" in info.value.failures["127.0.0.4"]
     assert "127.0.0.5" in str(info.value) and "nothing was started" in str(info.value)
 
 
 def test_reachability_check_times_out_on_a_host_that_never_answers(sshd, tmp_path):
-    """A listener that accepts but never speaks SSH: the check gives up after its timeout and says so."""
+    """A listener that accepts but never speaks SSH: the check gives up after its timeout and says so (how soon
+    after it: benchmarks/response_times.py)."""
     import socket
 
     with socket.socket() as silent:
@@ -89,7 +86,7 @@ def test_reachability_check_times_out_on_a_host_that_never_answers(sshd, tmp_pat
         port = silent.getsockname()[1]
         started = time.monotonic()
         failures = check_reachable(["127.0.0.3"], ssh_config=sshd.client_config, timeout=2, options=("-p", str(port)))
-        assert time.monotonic() - started < 6
+        assert time.monotonic() - started >= 1.0      # it waited for an answer (a lower bound: load cannot break it)
     assert list(failures) == ["127.0.0.3"]
     assert "timed out" in failures["127.0.0.3"] or "no answer within 2 s" in failures["127.0.0.3"]
 

@@ -108,14 +108,12 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
 @pytest.mark.timeout(120)
 def test_refused_host_is_named_and_nothing_starts(sshd, tmp_path):
     spec = _spec(tmp_path, hosts=("127.0.0.1", "127.0.0.4", "127.0.0.2"), max_steps=200)
-    started = time.monotonic()
     run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live"], cwd=tmp_path,
-                       timeout=60, command="ssh")
+                       timeout=60, command="ssh")     # how soon it gives up: benchmarks/response_times.py
     assert run.returncode != 0
     assert "127.0.0.4" in run.output and "Connection refused" in run.output and "nothing was started" in run.output
     assert "127.0.0.1:" not in run.output.split("nothing was started")[1]
     assert not (tmp_path / "train" / "logs").exists()
-    assert time.monotonic() - started < 30
 
 
 @pytest.mark.timeout(600)
