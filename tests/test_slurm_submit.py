@@ -64,8 +64,8 @@ def test_sbatch_options_check_their_values_as_the_flags_do(tmp_path):
     """A library caller of SbatchOptions meets the same checks as `slurm submit`'s flags."""
     with pytest.raises(slurm.UsageError, match=r"--nodes: '0' is not a node count"):
         slurm.sbatch_script(SbatchOptions(ntasks=3, nodes="0"), tmp_path, ["true"])
-    with pytest.raises(slurm.UsageError, match=r"--time: '61:61': .* below 60"):
-        slurm.sbatch_script(SbatchOptions(ntasks=3, time="61:61"), tmp_path, ["true"])
+    with pytest.raises(slurm.UsageError, match=r"--time: '1h' is not a Slurm time limit"):
+        slurm.sbatch_script(SbatchOptions(ntasks=3, time="1h"), tmp_path, ["true"])
     assert "#SBATCH --time=2-00:30:00" in slurm.sbatch_script(SbatchOptions(ntasks=3, time="2-00:30:00"), tmp_path,
                                                               ["true"])
 
@@ -78,6 +78,32 @@ def test_sbatch_accepts_the_written_script(slurm, tmp_path):
     result = slurm.run(["sbatch", "--test-only", str(run_dir / "psworker.sbatch")], check=False)
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr
+
+
+# Every form the checks take, and some they refuse; sbatch must agree. (Node-count lists, `1,3`, came with Slurm
+# 23.02; Debian 12 has 22.05: the check takes only the forms every Slurm does.)
+SBATCH_FORMS = [("1", "5"), ("1", "5:30"), ("1", "0:05:00"), ("1", "0-1"), ("1", "0-0:5"), ("1-1", "0-00:05:00"),
+                ("1", "1:75"), ("1", "UNLIMITED"), ("1", "0"), ("1", "-1"), ("zero", "5"), ("1", "1h")]
+
+
+def test_sbatch_agrees_with_the_nodes_and_time_checks(slurm, tmp_path):
+    """`sbatch --test-only` takes every --nodes/--time value the checks take and refuses the others."""
+    for n, (nodes, time) in enumerate(SBATCH_FORMS):
+        ours = _accepted(nodes, time)
+        script = tmp_path / f"{n}.sbatch"
+        script.write_text(f"#!/bin/bash\n#SBATCH --ntasks=1\n#SBATCH --overcommit\n#SBATCH --nodes={nodes}\n"
+                          f"#SBATCH --time={time}\n#SBATCH --output={tmp_path}/%j.out\ntrue\n")
+        result = slurm.run(["sbatch", "--test-only", str(script)], check=False)
+        assert (result.returncode == 0) == ours, (nodes, time, ours, result.stderr)
+
+
+def _accepted(nodes: str, time: str) -> bool:
+    try:
+        slurm.check_nodes(nodes)
+        slurm.check_time(time)
+    except ValueError:
+        return False
+    return True
 
 
 def test_submit_runs_the_inner_command_with_its_arguments_intact(slurm, tmp_path):

@@ -274,47 +274,37 @@ def signal_step_argv(step: str, signal: str = "TERM", *, scancel: str = "scancel
 
 # -------------------------------------------------------------------------------------------- sbatch
 
-_COUNT = r"[1-9]\d*"
-_NODES = re.compile(rf"{_COUNT}(?:-{_COUNT}(?::{_COUNT})?)?(?:,{_COUNT}(?:-{_COUNT}(?::{_COUNT})?)?)*\Z")
-_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
+_NODES = re.compile(r"([1-9]\d*)(?:-([1-9]\d*))?\Z")
+_TIME = re.compile(r"(?:\d+-)?\d+(?::\d+){0,2}\Z")
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+_NO_TIME_LIMIT = ("-1", "INFINITE", "UNLIMITED")
 
 
 def check_nodes(text: str) -> str:
-    """An sbatch `--nodes` value: a count (`2`), a range (`2-4`), a list (`1,3`) or a stepped range (`1-9:4`),
-    every count >= 1 and each range increasing.
+    """An sbatch `--nodes` value: a count (`2`) or a range (`2-4`), each >= 1 and the range increasing (0 nodes,
+    which sbatch takes, runs no task; count lists, `1,3`, need Slurm 23.02).
 
     Raises:
-        ValueError: the message names the value and the forms sbatch takes.
+        ValueError: the message names the value and the forms taken.
     """
-    if not _NODES.match(text):
-        raise ValueError(f"{text!r} is not a node count: use N (>= 1), MIN-MAX, a list N,M or MIN-MAX:STEP")
-    for part in text.split(","):
-        low, _, high = part.partition(":")[0].partition("-")
-        if high and int(high) < int(low):
-            raise ValueError(f"{text!r}: the range {low}-{high} goes backwards")
+    m = _NODES.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a node count: use N (>= 1) or MIN-MAX")
+    if m.group(2) is not None and int(m.group(2)) < int(m.group(1)):
+        raise ValueError(f"{text!r}: the range goes backwards")
     return text
 
 
 def check_time(text: str) -> str:
-    """An sbatch `--time` limit in one of Slurm's forms (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; 0,
-    INFINITE or UNLIMITED: no limit); minutes and seconds after the first field are below 60, hours after days
-    below 24.
+    """An sbatch `--time` limit in one of Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (each
+    field a whole number; Slurm carries over, 1:90 is 2:30), or 0, -1, INFINITE, UNLIMITED: no limit.
 
     Raises:
         ValueError: the message names the value and Slurm's forms.
     """
-    if text.upper() in ("INFINITE", "UNLIMITED"):
+    if text.upper() in _NO_TIME_LIMIT or _TIME.match(text):
         return text
-    m = _TIME.match(text)
-    if m is None:
-        raise ValueError(f"{text!r} is not a Slurm time limit: use {_TIME_FORMATS}")
-    days, first, *rest = m.groups()
-    if days is not None and int(first) > 23:
-        raise ValueError(f"{text!r}: hours after the days must be below 24")
-    if any(f is not None and int(f) > 59 for f in rest):
-        raise ValueError(f"{text!r}: minutes and seconds after the first field must be below 60")
-    return text
+    raise ValueError(f"{text!r} is not a Slurm time limit: use {_TIME_FORMATS} (0 or UNLIMITED: none)")
 
 
 def check_sbatch_value(text: str) -> str:
