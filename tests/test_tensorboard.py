@@ -3,6 +3,7 @@ gone (with its port) after the `with` block."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import os
@@ -10,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -121,7 +123,13 @@ def test_serve_stops_tensorboard_when_the_block_raises(tmp_path):
     assert_no_processes(pids)
 
 
-def test_serve_gives_up_with_a_clear_error_and_leaves_nothing(tmp_path):
+def test_serve_gives_up_with_a_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
+    """A server that never answers (a stand-in: the real TensorBoard may well answer within any timeout short enough
+    for a test): `serve` gives up after its timeout, says so, and leaves no process."""
+    from tests.fake_tasks.fakes import HERE
+
+    never = [sys.executable, str(HERE / "sleep_forever.py")]
+    monkeypatch.setattr(tensorboard, "command", lambda logdir, port, **kwargs: never)
     before = children_of_this_process()
     with pytest.raises(tensorboard.TensorBoardError, match=r"did not answer at http://127\.0\.0\.1:\d+/ within"):
         with tensorboard.serve(str(tmp_path), timeout_secs=0.5):
@@ -131,7 +139,6 @@ def test_serve_gives_up_with_a_clear_error_and_leaves_nothing(tmp_path):
 
 def start_cli(logdir) -> tuple[subprocess.Popen, str, set[int]]:
     """`psworker tensorboard --logdir D --port 0` in its own group; returns it, its URL and its descendants."""
-    import sys
     import threading
 
     from tests.cluster_utils import task_env
@@ -171,10 +178,13 @@ def test_cli_stops_tensorboard_when_it_is_stopped_or_killed(tmp_path, sig, code)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_local_tensorboard_serves_the_run_while_it_lasts_and_stops_with_it(tmp_path):
     """`psworker local --tensorboard`: the URL answers during the run, from this host's network (the launcher itself
     moves into a private namespace), lists the workers' runs once they write summaries, and TensorBoard is gone
-    when the launcher exits."""
+    when the launcher exits. The launcher's own fault injection holds both workers (SIGSTOP) from global step 200
+    on, so the run cannot end before TensorBoard lists the runs, however long that takes; then the test resumes
+    them (SIGCONT) and the run ends by itself."""
     import json
     import urllib.request
 
@@ -182,25 +192,35 @@ def test_local_tensorboard_serves_the_run_while_it_lasts_and_stops_with_it(tmp_p
     from tests.cluster_utils import REPO, run_launcher
 
     seen: dict[str, object] = {}
+    held = [re.compile(rf"injecting stop:worker:{i}@step=200,for=600 at global step") for i in (0, 1)]
 
     def probe(lines, proc) -> bool:
-        url = next((m.group(1) for m in map(re.compile(r"TensorBoard at (http://127\.0\.0\.1:\d+/)").search, lines)
-                    if m), None)
-        if url is None:
+        text = "".join(lines)
+        found = re.search(r"TensorBoard at (http://127\.0\.0\.1:\d+/)", text)
+        if found is None or not all(h.search(text) for h in held):
             return False
+        seen["url"] = found.group(1)
+        seen.setdefault("held_at", time.monotonic())
         try:
-            with urllib.request.urlopen(url + "data/runs", timeout=2.0) as response:
-                runs = json.loads(response.read())
+            with urllib.request.urlopen(seen["url"] + "data/runs", timeout=10.0) as response:
+                seen["runs"] = json.loads(response.read())
         except OSError:
+            seen["runs"] = None
+        if not any(r.startswith("worker_") for r in seen["runs"] or ()):
+            if time.monotonic() - seen["held_at"] > START_TIMEOUT:
+                raise AssertionError(f"TensorBoard listed {seen['runs']} {START_TIMEOUT:g} s after both workers "
+                                     f"were held:\n{text[-3000:]}")
             return False
-        seen["url"], seen["runs"] = url, runs
-        return any(r.startswith("worker_") for r in runs)
+        for pid in descendants(proc.pid):     # resume the held workers (harmless to the other processes)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        return True
 
-    run = run_launcher([str(REPO / "cluster_specs/local.yaml"), "--tensorboard", "--max_steps", "6000",
-                        "--log_every_steps", "200"], tmp_path, 300, on_line=probe)
+    run = run_launcher([str(REPO / "cluster_specs/local.yaml"), "--tensorboard", "--max_steps", "2000",
+                        "--log_every_steps", "100", "--inject", "stop:worker:0@step=200,for=600",
+                        "--inject", "stop:worker:1@step=200,for=600"], tmp_path, 420, on_line=probe)
+    assert any(r.startswith("worker_") for r in seen.get("runs") or ()), (seen, run.output[-3000:])
     assert run.returncode == 0, run.output[-3000:]
-    assert "url" in seen, run.output[-3000:]
-    assert any(r.startswith("worker_") for r in seen["runs"]), seen
     assert_processes_gone(run.pids)
     with pytest.raises(OSError):
         urllib.request.urlopen(str(seen["url"]) + "data/runs", timeout=2.0)
