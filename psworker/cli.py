@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from psworker.cli_backends import cmd_local, cmd_run, cmd_status
 from psworker.cli_common import (add_cluster_flags, add_launch_flags, add_model_flag, add_status_flags, add_train_flags,
@@ -160,32 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "tasks locally, over SSH, on Slurm or Kubernetes; train, evaluate, export.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(func=func)
-        return p
-
-    p = add("validate", cmd_validate, "check cluster spec files")
-    p.add_argument("specs", nargs="+", metavar="SPEC")
-
-    p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
-    p.add_argument("spec", metavar="SPEC")
-    add_model_flag(p, "also show how this model's variables are placed on the ps tasks, and the network load "
-                      "they make")
-    p.add_argument("--step_rate", type=positive_float, default=10.0, metavar="R",
-                   help="with --model: steps/s of each worker for the network estimate (measured: the progress "
-                        "line's 1/sec_per_batch; default 10)")
-    p.add_argument("--bandwidth_gbps", type=positive_float, default=10.0, metavar="B",
-                   help="with --model: each ps's link, Gbit/s each way (default 10)")
-    p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
-                                                       "(default: placeholders node0, node1, ...)")
-    p.add_argument("--tasks_per_node", type=int_type(1), default=1, metavar="INT",
-                   help="a count spec: tasks on each host (default 1)")
-
-    p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--job", required=True, choices=ALL_JOBS)
-    p.add_argument("--task_index", required=True, type=int_type(0), metavar="INT")
+    add = _adder(sub)
+    _add_spec_commands(add)
 
     p = add("ps", cmd_ps, "run one parameter server task")
     p.set_defaults(task_process=True)
@@ -230,6 +206,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run's train_dir (holds cluster.yaml and logs/)")
     add_status_flags(p)
 
+    _add_model_commands(add)
+    from psworker import cli_backends, cli_k8s
+    cli_backends.add_slurm_parsers(sub)
+    cli_backends.add_ssh_parser(sub)
+    cli_k8s.add_k8s_parsers(sub)
+    return parser
+
+
+Adder = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+
+
+def _adder(sub: Any) -> Adder:
+    """`add(name, func, help)`: a subcommand parser that runs `func`."""
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=func)
+        return p
+    return add
+
+
+def _add_spec_commands(add: Adder) -> None:
+    """`validate`, `plan` and `tf-config`: commands that read a spec and start nothing."""
+    p = add("validate", cmd_validate, "check cluster spec files")
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+
+    p = add("plan", cmd_plan, "show the tasks a spec starts and how to start them by hand")
+    p.add_argument("spec", metavar="SPEC")
+    add_model_flag(p, "also show how this model's variables are placed on the ps tasks, and the network load "
+                      "they make")
+    p.add_argument("--step_rate", type=positive_float, default=10.0, metavar="R",
+                   help="with --model: steps/s of each worker for the network estimate (measured: the progress "
+                        "line's 1/sec_per_batch; default 10)")
+    p.add_argument("--bandwidth_gbps", type=positive_float, default=10.0, metavar="B",
+                   help="with --model: each ps's link, Gbit/s each way (default 10)")
+    p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
+                                                       "(default: placeholders node0, node1, ...)")
+    p.add_argument("--tasks_per_node", type=int_type(1), default=1, metavar="INT",
+                   help="a count spec: tasks on each host (default 1)")
+
+    p = add("tf-config", cmd_tf_config, "print one task's TF_CONFIG JSON")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--job", required=True, choices=ALL_JOBS)
+    p.add_argument("--task_index", required=True, type=int_type(0), metavar="INT")
+
+
+def _add_model_commands(add: Adder) -> None:
+    """`data`, `eval`, `export` and `tensorboard`: data sets and what a run leaves in its train_dir."""
     p = add("data", cmd_data, "download or write a data set")
     p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))
     p.add_argument("--data_dir", required=True)
@@ -243,9 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="without --once: how often to look for a new checkpoint (default 60)")
     p.add_argument("--batch_size", type=int_type(1), default=None, metavar="INT",
                    help="examples per eval batch (default: the evaluator's)")
-    from psworker import cli_backends
-    cli_backends.add_slurm_parsers(sub)
-    cli_backends.add_ssh_parser(sub)
 
     p = add("export", cmd_export, "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>")
     p.add_argument("--train_dir", required=True)
@@ -258,10 +278,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logdir", required=True)
     p.add_argument("--port", type=port_type(free_ok=True), default=6006,
                    help="the port on 127.0.0.1 (default 6006; 0: a free one)")
-
-    from psworker import cli_k8s
-    cli_k8s.add_k8s_parsers(sub)
-    return parser
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
