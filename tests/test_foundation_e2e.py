@@ -1,10 +1,10 @@
-"""End to end: the start scripts and the local launcher run real clusters of real TensorFlow servers."""
+"""End to end: the start scripts and the local launcher run real clusters of real TensorFlow servers (signals to the
+launcher, faults, the status views and `--network isolated`: tests/test_real_launcher.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +17,6 @@ from tests.cluster_utils import LAUNCH, REPO, run_launcher, task_env
 
 pytestmark = pytest.mark.slow
 
-STEP_LINE = re.compile(r"step (\d+), loss = [0-9.]+ \([0-9.]+ examples/sec; [0-9.]+ sec/batch\)")
 PRECISION = re.compile(r"precision @ 1 = ([0-9.]+)")
 
 
@@ -121,35 +120,6 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
     assert re.search(r"psworker: run failed: worker:1 exited with exit code 1 \(first failure", run.output), run.output[-3000:]
     assert "could not start its server" in run.output   # the tail of worker:1's log is in the report
     assert_processes_gone(run.pids)
-
-
-def test_sigint_to_the_launcher_leaves_no_process(tmp_path):
-    """Also: where the machine allows it, the cluster's ports are unreachable from outside its namespace."""
-    from psworker.launcher import netns
-    from psworker.spec import load_spec
-
-    train_dir = tmp_path / "t"
-    reachable: list[bool] = []
-
-    def interrupt_once_training(lines, proc):
-        if not any(STEP_LINE.search(line) for line in lines):
-            return False
-        spec = load_spec(train_dir / "cluster.yaml")
-        reachable.extend(_accepts(a.port) for a in (*spec.ps, *spec.worker))
-        proc.send_signal(signal.SIGINT)
-        return True
-
-    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(train_dir),
-                        "--max_steps", "1000000", "--log_every_steps", "20", "--grace_period_secs", "5"],
-                       cwd=tmp_path, timeout=240, on_line=interrupt_once_training)
-    assert run.returncode == 130, run.output[-3000:]
-    assert STEP_LINE.search(run.output)
-    assert len(run.pids) >= 3
-    assert_processes_gone(run.pids)
-    assert len(reachable) == 3
-    if netns.available():
-        assert "network: private namespace" in run.output
-        assert not any(reachable), "a task's port answered from outside the cluster's network namespace"
 
 
 def _accepts(port: int) -> bool:

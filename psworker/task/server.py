@@ -44,7 +44,8 @@ def check_bind_safety(address: Address, *, allow_public: bool) -> None:
     for info in infos:
         ip = ipaddress.ip_address(info[4][0].split("%")[0])
         if ip.is_global or ip.is_unspecified:
-            what = "names every interface of this host" if ip.is_unspecified else f"resolves to the public address {ip}"
+            what = (f"resolves to the public address {ip}" if ip.is_global
+                    else "names every interface of this host")
             raise UsageError(
                 f"refusing to serve {address}: {address.host} {what}. TensorFlow's gRPC servers are "
                 "unauthenticated; run clusters on private networks only, or pass --allow_public_bind if this host "
