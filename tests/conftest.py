@@ -1,7 +1,9 @@
-"""Shared fixtures: real local clusters (always torn down) and synthetic CIFAR-10 folders."""
+"""Shared fixtures: real local clusters (always torn down) and synthetic CIFAR-10 folders; and
+`PSWORKER_REQUIRE`, which turns the skips of the named components into failures (CI sets it: .ci/run)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +14,57 @@ from tests.fake_tasks.fakes import HERE
 
 # Synthetic CIFAR-10 examples per class (train, test) when a test module does not set CIFAR_PER_CLASS.
 DEFAULT_CIFAR_PER_CLASS = (100, 20)
+
+# `PSWORKER_REQUIRE=slurm,sshd,chromium,netns`: a test that would skip for want of one of these fails instead.
+REQUIRE_ENV = "PSWORKER_REQUIRE"
+# component -> (fixtures whose skip is that component's, words in a skip reason that name it)
+COMPONENTS = {
+    "slurm": (("slurm",), ("slurm",)),
+    "sshd": (("sshd",), ("sshd", "openssh")),
+    "chromium": ((), ("chromium",)),
+    "netns": ((), ("network namespace", "netns")),
+}
+
+
+def required_components() -> frozenset[str]:
+    """The components named in `PSWORKER_REQUIRE` (comma-separated)."""
+    return frozenset(n.strip() for n in os.environ.get(REQUIRE_ENV, "").split(",") if n.strip())
+
+
+def skip_or_fail(component: str, reason: str) -> None:
+    """Skips the test for want of `component`, or fails it when `PSWORKER_REQUIRE` names that component."""
+    if component in required_components():
+        pytest.fail(f"{REQUIRE_ENV} names {component}, but: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_configure(config) -> None:
+    unknown = sorted(required_components() - COMPONENTS.keys())
+    if unknown:
+        raise pytest.UsageError(f"{REQUIRE_ENV}: unknown component(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(COMPONENTS)}")
+
+
+def _component_of(item, reason: str) -> str | None:
+    for name, (fixtures, words) in COMPONENTS.items():
+        if any(f in item.fixturenames for f in fixtures) or any(w in reason.lower() for w in words):
+            return name
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip (a skipif mark, or pytest.skip in a fixture or test) of a required component becomes a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    required = required_components()
+    if not (required and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    component = _component_of(item, reason)
+    if component in required:
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_ENV} names {component}, but the test skipped: {reason}"
 
 
 @pytest.fixture
