@@ -1,5 +1,6 @@
-"""SavedModel export: a real run exported and served in a fresh process scores what `psworker eval` scores;
-moving averages are what gets exported; exports are never overwritten."""
+"""SavedModel export: a real run exported and served raw inputs in a fresh process without psworker scores what
+`psworker eval` scores; raw CIFAR-10 images get eval's classes; moving averages are what gets exported; exports are
+never overwritten."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def test_exported_run_scores_like_eval_in_a_fresh_process(tmp_path):
     assert again.returncode != 0 and "exist" in again.stderr
 
 
-def write_ema_checkpoint(train_dir: Path, step: int, *, model=None, favoured_class: Optional[int] = 3) -> str:
+def write_checkpoint(train_dir: Path, step: int, *, model=None, favoured_class: Optional[int] = 3) -> str:
     """A checkpoint of `model` (default cifar10) with random weights, or weights that predict `favoured_class` always.
 
     Where the model keeps moving averages, the raw variables are NaN and the averages hold the weights. Random
@@ -173,7 +174,7 @@ def eval_path_logits(model, checkpoint: str, data_dir) -> np.ndarray:
 
 
 def test_export_restores_the_moving_averages(tmp_path):
-    checkpoint = write_ema_checkpoint(tmp_path, 42)
+    checkpoint = write_checkpoint(tmp_path, 42)
     path = export_saved_model(Cifar10Model(), checkpoint, str(tmp_path / "export"))
     assert path == str(tmp_path / "export" / "42")
 
@@ -210,7 +211,7 @@ def test_raw_inputs_served_give_the_classes_of_eval(tmp_path):
     expected, requests = {}, {}
     for name, (data, inputs, signature) in cases.items():
         (tmp_path / name).mkdir()
-        checkpoint = write_ema_checkpoint(tmp_path / name, 7, model=get(name), favoured_class=None)
+        checkpoint = write_checkpoint(tmp_path / name, 7, model=get(name), favoured_class=None)
         export_dir = export_saved_model(get(name), checkpoint, str(tmp_path / name / "export"))
         expected[export_dir] = (get(name), checkpoint, data, signature)
         requests[export_dir] = {**inputs, "preprocessed": eval_arrays(get(name), data)[0]}
@@ -238,7 +239,7 @@ def test_export_command(tmp_path, capsys):
 
     assert main(["export", "--train_dir", str(tmp_path)]) != 0
     assert f"no checkpoint in {tmp_path}" in capsys.readouterr().err
-    checkpoint = write_ema_checkpoint(tmp_path, 5)
+    checkpoint = write_checkpoint(tmp_path, 5)
     assert main(["export", "--train_dir", str(tmp_path), "--checkpoint", checkpoint, "--model", "cifar10"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "export" / "5")
     assert main(["export", "--train_dir", str(tmp_path), "--model", "cifar10"]) != 0
