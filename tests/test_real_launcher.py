@@ -94,7 +94,7 @@ class Launcher:
 
     def wait_until(self, done: Callable[[], bool], what: str, timeout: float = TIMEOUT_SECS,
                    each_poll: Callable[[], None] = lambda: None) -> None:
-        """Polls `done()` (and `each_poll()`) every 0.1 s; fails naming `what` if the launcher exits or time runs out."""
+        """Polls `done()` (and `each_poll()`) every 0.1 s; fails naming `what` if the launcher exits or time is up."""
         deadline = time.monotonic() + timeout
         while True:
             self.pids.update(self._descendants())
