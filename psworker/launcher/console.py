@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import re
 
+from psworker import events
+
 __all__ = ["is_noise", "for_console", "PeopleFormatter"]
 
 # absl/C++ log lines: severity letter, MMDD, time, thread id, file:line], e.g.
@@ -21,13 +23,14 @@ _NOISE = (
     # Python logging from TensorFlow's own loggers (INFO and deprecation warnings), in psworker's task format
     re.compile(r"^\S+ \S+ (INFO|WARNING) (tensorflow|absl|h5py)\b"),
     re.compile(r"^(INFO|WARNING):tensorflow:"),
-    re.compile(r"^\S+ \S+ INFO psworker\.\S+: \S+: (TensorFlow imported in|first step done at)"),
 )
+_NOISE_EVENTS = (events.TfImported, events.FirstStep)   # psworker's own start-up milestones (benchmarks read them)
 
 
 def is_noise(line: str) -> bool:
     """True for a task output line that belongs in its log file only (not on a person's console)."""
-    return bool(_CPP_LINE.match(line)) or any(p.match(line) for p in _NOISE)
+    return (bool(_CPP_LINE.match(line)) or any(p.match(line) for p in _NOISE)
+            or any(kind.parse(line) is not None for kind in _NOISE_EVENTS))
 
 
 # psworker's own task log lines: `2026-12-01 02:23:51,105 INFO psworker.task: worker:0: message`

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional, TextIO
 
+from psworker import events
 from psworker.errors import SpecError
 from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig, launch
 from psworker.launcher.policy import with_rejoin_grace
@@ -98,14 +99,13 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def chief_result(log_dir: Path) -> Optional[str]:
-    """The chief's last `precision @ 1 = ...` report from its log file, or None (no evaluation ran)."""
+def chief_result(log_dir: Path) -> tuple[Optional[events.Precision], Optional[events.Exported]]:
+    """The chief's (worker 0's) last evaluation and SavedModel lines in its log; None for each it did not write."""
     try:
-        lines = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace").splitlines()
+        text = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return None
-    found = [line[line.index("precision @ 1"):] for line in lines if "precision @ 1 = " in line]
-    return found[-1] if found else None
+        return None, None
+    return events.last(events.Precision, text), events.last(events.Exported, text)
 
 
 def prepare(config: LaunchConfig, console: TextIO) -> tuple[LaunchConfig, list]:
@@ -162,12 +162,12 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, cons
     outputs = Path(outputs_dir or config.train_dir)
     log_dir = Path(config.train_dir) / LOG_SUBDIR
     print(f"psworker: checkpoints and summaries in {outputs}/, task logs in {log_dir}/", file=console, flush=True)
-    steps = sorted((p for p in (outputs / "export").glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
-    if steps:
-        print(f"psworker: SavedModel in {steps[-1]}/ (psworker export, tf.saved_model.load)", file=console, flush=True)
-    result_line = chief_result(log_dir)
-    if result_line:
-        print(f"psworker: {result_line}", file=console, flush=True)
+    precision, exported = chief_result(log_dir)
+    if exported:
+        print(f"psworker: SavedModel in {exported.path}/ (psworker export, tf.saved_model.load)", file=console,
+              flush=True)
+    if precision:
+        print(f"psworker: {precision.summary}", file=console, flush=True)
 
 
 def run_local(spec: ClusterSpec, *, console: Optional[TextIO] = None, python: str = sys.executable,

@@ -3,39 +3,31 @@
 One mechanism serves stall detection, step-triggered fault injection and the live view: the supervisor feeds
 every output line of every task to `Progress.feed`. Workers print a step line every `log_every_steps` local
 steps (the global step), so the step seen lags the true one by at most that many steps per worker. A script
-under `psworker run` opts in by printing lines that start with `step N` (a loss and rate are optional).
+under `psworker run` opts in by printing lines that start with `step N` (a loss and rate are optional; the forms
+taken are `psworker.events.Step`'s).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Progress", "TaskProgress", "parse_step_line"]
+from psworker import events
 
-STEP_LINE = re.compile(r"^step (?P<step>\d+)\b(?:, loss = (?P<loss>[-+\w.]+))?"
-                       r"(?: \((?P<rate>[\d.]+) examples/sec)?")
-DONE_LINE = re.compile(r"\bdone at global step (?P<step>\d+)\b")     # psworker's workers, once finished
+__all__ = ["Progress", "TaskProgress", "step_of"]
 
 
-def parse_step_line(line: str) -> Optional[tuple[int, Optional[float], Optional[float]]]:
-    """`(global step, loss, examples/sec)` from a step line, None for any other line."""
-    m = STEP_LINE.match(line)
-    if m is None:
-        done = DONE_LINE.search(line)
-        return None if done is None else (int(done.group("step")), None, None)
-
-    def num(text: Optional[str]) -> Optional[float]:
-        try:
-            return None if text is None else float(text)
-        except ValueError:
-            return None
-
-    return int(m.group("step")), num(m.group("loss")), num(m.group("rate"))
+def step_of(event: Optional[events.Event]) -> Optional[tuple[int, Optional[float], Optional[float]]]:
+    """`(global step, loss, examples/sec)` from an event that tells a global step (a step line, or psworker's
+    first-step, done and already-complete lines), None for any other event."""
+    if isinstance(event, events.Step):
+        return event.step, event.loss, event.examples_per_sec
+    if isinstance(event, (events.FirstStep, events.WorkerDone, events.FoundComplete)):
+        return event.step, None, None
+    return None
 
 
 @dataclass(frozen=True)
@@ -61,9 +53,13 @@ class Progress:
         self._tasks = {n: TaskProgress(n) for n in names}
 
     def feed(self, name: str, line: str, now: Optional[float] = None) -> Optional[int]:
-        """Records one output line of task `name`; returns its step if it is a step line."""
+        """Records one output line of task `name`; returns its step if it tells one."""
+        return self.record(name, events.parse_line(line), now)
+
+    def record(self, name: str, event: Optional[events.Event], now: Optional[float] = None) -> Optional[int]:
+        """Records one output line of task `name` that is `event` (None: no event); returns its step if any."""
         now = time.time() if now is None else now
-        parsed = parse_step_line(line)
+        parsed = step_of(event)
         with self._lock:
             t = self._tasks[name]
             if parsed is None:

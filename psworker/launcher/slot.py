@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
+
+from psworker import events
 
 __all__ = ["SERVER_JOBS", "LOG_TAIL_LINES", "Slot", "TaskLike"]
 
@@ -63,14 +64,14 @@ class Slot:
     def running(self) -> bool:
         return self.popen is not None and self.returncode is None
 
-    def open_log(self, marker: Optional[str]) -> Any:
+    def open_log(self, marker: Optional[events.Restart]) -> Any:
         """Opens the log for appending; a new attempt (or a new run on an old log) starts with a marker line."""
         log = open(self.log_path, "ab")
+        line: Optional[events.Event] = marker
         if marker is None and self.log_path.stat().st_size > 0:
-            marker = f"new run of {self.name}"
-        if marker is not None:
-            stamp = datetime.datetime.now().isoformat(timespec="milliseconds")
-            log.write(f"--- {marker} at {stamp} ---\n".encode())
+            line = events.NewRun.now(self.name)
+        if line is not None:
+            log.write(f"{line.render()}\n".encode())
             log.flush()
         return log
 

@@ -15,13 +15,13 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, TextIO
 
+from psworker import events
 from psworker.errors import PsworkerError, SpecError, UsageError
 from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig
 from psworker.launcher.policy import with_rejoin_grace
@@ -40,8 +40,7 @@ LOG_SUBDIR = "logs"
 SSH_COMMAND_TIMEOUT_SECS = 30.0
 _REAP_TIMEOUT_SECS = 10.0
 # Prints the remote pid (== the task's: `exec` keeps it), then becomes the task.
-_PID_WRAPPER = ("sh", "-c", 'echo "psworker-remote-pid $$"; exec "$@"', "sh")
-_PID_LINE = re.compile(rb"psworker-remote-pid (\d+)\r?\n?\Z")
+_PID_WRAPPER = ("sh", "-c", f'{events.RemotePid.shell_echo()}; exec "$@"', "sh")
 # Variables shipped to every task besides those the launcher set for it (its env minus the launcher's own).
 SHIPPED_ALWAYS = ("PYTHONUNBUFFERED",)
 
@@ -139,9 +138,9 @@ class _RemoteOutput:
         line = self._raw.readline()
         if self._first:
             self._first = False
-            m = _PID_LINE.match(line)
-            if m:
-                self.pid = int(m.group(1))
+            said = events.RemotePid.parse(line.decode("utf-8", "replace"))
+            if said is not None:
+                self.pid = said.pid
                 line = self._raw.readline()
         if line.endswith(b"\r\n"):
             line = line[:-2] + b"\n"

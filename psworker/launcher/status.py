@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import re
 import threading
 import time
 from pathlib import Path
@@ -18,12 +17,12 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
 
 _ACTIVE = ("starting", "training", "running")
-_RESTART_MARKER = re.compile(r"^--- restart (\d+) \(")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +184,16 @@ def _logging_to(stream: TextIO) -> Iterator[None]:
             h.setStream(s)
 
 
+def _state_after(event: Optional[events.Event], state: str) -> str:
+    """A task's state once its log has shown `event`: done, failed, or as it was."""
+    if isinstance(event, (events.WorkerDone, events.FoundComplete)) or (
+            isinstance(event, events.PsDone) and not event.still_serving):
+        return "done"
+    if isinstance(event, (events.TaskError, events.Traceback)):
+        return "failed"
+    return state
+
+
 def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
     """The status of a run from its directory: every task of `cluster.yaml`, from its log file (a missing log
     means the task never started; a log's modification time is when the task was last heard of).
@@ -206,14 +215,11 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
         heard = log.stat().st_mtime
         restarts, state = 0, "running"
         for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-            marker = _RESTART_MARKER.match(line)
-            if marker:
-                restarts, state = int(marker.group(1)), "running"
-            progress.feed(name, line, heard)
-            if "every worker is done; exiting" in line or re.search(r"(?<!first step )\bdone at global step\b", line):
-                state = "done"
-            elif line.startswith("psworker: error:") or line.startswith("Traceback"):
-                state = "failed"
+            event = events.parse_line(line)
+            if isinstance(event, (events.Restart, events.NewRun)):   # a new attempt, or a new run on an old log
+                restarts, state = getattr(event, "number", 0), "running"
+            progress.record(name, event, heard)
+            state = _state_after(event, state)
         progress.started(name, restarts, heard)        # restarts, and the time it was last heard of
         if state == "running":
             state = "running" if progress.snapshot()[name].step is None else "training"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
+from psworker import events
 from psworker.launcher import watch
 from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
@@ -265,7 +266,7 @@ class Supervisor:
         except KeyError:
             raise KeyError(f"no task {name!r}; tasks are {', '.join(self._slots)}") from None
 
-    def _spawn(self, slot: Slot, marker: Optional[str]) -> None:
+    def _spawn(self, slot: Slot, marker: Optional[events.Restart]) -> None:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"           # lines reach the log as printed; task.env may override
         env.update(dict(slot.task.env))
@@ -365,7 +366,7 @@ class Supervisor:
         slot.restarts += 1
         slot.causes.append(cause)
         logger.warning("restarting %s (restart %d: %s)", slot.name, slot.restarts, cause)
-        self._spawn(slot, marker=f"restart {slot.restarts} ({cause})")
+        self._spawn(slot, marker=events.Restart.now(slot.restarts, cause))
 
     def _finish(self, ok: bool, reason: str) -> RunResult:
         procs = [s.popen for s in self._slots.values() if s.popen is not None]

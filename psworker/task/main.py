@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from psworker import events
 from psworker.errors import EXIT_OK, UsageError
 from psworker.spec import ClusterSpec, TrainConfig
 
@@ -38,7 +39,7 @@ def _import_tensorflow(name: str):
     import tensorflow as tf
 
     tf.compat.v1.disable_eager_execution()
-    log.info("%s: TensorFlow imported in %.3f s", name, time.time() - started)
+    log.info("%s", events.TfImported(name, time.time() - started).render())
     # What is alive now lives as long as the process: out of the garbage collector's reach with it. A task holds
     # ~340,000 objects once TensorFlow is imported and its graph built; each full collection walked them all, ~0.2 s
     # each time one came due during start-up (issue #9). The runner freezes again once the graph is built.
@@ -72,14 +73,11 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
         log.info("%s: --keep_ps_running: serving until stopped", name)
         while True:   # drain each run's done tokens so that the queue never fills
             shutdown.serve_ps_until_workers_done(server.target, spec, index, wait_for_exit=False, reader=reader)
-            log.info("%s: every worker is done; still serving (--keep_ps_running)", name)
+            log.info("%s", events.PsDone(name, still_serving=True).render())
     grace = shutdown.VANISHED_GRACE_SECS if rejoin_grace_secs is None else rejoin_grace_secs
     how = shutdown.serve_ps_until_workers_done(server.target, spec, index, gone_timeout_secs=workers_gone_timeout_secs,
                                                reader=reader, rejoin_grace_secs=grace)
-    if how == shutdown.PS_COMPLETE:
-        log.info("%s: training is complete; exiting", name)
-    else:
-        log.info("%s: every worker is done; exiting", name)
+    log.info("%s", events.PsDone(name, training_complete=how == shutdown.PS_COMPLETE).render())
     return EXIT_OK
 
 

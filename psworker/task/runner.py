@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from psworker import events
 from psworker.errors import AlreadyComplete, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
@@ -109,11 +110,9 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
         done_queue.signal_done(server.target, spec, index, timeout_secs=done_queue.SEND_DONE_AFTER_FAILURE_SECS)
         raise
     if result.local_steps:
-        log.info("%s: done at global step %d after %d local steps in %.1f s", name, result.global_step,
-                 result.local_steps, result.seconds)
+        log.info("%s", events.WorkerDone(name, result.global_step, result.local_steps, result.seconds).render())
     else:
-        log.info("%s: training is already complete: the global step on the ps tasks is %d (--max_steps %d); "
-                 "no step to run", name, result.global_step, config.max_steps)
+        log.info("%s", events.FoundComplete(name, result.global_step, config.max_steps).render())
     if replication.release is not None:
         replication.release(server.target)
     if replication.is_chief:
@@ -223,9 +222,8 @@ class _CompleteOnDisk:
         self._next = self._clock() + self._every
         step = shutdown.checkpoint_at_max_steps(self._config.train_dir, self._config.max_steps)
         if step is not None:
-            raise AlreadyComplete(f"{self._name}: training is already complete: the ps tasks are not up and the "
-                                  f"newest checkpoint in {self._config.train_dir} is at global step {step} "
-                                  f"(--max_steps {self._config.max_steps}); nothing to do", global_step=step)
+            found = events.FoundComplete(self._name, step, self._config.max_steps, self._config.train_dir)
+            raise AlreadyComplete(found.render(), global_step=step)
 
 
 def _sync_reset_on_restart(sync_reset, name: str):

@@ -6,9 +6,9 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Optional
 
+from psworker import events
 from psworker.errors import TrainingFailed, UsageError
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,7 @@ def evaluate_checkpoint(model, checkpoint: str, *, data_dir: Optional[str], batc
 
 def format_result(result: EvalResult) -> str:
     """The tutorial's line: `2026-11-30 12:00:00: precision @ 1 = 0.972`, plus what was evaluated."""
-    return (f"{datetime.now():%Y-%m-%d %H:%M:%S}: precision @ 1 = {result.precision:.3f} "
-            f"({result.examples} examples, global step {result.global_step})")
+    return events.Precision(result.precision, result.examples, result.global_step, events.Precision.now()).render()
 
 
 def latest_checkpoint(train_dir: str) -> Optional[str]:

@@ -17,6 +17,7 @@ import shutil
 import uuid
 from typing import Optional
 
+from psworker import events
 from psworker.errors import ExportExistsError, TrainingFailed, UsageError
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
     finally:
         if os.path.exists(temp):
             shutil.rmtree(temp, ignore_errors=True)
-    log.info("exported %s (global step %d) to %s", checkpoint, step, final)
+    log.info("%s", events.Exported(checkpoint, step, final).render())
     return final
 
 

@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from psworker import events
+
 log = logging.getLogger(__name__)
 
 
@@ -115,13 +117,13 @@ class TrainLoopHook(_hook_base()):
                     hook.after_run(run_context, type(run_values)(results=results[i], options=run_values.options,
                                                                  run_metadata=run_values.run_metadata))
             if self.local_steps == 1:
-                log.info("%s: first step done at global step %d", self._name, step)
+                log.info("%s", events.FirstStep(self._name, step).render())
             if self.local_steps % self._every == 0:
                 now = time.monotonic()
                 duration = max(now - self._t0, 1e-9)
                 self._t0 = now
-                self._emit(f"step {step}, loss = {loss:.2f} ({self._every * self._examples / duration:.1f} "
-                           f"examples/sec; {duration / self._every:.3f} sec/batch)", flush=True)
+                self._emit(events.Step(step, loss, self._every * self._examples / duration,
+                                       duration / self._every).render(), flush=True)
         if step + self._stride >= self._last_step:   # the fetched value may predate this step's update: read again
             step = int(run_context.session.run(self._global_step))
             self.last_global_step = step
