@@ -16,13 +16,14 @@ from typing import Any, Callable, Optional
 from psworker.cli_backends import cmd_local, cmd_run, cmd_status
 from psworker.cli_common import (add_cluster_flags, add_launch_flags, add_model_flag, add_status_flags, add_train_flags,
                                  int_type, port_type, positive_float, train_config)
+from psworker import events
 from psworker.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import ALL_JOBS, ClusterSpec, CountSpec, TrainConfig, load_spec, merge_train
 
 log = logging.getLogger(__name__)
 
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMAT = events.LOG_FORMAT
 # `psworker data NAME`: NAME -> function in psworker.data.cifar10_files taking (data_dir). One registry.
 DATASETS = {"cifar10": "download_and_extract", "cifar10-synthetic": "write_synthetic"}
 
@@ -293,7 +294,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def _print_error(exc: BaseException) -> None:
     """The one place that reports an error to a person: `psworker: error: MESSAGE` on stderr."""
-    print(f"psworker: error: {exc}", file=sys.stderr, flush=True)
+    print(events.TaskError(str(exc)).render(), file=sys.stderr, flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
