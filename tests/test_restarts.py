@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+import signal
 import time
 
 import pytest
@@ -74,15 +75,20 @@ def test_a_restarted_ps_workers_recover_and_the_chief_restores_the_latest_checkp
 
 
 def test_a_restarted_non_chief_rejoins_and_training_completes(make_cluster):
-    """Sync, no backup: worker:1 is killed at step >= 50, so the chief waits; worker:1 is started again, rejoins at
-    the current global step, and both finish at max_steps exactly."""
+    """Sync, no backup: worker:1 is killed at step >= 50 and started again; it rejoins at the current global step, and
+    both finish at max_steps exactly. The chief is held (SIGSTOP) until worker:1 is back and waiting for the model:
+    a worker killed while it waits for a token lets the chief take both tokens and train on alone (the gradients
+    are counted, not the workers), which could end training before worker:1 is back."""
     max_steps = 250
     cluster = make_cluster(train=dict(mode="sync", max_steps=max_steps, batch_size=32, log_every_steps=25,
                                       save_checkpoint_steps=100, step_timeout_secs=120.0))
     cluster.wait_for_log("worker:1", r"^step \d+, loss", 180, count=2)
+    cluster.send_signal("worker:0", signal.SIGSTOP)
     cluster.kill("worker:1")
     reached = max(cluster.steps("worker:0") + cluster.steps("worker:1"))
     cluster.restart("worker:1")
+    cluster.wait_for_log("worker:1", "worker:1: waiting for the chief's model on the ps tasks", 180, current=True)
+    cluster.send_signal("worker:0", signal.SIGCONT)
     assert_all_exited_0(cluster, ["worker:0", "worker:1", "ps:0"])
 
     rejoined = cluster.log("worker:1", current=True)
