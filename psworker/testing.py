@@ -16,7 +16,6 @@ Every wait takes a timeout and fails with `ClusterTimeout` (an `AssertionError`)
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 import re
 import signal
@@ -28,14 +27,13 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import psutil
 import yaml
 
+from psworker import events
 from psworker.plan import Task, plan
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
 from psworker.launcher.supervisor import Supervisor
 
-STEP_LINE = re.compile(r"^step (\d+), loss", re.MULTILINE)   # a worker's progress line (global step)
-# the supervisor's line before each new attempt in a task's log: `--- restart 1 (cause) at TIME ---`
-RESTART_MARKER = re.compile(r"^--- (?:restart \d+ \(.*\)|new run of \S+) at \S+ ---$", re.MULTILINE)
+STEP_LINE = events.Step.regex                                # a worker's progress line (global step)
 POLL_SECS = 0.05
 GRACE_PERIOD_SECS = 5.0                                      # teardown: SIGTERM, then SIGKILL after this long
 LOG_TAIL_LINES = 30
@@ -171,10 +169,7 @@ class LocalCluster:
         """Task `name`'s log; with `current`, only what its latest (re)start wrote."""
         path = self.log_path(name)
         text = path.read_text(errors="replace") if path.exists() else ""
-        markers = list(RESTART_MARKER.finditer(text)) if current else []
-        if markers:
-            text = text[markers[-1].start():]
-        return text
+        return events.current_attempt(text) if current else text
 
     def tail(self, name: str, n: int = LOG_TAIL_LINES) -> str:
         return "\n".join(self.log(name).splitlines()[-n:])
@@ -184,19 +179,21 @@ class LocalCluster:
 
     def steps(self, name: str, *, current: bool = False) -> list[int]:
         """The global steps of task `name`'s progress lines, in order."""
-        return [int(m.group(1)) for m in STEP_LINE.finditer(self.log(name, current=current))]
+        return [e.step for e in events.Step.finditer(self.log(name, current=current))]
 
     # -- waits --------------------------------------------------------------------------------------------
 
-    def wait_for_log(self, name: str, pattern: Union[str, re.Pattern], timeout: float, *, count: int = 1,
-                     current: bool = False) -> re.Match:
-        """Waits until task `name`'s log has `count` matches of the regex `pattern` (multiline); returns the last.
+    def wait_for_log(self, name: str, pattern: Union[str, re.Pattern, type[events.Event]], timeout: float, *,
+                     count: int = 1, current: bool = False) -> re.Match:
+        """Waits until task `name`'s log has `count` matches of the regex `pattern` (multiline; an event kind, e.g.
+        `events.FirstStep`: its lines); returns the last.
 
         Raises:
             ClusterTimeout: not within `timeout` seconds.
             TaskExited: the task exited first without them.
         """
-        regex = re.compile(pattern, re.MULTILINE) if isinstance(pattern, str) else pattern
+        regex = (re.compile(pattern, re.MULTILINE) if isinstance(pattern, str)
+                 else pattern.regex if isinstance(pattern, type) else pattern)
         deadline = time.monotonic() + timeout
         while True:
             matches = list(regex.finditer(self.log(name, current=current)))
@@ -319,16 +316,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-_LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-
-
 def log_time(line: str) -> float:
     """The `time.time()` of a task's log line (`2026-11-30 16:46:33,807 INFO ...`, local time, millisecond)."""
-    match = _LOG_TIME.search(line)
-    if not match:
+    at = events.log_time(line)
+    if at is None:
         raise ValueError(f"no timestamp in {line!r}")
-    stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")
-    return stamp.timestamp() + int(match.group(2)) / 1000.0
+    return at
 
 
 __all__ = ["LocalCluster", "ClusterTimeout", "TaskExited", "write_spec", "checkpoint_step",
