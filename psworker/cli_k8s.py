@@ -6,14 +6,34 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import re
 import sys
 from typing import Any
 
-from psworker.cli_common import add_train_flags, int_type, port_type, train_overrides
+from psworker.cli_common import add_train_flags, int_type, port_type, train_overrides, value_type
 from psworker.errors import UsageError
 from psworker.spec import JOBS, load_spec, merge_train
 
 log = logging.getLogger(__name__)
+
+# A Kubernetes resource quantity (k8s.io/apimachinery's resource.Quantity): a number, then a binary or decimal SI
+# suffix or an exponent.
+_QUANTITY = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?\Z")
+
+
+def check_quantity(text: str) -> str:
+    """A positive Kubernetes quantity, as a pod's resources take it: `2`, `500m`, `4Gi`, `1.5G`, `1e9`.
+
+    Raises:
+        ValueError: not a quantity (e.g. `4GB`: Kubernetes writes 4G or 4Gi), or zero.
+    """
+    m = _QUANTITY.match(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity: a number with an optional suffix, e.g. 2, 500m, "
+                         f"4Gi, 4G")
+    if float(m.group(1)) == 0:
+        raise ValueError(f"{text!r}: a resource request must be > 0")
+    return text
 
 
 def cmd_k8s_manifest(args: argparse.Namespace) -> int:
@@ -92,8 +112,9 @@ def add_k8s_parsers(sub: Any) -> None:
     p.add_argument("--flavor", choices=list(FLAVORS), default="plain",
                    help="tfjob: Kubeflow TFJob; plain: Service + Indexed Jobs (default); jobset: JobSet")
     p.add_argument("--port", type=port_type(), metavar="PORT", help="every task's gRPC port (default: the spec's port, else 2222)")
-    p.add_argument("--cpu", help="CPU request per task, e.g. 2")
-    p.add_argument("--memory", help="memory request and limit per task, e.g. 4Gi")
+    quantity = value_type(check_quantity, "quantity")
+    p.add_argument("--cpu", type=quantity, help="CPU request per task, e.g. 2 or 500m (default: none)")
+    p.add_argument("--memory", type=quantity, help="memory request and limit per task, e.g. 4Gi (default: none)")
     p.add_argument("--train_dir_volume", metavar="CLAIM",
                    help="PersistentVolumeClaim mounted at --train_dir on workers (default: an emptyDir, lost "
                         "with the pod)")
@@ -122,4 +143,4 @@ def add_k8s_parsers(sub: Any) -> None:
         p.add_argument("--context", help="kubeconfig context (default: the current one)")
 
 
-__all__ = ["add_k8s_parsers"]
+__all__ = ["add_k8s_parsers", "check_quantity"]

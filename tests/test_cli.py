@@ -178,6 +178,9 @@ BAD_VALUES = [
     (["status", ".", "--silent_secs", "-5"], "--silent_secs", "must be a number > 0"),
     (["k8s", "manifest", str(SPECS / "local.yaml"), "--image", "i", "--retries", "-1"], "--retries", ">= 0"),
     (["k8s", "logs", "run", "--tail", "0"], "--tail", "must be >= 1"),
+    (["k8s", "manifest", str(SPECS / "local.yaml"), "--image", "i", "--memory", "4GB"], "--memory",
+     "'4GB' is not a Kubernetes quantity"),
+    (["k8s", "manifest", str(SPECS / "local.yaml"), "--image", "i", "--cpu", "0"], "--cpu", "must be > 0"),
 ]
 
 
@@ -300,3 +303,15 @@ def test_sbatch_values(text, ok):
     else:
         with pytest.raises(ValueError, match="#SBATCH value"):
             check_sbatch_value(text)
+
+
+@pytest.mark.parametrize("text, ok", [("2", True), ("500m", True), ("4Gi", True), ("1.5G", True), ("1e9", True),
+                                      (".5", True), ("4GB", False), ("two", False), ("-1", False), ("0", False),
+                                      ("0.0Gi", False), ("4 Gi", False), ("", False)])
+def test_k8s_quantities(text, ok):
+    from psworker.cli_k8s import check_quantity
+    if ok:
+        assert check_quantity(text) == text
+    else:
+        with pytest.raises(ValueError, match="Kubernetes quantity|must be > 0"):
+            check_quantity(text)
