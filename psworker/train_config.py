@@ -1,6 +1,7 @@
 """The `train` section of a spec: `TrainConfig`, its field types and rules, and merging command-line overrides.
 
-Every TrainConfig field is also a flag of `psworker worker|local`; a bad value is a `SpecError` naming the field.
+Every TrainConfig field is also a flag of the commands that train (`worker`, `local`, `ssh`, `slurm`, `k8s
+manifest`), its help generated from the field's `SettingDoc`; a bad value is a `SpecError` naming the field.
 """
 
 from __future__ import annotations

@@ -315,3 +315,16 @@ def test_k8s_quantities(text, ok):
     else:
         with pytest.raises(ValueError, match="Kubernetes quantity|must be > 0"):
             check_quantity(text)
+
+
+def test_every_setting_written_as_a_flag_passes_the_flag_check():
+    """k8s manifests and `slurm submit` write each set value as `--name str(value)`: the worker's flags take it."""
+    from psworker.spec import TrainConfig, merge_train
+
+    config = TrainConfig(learning_rate=1e-05, train_dir="/t", data_dir="/d", save_checkpoint_steps=5,
+                         replicas_to_aggregate=2, num_devices="auto", replication="in-graph", seed=0,
+                         scale_learning_rate=False, mode="sync", model="linear", step_timeout_secs=0.5)
+    argv = ["worker"] + [part for name, value in vars(config).items() if value is not None
+                         for part in (f"--{name}", str(value))]
+    args = cli.build_parser().parse_args(argv)
+    assert merge_train(TrainConfig(), {name: getattr(args, name) for name in vars(config)}) == config
