@@ -15,6 +15,7 @@ import pytest
 
 from tests.fake_tasks.fakes import kill_quietly, wait_for, wait_gone
 from psworker import launcher as backends
+from psworker.launcher.console import by_task
 from psworker.launcher.local import default_train_dir, resolve_local_spec, run_local
 from psworker.errors import SpecError
 from psworker.launcher.ports import pick_free_ports
@@ -95,7 +96,9 @@ def test_run_local_success_writes_cluster_yaml_and_logs(tmp_path, fake_python, m
     assert f"worker:1 address {written.worker[1]}" in log       # every task got the resolved spec
     assert f"worker:1 train_dir {train_dir}" in log and "worker:1 step 24" in log
     out = console.getvalue()
-    assert f"[ps:0] ps:0 address {written.ps[0]}" in out and "[worker:0] worker:0 step 0" in out
+    shown = by_task(out)    # what several tasks print at once is shown once: `[ps:0, worker:0-1] <task> address ...`
+    assert {f"ps:0 address {written.ps[0]}", "<task> address <address>"} & set(shown["ps:0"]), out
+    assert {"worker:0 step 0", "<task> step 0"} & set(shown["worker:0"]), out
     assert "all 2 workers finished" in out
 
 

@@ -3,16 +3,26 @@
 TensorFlow's C++ start-up and rendezvous lines (absl format, `I0000 ...`), its Python INFO chatter and
 deprecation warnings are repeated by every task and say nothing a user can act on. They stay in
 `<train_dir>/logs/` and come back on the console with `--verbose`.
+
+Lines that several tasks print within a short window are shown once, prefixed with the tasks' range
+(`[worker:0-3,5]`): a `LineGrouper` compares the lines with each task's own name, index, address and pid
+replaced (`normalise`), and releases each group, in the order the groups began, once its window is over.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import functools
 import logging
 import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
 
 from psworker import events
 
-__all__ = ["is_noise", "for_console", "PeopleFormatter"]
+__all__ = ["is_noise", "for_console", "PeopleFormatter", "TaskTokens", "normalise", "format_tasks",
+           "expand_tasks", "by_task", "render_group", "LineGrouper"]
 
 # absl/C++ log lines: severity letter, MMDD, time, thread id, file:line], e.g.
 # `I0000 00:00:1796091826.657988    2432 port.cc:153] oneDNN custom operations are on ...`.
@@ -63,3 +73,182 @@ class PeopleFormatter(logging.Formatter):
         if record.levelno > logging.INFO:
             return f"psworker: {record.levelname.lower()}: {message}"
         return f"psworker: {message}"
+
+
+# -- grouping the lines that several tasks print ------------------------------------------------------------
+
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0", "[::1]", "[::]")
+_TASK_RANGE = re.compile(r"([a-z][a-z0-9_]*):(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)")
+_ANY_PID = re.compile(r"\b(pid[ =:]*)\d+\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TaskTokens:
+    """What in a line is the printing task's own: its name (`worker:3`), index, address and pid."""
+
+    job: str
+    index: int
+    host: Optional[str] = None
+    port: Optional[int] = None
+    pid: Optional[int] = None
+
+    @classmethod
+    def of(cls, task: Any, pid: Optional[int] = None) -> "TaskTokens":
+        """From a `psworker.plan.Task` (or anything with `job`, `index` and maybe `address`: `host:port`)."""
+        address = getattr(task, "address", None)
+        host, port = None, None
+        if address is not None:
+            h, _, p = str(address).rpartition(":")
+            host, port = (h, int(p)) if h and p.isdigit() else (None, None)
+        return cls(task.job, task.index, host, port, pid)
+
+
+@functools.lru_cache(maxsize=4096)
+def _patterns(t: TaskTokens) -> tuple[tuple[re.Pattern, str], ...]:
+    found = []
+    if t.port:
+        hosts = "|".join(re.escape(h) for h in dict.fromkeys(((t.host,) if t.host else ()) + _LOCAL_HOSTS))
+        found.append((re.compile(rf"(?<![\w.\-])(?:{hosts}):{t.port}(?!\d)"), "<address>"))
+    # TensorFlow's device names: /job:worker/replica:0/task:3
+    found.append((re.compile(rf"(/job:{re.escape(t.job)}(?:/replica:\d+)?/task:){t.index}(?!\d)"), r"\1<index>"))
+    found.append((re.compile(rf"(?<![\w:/]){re.escape(t.job)}:{t.index}(?![\w:])"), "<task>"))
+    if t.pid is not None:
+        found.append((re.compile(rf"(?<![\w.]){t.pid}(?![\w]|\.\d)"), "<pid>"))
+    return tuple(found)
+
+
+def normalise(text: str, tokens: TaskTokens) -> str:
+    """`text` with the task's own address, name (`worker:3`), index in TF device names and pid (its own, or after
+    `pid`) replaced by `<address>`, `<task>`, `<index>` and `<pid>`: the lines of two tasks that differ only there
+    compare equal. A bare number is left alone (`step 3` is not task 3)."""
+    for pattern, replacement in _patterns(tokens):
+        text = pattern.sub(replacement, text)
+    return _ANY_PID.sub(r"\1<pid>", text)
+
+
+def format_tasks(names: Iterable[str]) -> str:
+    """`ps:0-1, worker:0-3,5,7-9`: task names by job (jobs in name order), runs of indices as ranges."""
+    by_job: dict[str, set[int]] = {}
+    others = []
+    for name in names:
+        job, _, index = name.rpartition(":")
+        if job and index.isdigit():
+            by_job.setdefault(job, set()).add(int(index))
+        else:
+            others.append(name)
+    return ", ".join([f"{job}:{_ranges(sorted(ix))}" for job, ix in sorted(by_job.items())] + sorted(set(others)))
+
+
+def expand_tasks(prefix: str) -> list[str]:
+    """The task names in a console prefix (`format_tasks`'s inverse): `ps:0, worker:0-2,5` -> ps:0, worker:0, ...
+
+    Raises:
+        ValueError: `prefix` is not in that form.
+    """
+    names = []
+    for part in prefix.split(", "):
+        m = _TASK_RANGE.fullmatch(part)
+        if m is None:
+            raise ValueError(f"not a task range: {part!r}")
+        job, ranges = m.groups()
+        for run in ranges.split(","):
+            first, _, last = run.partition("-")
+            names += [f"{job}:{i}" for i in range(int(first), int(last or first) + 1)]
+    return names
+
+
+def by_task(console: str) -> dict[str, list[str]]:
+    """Each task's lines in a console copy, prefix cut, in order; a grouped line counts for every task of its range.
+    Lines without a task prefix (the launcher's own) are left out."""
+    lines: dict[str, list[str]] = {}
+    for line in console.splitlines():
+        m = re.fullmatch(r"\[([a-z][^\]]*)\] (.*)", line)
+        if m is not None:
+            with contextlib.suppress(ValueError):       # `[something else] ...`: not a task prefix
+                for name in expand_tasks(m.group(1)):
+                    lines.setdefault(name, []).append(m.group(2))
+    return lines
+
+
+def _ranges(indices: list[int]) -> str:
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def render_group(lines: list[tuple[str, str]], key: str) -> str:
+    """The console line for one group of (task name, text) lines: one task's line as it printed it, several
+    tasks' identical text once, or (when their texts differ in their own tokens) the neutral form `key`."""
+    names = [name for name, _ in lines]
+    texts = {text for _, text in lines}
+    if len(names) == 1:
+        return f"[{names[0]}] {lines[0][1]}"
+    return f"[{format_tasks(names)}] {texts.pop() if len(texts) == 1 else key}"
+
+
+@dataclass(eq=False)
+class _Group:
+    seq: int
+    key: Optional[str]
+    due: float
+    lines: list[tuple[str, str]] = field(default_factory=list)
+
+
+class LineGrouper:
+    """Groups the lines that several tasks print within `window_secs` of the first one; time comes from the caller.
+
+    A line joins the oldest waiting group with the same key that began after the task's own previous line's group,
+    or begins a new group (alone when it has no key). Groups are released oldest first, each once its window is over, so no line waits longer
+    than the window and each task's lines keep their order. A window of 0 releases every line as it comes.
+    """
+
+    def __init__(self, window_secs: float) -> None:
+        self._window = window_secs
+        self._queue: collections.deque[_Group] = collections.deque()
+        self._by_key: dict[str, list[_Group]] = {}
+        self._last: dict[str, int] = {}     # task name -> seq of the group of its latest line
+        self._seq = 0
+
+    def add(self, name: str, text: str, key: Optional[str], now: float) -> list[str]:
+        """Adds task `name`'s line `text`, compared by `key` (None: a line shown alone and at once, such as a step
+        line, once the lines before it are out); returns the console lines due at `now`."""
+        out = self.due(now)                 # a group whose window is over takes no more lines
+        group = next((g for g in self._by_key.get(key, ()) if g.seq > self._last.get(name, 0)), None)
+        if group is None:
+            self._seq += 1
+            group = _Group(self._seq, key, now if key is None else now + self._window)
+            self._queue.append(group)
+            if key is not None:
+                self._by_key.setdefault(key, []).append(group)
+        group.lines.append((name, text))
+        self._last[name] = group.seq
+        return out + self.due(now)
+
+    def due(self, now: float) -> list[str]:
+        """Releases the groups whose window is over at `now`, oldest first."""
+        out = []
+        while self._queue and self._queue[0].due <= now:
+            out.append(self._release())
+        return out
+
+    def drain(self) -> list[str]:
+        """Releases every waiting group (the run is over)."""
+        return [self._release() for _ in range(len(self._queue))]
+
+    def next_due(self) -> Optional[float]:
+        """When the oldest waiting group is due, or None when nothing waits."""
+        return self._queue[0].due if self._queue else None
+
+    def _release(self) -> str:
+        group = self._queue.popleft()
+        if group.key is None:
+            return render_group(group.lines, "")
+        same = self._by_key[group.key]
+        same.remove(group)
+        if not same:
+            del self._by_key[group.key]
+        return render_group(group.lines, group.key)

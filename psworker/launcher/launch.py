@@ -107,10 +107,12 @@ def supervise(tasks: Sequence[Any], processes: ProcessBackend, config: LaunchCon
         The result, and the signal that stopped the launcher (None if none did).
     """
     from psworker.launcher.console import for_console
+    from psworker.launcher.output import GROUP_WINDOW_SECS
     from psworker.launcher.status import live_view
 
     with live_view(config, tasks, console) as (view_console, attach):
         sup = Supervisor(tasks, log_dir, console=view_console, console_filter=None if config.verbose else for_console,
+                         console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=faults,
                          stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs)

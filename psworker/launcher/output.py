@@ -1,5 +1,7 @@
 """Copies one task's output: every line to its log file, to the launcher's `Progress`, and (filtered and
-prefixed `[job:index] `) to the console. Runs in a reader thread per task attempt."""
+prefixed `[job:index] `) to the console. Runs in a reader thread per task attempt; with a grouping window the
+lines that several tasks print within it reach the console once, as `[worker:0-7] ...` (`console.LineGrouper`),
+released by a flusher thread when their window is over."""
 
 from __future__ import annotations
 
@@ -7,37 +9,57 @@ import collections
 import contextlib
 import logging
 import threading
-from typing import Any, Callable, Optional, TextIO
+import time
+from typing import Any, Callable, Optional, Sequence, TextIO
 
+from psworker import events
+from psworker.launcher.console import LineGrouper, TaskTokens, normalise
 from psworker.launcher.progress import Progress
 
-__all__ = ["OutputCopier"]
+__all__ = ["OutputCopier", "GROUP_WINDOW_SECS"]
 
 logger = logging.getLogger(__name__)
 
+# How long the console holds a task's line for the same line from other tasks: the start-up lines of tasks
+# started together arrive within tens of ms of each other on a cluster (within 0.5 s on 10 tasks sharing 2
+# cores), and half a second is too short for a person to notice or for the console to fall behind the live view.
+GROUP_WINDOW_SECS = 0.5
+_FLUSHER_JOIN_SECS = 5.0
+
 
 class OutputCopier:
-    """Shared by every reader thread of a run: the console, its lock and filter, and the errors seen."""
+    """Shared by every reader thread of a run: the console, its lock, filter and line grouper, and the errors seen.
+
+    `close()` releases the lines still waiting for their window (call it once the readers are done)."""
 
     def __init__(self, console: TextIO, console_filter: Optional[Callable[[str], Optional[str]]],
-                 progress: Progress) -> None:
+                 progress: Progress, *, window_secs: float = 0.0) -> None:
         self._console = console
         self._filter = console_filter
         self._progress = progress
-        self._lock = threading.Lock()
+        self._window = window_secs
+        self._cond = threading.Condition()      # guards the console, the grouper and what follows
+        self._grouper = LineGrouper(window_secs)
+        self._flusher: Optional[threading.Thread] = None
+        self._closed = False
+        self._console_ok = True
         self.errors: list[tuple[str, BaseException]] = []
 
-    def pump(self, name: str, stream: Any, log: Any, tail: collections.deque) -> None:
-        """Reads `stream` to its end; closes it and `log`. Never raises (errors land in `errors`)."""
-        prefix = f"[{name}] "
-        log_ok = console_ok = True
+    def pump(self, name: str, stream: Any, log: Any, tail: collections.deque, task: Any = None,
+             pid: Optional[int] = None) -> None:
+        """Reads `stream` to its end; closes it and `log`. Never raises (errors land in `errors`).
+
+        `task` and `pid` (the attempt's process) name the tokens that count as equal across tasks' lines."""
+        tokens = TaskTokens.of(task, pid) if task is not None else None
+        log_ok = True
         try:
             for raw in iter(stream.readline, b""):
                 if not raw.endswith(b"\n"):
                     raw += b"\n"
                 text = raw.decode("utf-8", "replace").rstrip("\r\n")
                 tail.append(text)
-                self._progress.feed(name, text)
+                event = events.parse_line(text)
+                self._progress.record(name, event)
                 if log_ok:
                     try:
                         log.write(raw)
@@ -46,20 +68,56 @@ class OutputCopier:
                         log_ok = False
                         self._error(name, err)
                 shown = text if self._filter is None else self._filter(text)
-                if console_ok and shown is not None:
-                    try:
-                        with self._lock:
-                            self._console.write(prefix + shown + "\n")
-                            self._console.flush()
-                    except Exception as err:   # e.g. `psworker local ... | head`: not worth failing a run for
-                        console_ok = False
-                        logger.warning("console copy of %s stopped (%r); its full log is still written", name, err)
+                if shown is not None:     # a step line is never grouped: each task's step is its own
+                    key = None if isinstance(event, events.Step) else shown if tokens is None else normalise(shown, tokens)
+                    self._show(name, shown, key)
         except Exception as err:
             self._error(name, err)
         finally:
             for f in (stream, log):
                 with contextlib.suppress(Exception):
                     f.close()
+
+    def close(self) -> None:
+        """Writes every line still waiting and stops the flusher; later lines go to the console at once."""
+        with self._cond:
+            self._closed = True
+            self._write(self._grouper.drain())
+            self._cond.notify_all()
+        if self._flusher is not None:
+            self._flusher.join(_FLUSHER_JOIN_SECS)
+
+    def _show(self, name: str, text: str, key: Optional[str]) -> None:
+        with self._cond:
+            if self._closed:
+                self._write([f"[{name}] {text}"])
+                return
+            self._write(self._grouper.add(name, text, key, time.monotonic()))
+            if self._window > 0 and self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_when_due, name="psworker-console",
+                                                 daemon=True)
+                self._flusher.start()
+            self._cond.notify()
+
+    def _flush_when_due(self) -> None:
+        with self._cond:
+            while not self._closed:
+                self._write(self._grouper.due(time.monotonic()))
+                due = self._grouper.next_due()
+                self._cond.wait(None if due is None else max(0.0, due - time.monotonic()))
+
+    def _write(self, lines: Sequence[str]) -> None:
+        """Under the lock."""
+        if not lines or not self._console_ok:
+            return
+        try:
+            self._console.write("".join(line + "\n" for line in lines))
+            self._console.flush()
+        except Exception as err:   # e.g. `psworker local ... | head`: not worth failing a run for
+            self._console_ok = False
+            who = lines[0][1:].partition("] ")[0]
+            logger.warning("console copy of %s stopped, and of every other task (%r); the full logs are still "
+                           "written", who, err)
 
     def _error(self, name: str, err: BaseException) -> None:
         logger.error("copying the output of %s failed", name, exc_info=err)

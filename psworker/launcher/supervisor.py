@@ -54,6 +54,7 @@ class Supervisor:
         *,
         console: Optional[TextIO] = None,
         console_filter: Optional[Callable[[str], Optional[str]]] = None,
+        console_window_secs: float = 0.0,
         grace_period_secs: float = 10.0,
         ps_exit_grace_secs: float = 15.0,
         popen: Callable[..., subprocess.Popen] = subprocess.Popen,
@@ -68,6 +69,7 @@ class Supervisor:
             log_dir: where `<job>-<index>.log` go; created on start.
             console: where the `[job:index] `-prefixed copy goes; None: sys.stdout at construction.
             console_filter: maps a task's output line to what the console shows (None: nothing); None: all.
+            console_window_secs: show a line that several tasks print within this window once (`[worker:0-7] `).
             grace_period_secs: between SIGTERM and SIGKILL when stopping.
             ps_exit_grace_secs: how long servers may take to exit by themselves once the run is done.
             popen: for the default local backend: starts a process (Popen's signature; tests swap it).
@@ -100,7 +102,7 @@ class Supervisor:
         self._done_reason = f"every {'/'.join(sorted(self._done_jobs))} task exited 0"
         self._stop_request: Optional[str] = None
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
-                                    self.progress)
+                                    self.progress, window_secs=console_window_secs)
 
     # -- introspection ------------------------------------------------------------------------------------
 
@@ -278,7 +280,8 @@ class Supervisor:
             raise
         slot.new_attempt(popen)
         self.progress.started(slot.name, slot.restarts, slot.started_at)
-        slot.reader = threading.Thread(target=self._output.pump, args=(slot.name, popen.stdout, log, slot.tail),
+        slot.reader = threading.Thread(target=self._output.pump, args=(slot.name, popen.stdout, log, slot.tail,
+                                                                         slot.task, popen.pid),
                                        name=f"psworker-log-{slot.name}", daemon=True)
         slot.reader.start()
         logger.debug("started %s (pid %d): %s", slot.name, popen.pid, " ".join(slot.task.argv))
@@ -386,6 +389,7 @@ class Supervisor:
                 slot.reader.join(_READER_JOIN_SECS)
                 if slot.reader.is_alive():
                     logger.error("the log reader of %s did not finish", slot.name)
+        self._output.close()
         exits = {s.name: TaskExit(s.name, s.returncode, s.started_at, s.ended_at, str(s.log_path), s.restarts,
                                   s.stopped, tuple(s.causes))
                  for s in self._slots.values() if s.popen is not None}
