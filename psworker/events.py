@@ -20,7 +20,7 @@ from typing import ClassVar, Iterator, Optional, TypeVar, Union
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
            "Precision", "Exported", "Restart", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
-           "parse_line", "last", "current_attempt", "log_time"]
+           "parse_line", "last", "current_attempt", "LogRecord", "log_time"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"   # a task's log records (cli.main)
 
@@ -33,7 +33,7 @@ _LOG = (rf"(?:{_LOG_TIME} [A-Z]+ [\w.]+: "                      # LOG_FORMAT
 _TASK = rf"(?:(?P<task>{_TASK_NAME}): )?"
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf)"
 
-_LOG_RECORD = re.compile(f"^{_CONSOLE}{_LOG_TIME} ")
+_LOG_RECORD = re.compile(rf"^{_CONSOLE}{_LOG_TIME} (?P<level>[A-Z]+) (?P<logger>[\w.]+): {_TASK}(?P<message>.*)$")
 
 E = TypeVar("E", bound="Event")
 
@@ -411,11 +411,33 @@ def current_attempt(log: str) -> str:
     return log[max(starts):] if starts else log
 
 
+@dataclass(frozen=True)
+class LogRecord:
+    """One record of a task's log as `LOG_FORMAT` writes it (`2026-11-30 16:46:33,807 INFO psworker.task:
+    worker:0: message`): the envelope of the events that tasks log, not an event itself."""
+
+    time: float          # time.time(), to the millisecond
+    level: str
+    logger: str
+    task: Optional[str]  # psworker's own records name their task first
+    message: str
+
+    def render(self) -> str:
+        stamp = datetime.datetime.fromtimestamp(self.time)
+        return (f"{stamp:%Y-%m-%d %H:%M:%S},{stamp.microsecond // 1000:03d} {self.level} {self.logger}: "
+                f"{_named(self.task, self.message)}")
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["LogRecord"]:
+        m = _LOG_RECORD.match(line.rstrip("\r\n"))
+        if m is None:
+            return None
+        stamp = datetime.datetime.strptime(m.group("log_time"), "%Y-%m-%d %H:%M:%S")
+        return cls(stamp.timestamp() + int(m.group("log_ms")) / 1000.0, m.group("level"), m.group("logger"),
+                   m.group("task"), m.group("message"))
+
+
 def log_time(line: str) -> Optional[float]:
-    """The `time.time()` of a task's log record (`2026-11-30 16:46:33,807 INFO ...`: local time, milliseconds),
-    None for a line without that prefix."""
-    m = _LOG_RECORD.match(line)
-    if m is None:
-        return None
-    stamp = datetime.datetime.strptime(m.group("log_time"), "%Y-%m-%d %H:%M:%S")
-    return stamp.timestamp() + int(m.group("log_ms")) / 1000.0
+    """The `time.time()` of a task's log record, None for a line that is not one."""
+    record = LogRecord.parse(line)
+    return None if record is None else record.time

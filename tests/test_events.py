@@ -188,7 +188,17 @@ def test_current_attempt_last_and_log_time():
     assert events.last(events.Step, log) == events.Step(10)
     assert events.last(events.Step, log.splitlines()) == events.Step(10)
     assert events.last(events.Exported, log) is None
-    record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello", (), None)
-    record.created, record.msecs = 1796091831.25, 250.0
-    assert events.log_time(logging.Formatter(events.LOG_FORMAT).format(record)) == pytest.approx(1796091831.25)
     assert events.log_time("step 1") is None
+
+
+def test_log_records_parse_and_render_as_logging_writes_them():
+    record = logging.LogRecord("psworker.task.runner", logging.WARNING, __file__, 1, "%s: %s", ("worker:2", "slow"),
+                               None)
+    record.created, record.msecs = 1796091831.25, 250.0
+    line = logging.Formatter(events.LOG_FORMAT).format(record)
+    parsed = events.LogRecord.parse(line)
+    assert parsed == events.LogRecord(pytest.approx(1796091831.25), "WARNING", "psworker.task.runner", "worker:2",
+                                      "slow")
+    assert parsed.render() == line and events.log_time(line) == parsed.time
+    assert events.LogRecord.parse(f"[worker:2] {line}") == parsed
+    assert events.LogRecord.parse("step 1") is None

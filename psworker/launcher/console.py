@@ -43,11 +43,6 @@ def is_noise(line: str) -> bool:
             or any(kind.parse(line) is not None for kind in _NOISE_EVENTS))
 
 
-# psworker's own task log lines: `2026-12-01 02:23:51,105 INFO psworker.task: worker:0: message`
-_OWN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) psworker[.\w]*: "
-                       r"(?:(?:ps|worker|chief|evaluator):\d+: )?(?P<message>.*)$")
-
-
 def for_console(line: str) -> str | None:
     """The text to show for one task output line on a person's console, or None to show nothing.
 
@@ -56,11 +51,10 @@ def for_console(line: str) -> str | None:
     """
     if is_noise(line) or not line.strip():     # blank lines: gRPC error blocks are full of them
         return None
-    m = _OWN_LINE.match(line)
-    if m is None:
+    record = events.LogRecord.parse(line)
+    if record is None or record.logger.split(".")[0] != "psworker":
         return line
-    level = m.group("level")
-    return m.group("message") if level == "INFO" else f"{level.lower()}: {m.group('message')}"
+    return record.message if record.level == "INFO" else f"{record.level.lower()}: {record.message}"
 
 
 class PeopleFormatter(logging.Formatter):
