@@ -36,6 +36,11 @@ class Task:
         return f"{self.job}:{self.index}"
 
     @property
+    def host(self) -> str:
+        """The host of the task's address."""
+        return self.address.host
+
+    @property
     def role(self) -> str:
         """`ps`, `worker (chief)` or `worker`."""
         return "worker (chief)" if self.is_chief else self.job

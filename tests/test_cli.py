@@ -309,7 +309,7 @@ def test_sbatch_values(text, ok):
                                       (".5", True), ("4GB", False), ("two", False), ("-1", False), ("0", False),
                                       ("0.0Gi", False), ("4 Gi", False), ("", False)])
 def test_k8s_quantities(text, ok):
-    from psworker.cli_k8s import check_quantity
+    from psworker.cli.k8s import check_quantity
     if ok:
         assert check_quantity(text) == text
     else:

@@ -14,9 +14,11 @@ import psutil
 import pytest
 
 from tests.fake_tasks.fakes import kill_quietly, wait_for, wait_gone
-from psworker import launcher as backends
+from psworker.launcher import backends
 from psworker.launcher.console import by_task
-from psworker.launcher.local import default_train_dir, resolve_local_spec, run_local
+from psworker.launcher.backends.local import LocalBackend, resolve_local_spec
+from psworker.launcher.launch import run_local
+from psworker.launcher.rundir import fresh_run_dir
 from psworker.errors import SpecError
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import Address, TrainConfig, build_cluster, load_spec
@@ -59,16 +61,15 @@ def test_resolve_local_spec_rejects_ports_that_clash_on_localhost(tmp_path):
         resolve_local_spec(spec, tmp_path)
 
 
-def test_default_train_dir_is_fresh_and_named_after_the_spec(tmp_path):
+def test_fresh_run_dir_is_fresh_and_named_after_the_spec(tmp_path):
     spec = make_spec()
-    first, second = default_train_dir(spec, tmp_path), default_train_dir(spec, tmp_path)
+    first, second = fresh_run_dir(spec, tmp_path), fresh_run_dir(spec, tmp_path)
     assert first != second and first.is_dir() and second.is_dir()
     assert first.parent == tmp_path / "runs" and first.name.startswith("mycluster-")
 
 
 def test_backend_registry_has_local():
-    from psworker.launcher import local
-    assert "local" in backends.names() and backends.get("local") is local
+    assert "local" in backends.names() and backends.get("local") is LocalBackend
     with pytest.raises(KeyError, match="local"):
         backends.get("nope")
 

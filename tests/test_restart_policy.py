@@ -10,7 +10,7 @@ import time
 import pytest
 
 from psworker.errors import UsageError
-from psworker.launcher.inject import parse_fault, parse_faults
+from psworker.launcher.inject import check_fault_tasks, parse_fault
 from psworker.launcher.policy import RestartPolicy, is_retryable
 from psworker.launcher.report import exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
@@ -153,7 +153,7 @@ def test_malformed_faults_name_the_bad_part(text, message):
 
 def test_a_fault_must_name_a_task_of_the_run():
     with pytest.raises(UsageError, match=r"no task worker:5 in this run \(tasks: ps:0, worker:0\)"):
-        parse_faults(["kill:worker:5@step=1"], ["ps:0", "worker:0"])
+        check_fault_tasks([parse_fault("kill:worker:5@step=1")], ["ps:0", "worker:0"])
 
 
 def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(tmp_path, start):
@@ -172,8 +172,8 @@ def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(tmp_path,
 @pytest.mark.parametrize("args, message", [
     (["--inject", "kill:worker:x@step=3"], "--inject 'kill:worker:x@step=3': task index 'x'"),
     (["--inject", "kill:worker:7@step=3"], "no task worker:7 in this run"),
-    (["--max_restarts", "-1"], "--max_restarts must be >= 0"),
-    (["--stall_timeout_secs", "0"], "--stall_timeout_secs must be > 0"),
+    (["--max_restarts", "-1"], "argument --max_restarts: must be >= 0, got -1"),
+    (["--stall_timeout_secs", "0"], "argument --stall_timeout_secs: must be a number > 0, got 0"),
 ])
 def test_bad_launch_flags_are_usage_errors(tmp_path, args, message):
     import subprocess

@@ -12,7 +12,7 @@ import threading
 import time
 
 from psworker.launcher.console import by_task
-from psworker.launcher.local import run_local
+from psworker.launcher.launch import run_local
 from psworker.launcher.status import read_run_dir
 from psworker.spec import TrainConfig, build_cluster
 from tests.cluster_utils import task_env

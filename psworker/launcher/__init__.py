@@ -1,37 +1,6 @@
-"""Start and watch the tasks of a cluster: the launch seam (`launch.py`), process backends (`process.py`), the
-run loop (`supervisor.py`), restart policy, fault injection, live status and the report.
+"""Start and watch the tasks of a cluster.
 
-Backends are kept in one registry: name -> the module that prepares and starts a run (imported on use).
+`config` (one `LaunchConfig`) -> `launch` (the one skeleton: run dir, placement, plan, supervise, report) ->
+`supervisor` (the run loop; `slot`, `policy`, `watch`, `inject`, `stacks`, `progress`, `output`, `console`) over a
+backend of `backends/` (local, ssh, slurm: only what differs); `report` and `status` for people.
 """
-
-from __future__ import annotations
-
-import importlib
-from types import ModuleType
-
-__all__ = ["get", "names"]
-
-# name -> module providing prepare(config, console), processes(config), report_success(...)
-_BACKENDS: dict[str, str] = {
-    "local": "psworker.launcher.local",
-    "slurm": "psworker.launcher.slurm",
-    "ssh": "psworker.launcher.ssh",
-}
-
-
-def names() -> tuple[str, ...]:
-    """The registered backend names, sorted (use for argparse `choices=`)."""
-    return tuple(sorted(_BACKENDS))
-
-
-def get(name: str) -> ModuleType:
-    """The backend module `name`.
-
-    Raises:
-        KeyError: no such backend; the message lists the registered ones.
-    """
-    try:
-        module = _BACKENDS[name]
-    except KeyError:
-        raise KeyError(f"no backend {name!r}; backends are {', '.join(names())}") from None
-    return importlib.import_module(module)

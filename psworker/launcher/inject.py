@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from psworker.errors import UsageError
 
-__all__ = ["Fault", "parse_fault", "parse_faults"]
+__all__ = ["Fault", "check_fault_tasks", "parse_fault"]
 
 ACTIONS = ("kill", "stop", "exit")
 _FORM = "ACTION:JOB:INDEX@step=N|time=SECS[,for=SECS][,code=N]"
@@ -113,14 +113,12 @@ def parse_fault(text: str) -> Fault:
         code=code)
 
 
-def parse_faults(texts: Sequence[str], task_names: Sequence[str]) -> tuple[Fault, ...]:
-    """Parses every `--inject` value and checks that each names a task of the run.
+def check_fault_tasks(faults: Sequence[Fault], task_names: Sequence[str]) -> None:
+    """Checks that every fault names a task of the run.
 
     Raises:
-        UsageError: a value is malformed or names no task.
+        UsageError: a fault names no task (the run's tasks are listed).
     """
-    faults = tuple(parse_fault(t) for t in texts)
     for f in faults:
         if f.task not in task_names:
             raise _bad(f.text, f"no task {f.task} in this run (tasks: {', '.join(task_names)})")
-    return faults

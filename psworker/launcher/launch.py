@@ -1,68 +1,33 @@
-"""The launch seam: one frozen `LaunchConfig` from the CLI; a backend's `prepare(config) -> (config, tasks)`; then
-`supervise(tasks, processes, config)` -> `RunResult`; `launch` wires them and reports.
-
-Task argvs may name this machine only through the symbols `PYTHON` and `SPEC`, which the process backend
-replaces where the task really starts (a remote backend puts its own interpreter and spec path).
+"""The one launch skeleton every backend shares: the run dir chosen once, the tasks placed by the backend,
+cluster.yaml and logs/ written once, the plan made once (with the ps tasks' rejoin grace), the run supervised,
+the report printed. A backend (`psworker.launcher.backends`) supplies only what differs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
-from psworker.launcher.inject import Fault, parse_fault, parse_faults
-from psworker.launcher.policy import RestartPolicy
-from psworker.launcher.process import ProcessBackend
+from psworker import events
+from psworker.launcher import backends
+from psworker.launcher.backends.base import Backend, ProcessBackend
+from psworker.launcher.command import command_tasks
+from psworker.launcher.config import LaunchConfig
+from psworker.launcher.inject import check_fault_tasks
+from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.report import RunResult, exit_status, format_report
+from psworker.launcher.rundir import LOG_SUBDIR, choose_run_dir, write_run_dir
 from psworker.launcher.supervisor import Supervisor
+from psworker.plan import Task, plan
 from psworker.spec import ClusterSpec
 
-__all__ = ["LaunchConfig", "PYTHON", "SPEC", "SignalCatcher", "launch", "stop_on_signals", "supervise"]
-
-PYTHON = "{python}"       # argv symbol: the task's interpreter
-SPEC = "{spec}"           # argv symbol: the path of the run's resolved cluster.yaml
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Everything one launch needs, built once by the CLI (or a library caller)."""
-
-    spec: ClusterSpec
-    train_dir: Optional[str] = None          # None: a fresh runs/<spec>-<time> here
-    command: tuple[str, ...] = ()            # `psworker run`: the user's command; empty: psworker's trainer
-    policy: RestartPolicy = field(default_factory=RestartPolicy)
-    injections: tuple[str, ...] = ()         # `--inject` values, checked on construction
-    stall_timeout_secs: Optional[float] = None
-    network: str = "auto"
-    verbose: bool = False
-    live: Optional[bool] = None              # live status view; None: when the console is a terminal, else
-    status_every_secs: float = 15.0          # ... plain status lines this often; False: neither
-    grace_period_secs: float = 10.0
-    ps_exit_grace_secs: float = 15.0
-    python: str = sys.executable
-    backend: str = "local"
-    backend_options: tuple[tuple[str, Any], ...] = ()   # (name, value) pairs only that backend reads
-
-    def __post_init__(self) -> None:
-        for text in self.injections:
-            parse_fault(text)                # UsageError naming the bad part
-        if self.stall_timeout_secs is not None and self.stall_timeout_secs <= 0:
-            raise ValueError(f"stall_timeout_secs must be > 0, got {self.stall_timeout_secs}")
-
-    @property
-    def done_jobs(self) -> frozenset[str]:
-        """The jobs whose tasks must all exit 0: the chief if any, else the workers (plus, for psworker's own
-        trainer, every non-ps job)."""
-        jobs = set(self.spec.jobs())
-        if not self.command:
-            return frozenset(jobs - {"ps"})
-        return frozenset({"chief"} if "chief" in jobs else {"worker"})
+__all__ = ["LaunchConfig", "SignalCatcher", "launch", "plan_tasks", "run_local", "stop_on_signals", "supervise"]
 
 
 class SignalCatcher:
@@ -98,9 +63,16 @@ def stop_on_signals(sup: Supervisor, signals: Sequence[int] = (signal.SIGINT, si
             signal.signal(sig, old)
 
 
-def supervise(tasks: Sequence[Any], processes: ProcessBackend, config: LaunchConfig, log_dir: Path, *,
-              console: TextIO, faults: Sequence[Fault] = (), install_signal_handlers: bool = True,
-              ) -> tuple[RunResult, Optional[int]]:
+def plan_tasks(spec: ClusterSpec, config: LaunchConfig, python: str, spec_path: str) -> list[Task]:
+    """The run's tasks, once: the user's command per task, or psworker's own tasks (each ps with the rejoin grace
+    that `config.policy`'s restarts need)."""
+    if config.command:
+        return command_tasks(spec, config.command)
+    return with_rejoin_grace(plan(spec, spec_path, python=python), config.policy)
+
+
+def supervise(tasks: Sequence[Task], processes: ProcessBackend, config: LaunchConfig, log_dir: Path, *,
+              console: TextIO, install_signal_handlers: bool = True) -> tuple[RunResult, Optional[int]]:
     """Runs `tasks` under one `Supervisor` until the run ends.
 
     Returns:
@@ -114,7 +86,7 @@ def supervise(tasks: Sequence[Any], processes: ProcessBackend, config: LaunchCon
         sup = Supervisor(tasks, log_dir, console=view_console, console_filter=None if config.verbose else for_console,
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
-                         backend=processes, restart_policy=config.policy, faults=faults,
+                         backend=processes, restart_policy=config.policy, faults=config.faults,
                          stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs)
         attach(sup.progress)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
@@ -123,8 +95,63 @@ def supervise(tasks: Sequence[Any], processes: ProcessBackend, config: LaunchCon
     return result, caught.signum
 
 
+def report_success(config: LaunchConfig, result: RunResult, seconds: float, outputs: Path, log_dir: Path,
+                   console: TextIO) -> None:
+    """What a person reads after a successful run: time, outputs, restarts, and the chief's evaluation."""
+    done = sorted(config.done_jobs)
+    what = f"all {len(config.spec.worker)} workers" if done == ["worker"] else f"every {'/'.join(done)} task"
+    print(f"psworker: {what} finished in {seconds:.1f} s", file=console, flush=True)
+    if any(e.restarts for e in result.exits.values()):
+        print(format_report(result), file=console, flush=True)
+    print(f"psworker: checkpoints and summaries in {outputs}/, task logs in {log_dir}/", file=console, flush=True)
+    try:
+        chief_log = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        chief_log = ""
+    exported, precision = events.last(events.Exported, chief_log), events.last(events.Precision, chief_log)
+    if exported:
+        print(f"psworker: SavedModel in {exported.path}/ (psworker export, tf.saved_model.load)", file=console,
+              flush=True)
+    if precision:
+        print(f"psworker: {precision.summary}", file=console, flush=True)
+
+
+def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seconds: float, outputs: Path,
+            log_dir: Path, console: TextIO) -> int:
+    """Prints how the run ended and returns the launcher's exit status."""
+    if signum is not None and not result.ok:
+        stopped = [name for name, e in result.exits.items() if e.stopped]
+        print(f"psworker: {result.reason}; stopped {', '.join(stopped) or 'nothing (all had exited)'}",
+              file=sys.stderr, flush=True)
+        return 128 + signum
+    if result.ok:
+        report_success(config, result, seconds, outputs, log_dir, console)
+        return 0
+    print(format_report(result), file=sys.stderr, flush=True)
+    return exit_status(result.failure.returncode) if result.failure is not None else 1
+
+
+def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
+         install_signal_handlers: bool) -> int:
+    """Inside the backend's session: place, write, plan, supervise, report."""
+    spec = backend.place(config.spec, run_dir)
+    text = write_run_dir(run_dir, spec)
+    config = dataclasses.replace(config, spec=spec, run_dir=str(run_dir))
+    tasks = plan_tasks(spec, config, backend.python, backend.spec_path(run_dir))
+    check_fault_tasks(config.faults, [t.name for t in tasks])
+    backend.prepare(spec, text)
+    log_dir = run_dir / LOG_SUBDIR
+    print(f"psworker: {backend.banner(tasks, log_dir)}"
+          + ("" if config.command else " (TensorFlow's import takes a few seconds)"), file=console, flush=True)
+    started = time.monotonic()
+    result, signum = supervise(tasks, backend, config, log_dir, console=console,
+                               install_signal_handlers=install_signal_handlers)
+    return _report(config, result, signum, time.monotonic() - started, backend.outputs_dir(spec, run_dir), log_dir,
+                   console)
+
+
 def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_signal_handlers: bool = True) -> int:
-    """Prepares the run with `config.backend`, supervises it, and reports.
+    """Runs `config.spec` on `config.backend` and reports.
 
     Returns:
         0 on success; 130/143 after SIGINT/SIGTERM; else the failing task's exit status (128+N for signal N), or 1.
@@ -132,24 +159,24 @@ def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_si
     Raises:
         SpecError, UsageError: the spec cannot run on this backend, or an injection names no task.
     """
-    from psworker import launcher
-
     console = console if console is not None else sys.stdout
-    backend = launcher.get(config.backend)
-    config, tasks = backend.prepare(config, console)
-    faults = parse_faults(config.injections, [t.name for t in tasks])
-    log_dir = Path(config.train_dir) / "logs"
-    started = time.monotonic()
-    result, signum = supervise(tasks, backend.processes(config), config, log_dir, console=console, faults=faults,
-                               install_signal_handlers=install_signal_handlers)
-    if signum is not None and not result.ok:
-        stopped = [name for name, e in result.exits.items() if e.stopped]
-        print(f"psworker: {result.reason}; stopped {', '.join(stopped) or 'nothing (all had exited)'}",
-              file=sys.stderr, flush=True)
-        return 128 + signum
-    if result.ok:
-        backend.report_success(config, result, time.monotonic() - started, console)
-        return 0
-    print(format_report(result), file=sys.stderr, flush=True)
-    return exit_status(result.failure.returncode) if result.failure is not None else 1
+    backend = backends.create(config.backend, config.python)
+    run_dir = choose_run_dir(config.run_dir, config.spec, console)
+    with backend.session(run_dir, console):
+        return _run(config, backend, run_dir, console, install_signal_handlers)
 
+
+def run_local(spec: ClusterSpec, *, console: Optional[TextIO] = None, python: str = sys.executable,
+              install_signal_handlers: bool = True, **options: Any) -> int:
+    """Runs the whole cluster on this machine (`psworker local` as a library call) and returns its exit status.
+
+    Args:
+        spec: the cluster; `spec.train.train_dir` None means a fresh `runs/<stem>-<time>` here.
+        console: where task output and progress go; None: sys.stdout.
+        python: the interpreter that runs the tasks.
+        install_signal_handlers: SIGINT/SIGTERM stop every task (handlers restored after).
+        **options: other `LaunchConfig` fields (grace_period_secs, policy, faults, verbose, ...).
+    """
+    options.setdefault("live", False)
+    config = LaunchConfig(spec=spec, python=python, **options)
+    return launch(config, console=console, install_signal_handlers=install_signal_handlers)

@@ -17,7 +17,8 @@ from psworker import events
 from psworker.launcher import watch
 from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
-from psworker.launcher.process import LocalProcessBackend, ProcessBackend
+from psworker.launcher.backends.base import ProcessBackend
+from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.slot import SERVER_JOBS, Slot, TaskLike
@@ -73,7 +74,7 @@ class Supervisor:
             grace_period_secs: between SIGTERM and SIGKILL when stopping.
             ps_exit_grace_secs: how long servers may take to exit by themselves once the run is done.
             popen: for the default local backend: starts a process (Popen's signature; tests swap it).
-            backend: starts and signals the processes; None: `LocalProcessBackend(popen=popen)`.
+            backend: starts and signals the processes; None: `LocalBackend(popen=popen)`.
             restart_policy: None (a failure ends the run), or e.g. a `psworker.launcher.RestartPolicy`.
             faults: injected faults (`psworker.launcher.inject`).
             stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
@@ -87,7 +88,7 @@ class Supervisor:
         self._slots = {t.name: Slot(t, self._log_dir / f"{t.job}-{t.index}.log") for t in tasks}
         self._grace = grace_period_secs
         self._ps_grace = ps_exit_grace_secs
-        self._backend = backend if backend is not None else LocalProcessBackend(popen=popen)
+        self._backend = backend if backend is not None else LocalBackend(popen=popen)
         self._restart_policy = restart_policy
         self._faults = list(faults)
         self._stall = stall_timeout_secs
@@ -274,7 +275,7 @@ class Supervisor:
         env.update(dict(slot.task.env))
         log = slot.open_log(marker)
         try:
-            popen = self._backend.start(list(slot.task.argv), env)
+            popen = self._backend.start(slot.task, env)
         except BaseException:
             log.close()
             raise

@@ -15,7 +15,7 @@ import urllib.request
 from typing import Iterator, Optional
 
 from psworker.errors import TensorBoardError, UsageError
-from psworker.launcher.process import die_with_parent
+from psworker.launcher.backends.base import die_with_parent
 
 log = logging.getLogger(__name__)
 

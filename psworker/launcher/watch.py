@@ -9,7 +9,7 @@ import signal
 from typing import Iterable, Mapping
 
 from psworker.launcher.inject import Fault
-from psworker.launcher.process import ProcessBackend
+from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.slot import Slot
 

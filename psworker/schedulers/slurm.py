@@ -27,13 +27,13 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Protocol, Union
 
 from psworker import plan
 from psworker.errors import SubmitError, UsageError
 from psworker.spec import DEFAULT_PORT_BASE, JOBS, ClusterSpec, CountSpec
 
-__all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "check_nodes",
+__all__ = ["SbatchOptions", "SlurmTask", "SubmitError", "allocation_from_environ", "check_allocation", "check_nodes",
            "check_sbatch_value", "check_time", "cluster_dict", "count_spec",
            "expand_hostlist", "expand_tasks_per_node", "layout", "launch_argv", "parse_steps", "sbatch_script",
            "signal_step_argv", "srun_argv", "step_job_name", "steps_argv", "submit", "write_sbatch_script"]
@@ -197,6 +197,21 @@ def layout(spec: CountSpec, nodes: Sequence[str], tasks_per_node: Union[int, Seq
         UsageError: the spec's task count differs from the allocation's (the resolver refuses that too).
         SpecError: bad or duplicate nodes, counts, or a port past 65535.
     """
+    cluster = plan.layout(spec, nodes, check_allocation(spec, nodes, tasks_per_node))
+    tasks: list[SlurmTask] = []
+    for job in sorted(JOBS):
+        for index, address in enumerate(cluster.addresses(job)):
+            tasks.append(SlurmTask(job, index, address.host, address.port, len(tasks)))
+    return tasks
+
+
+def check_allocation(spec: CountSpec, nodes: Sequence[str], tasks_per_node: Union[int, Sequence[int]]) -> list[int]:
+    """The tasks-per-node count of every node, once checked against the spec: SlurmClusterResolver runs one task
+    per allocated Slurm task, so the counts must add up to the spec's.
+
+    Raises:
+        UsageError: a count list of another length than `nodes`, or another total than the spec's tasks.
+    """
     counts = [int(tasks_per_node)] * len(nodes) if isinstance(tasks_per_node, int) else list(tasks_per_node)
     if len(counts) != len(nodes):
         raise UsageError(f"{len(nodes)} nodes but {len(counts)} tasks-per-node counts")
@@ -205,12 +220,7 @@ def layout(spec: CountSpec, nodes: Sequence[str], tasks_per_node: Union[int, Seq
         jobs = ", ".join(f"{n} {job}" for job, n in sorted(spec.counts))
         raise UsageError(f"the spec has {wanted} tasks ({jobs}) but the allocation runs {slots} "
                          f"({' + '.join(map(str, counts))} on {len(nodes)} nodes): submit with --ntasks={wanted}")
-    cluster = plan.layout(spec, nodes, counts)
-    tasks: list[SlurmTask] = []
-    for job in sorted(JOBS):
-        for index, address in enumerate(cluster.addresses(job)):
-            tasks.append(SlurmTask(job, index, address.host, address.port, len(tasks)))
-    return tasks
+    return counts
 
 
 def cluster_dict(tasks: Sequence[SlurmTask]) -> dict[str, list[str]]:
@@ -223,12 +233,23 @@ def cluster_dict(tasks: Sequence[SlurmTask]) -> dict[str, list[str]]:
 
 # ---------------------------------------------------------------------------------------------- srun
 
+class Placed(Protocol):
+    """What `srun_argv` needs of a task: which it is and its node."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+
+
 def step_job_name(job: str, index: int) -> str:
     """`psworker-worker-1`: a task's step name (`squeue --steps` shows it)."""
     return f"psworker-{job}-{index}"
 
 
-def srun_argv(task: SlurmTask, argv: Sequence[str], *, srun: str = "srun",
+def srun_argv(task: Placed, argv: Sequence[str], *, srun: str = "srun",
               extra: Sequence[str] = ()) -> list[str]:
     """The argv that starts one task as its own step of the current allocation, on its node:
     `srun --nodes=1 --ntasks=1 --nodelist=HOST --overlap --job-name=psworker-worker-1 ... -- ARGV`.
@@ -238,7 +259,7 @@ def srun_argv(task: SlurmTask, argv: Sequence[str], *, srun: str = "srun",
     of srun's (`--unbuffered`); srun's exit status is the task's. Each (re)start is a new step.
 
     Args:
-        task: where the task runs (`layout()`).
+        task: which task runs where: a `SlurmTask` of `layout()`, or a `psworker.plan.Task` (its `host`).
         argv: the task's command, e.g. `[python, "-m", "psworker", "worker", ...]`.
         extra: more srun options (placed before `--`), e.g. `("--cpus-per-task=2",)`.
     """
@@ -322,9 +343,10 @@ def check_sbatch_value(text: str) -> str:
 
 @dataclass(frozen=True)
 class SbatchOptions:
-    """The `#SBATCH` settings of a psworker job. `ntasks` is the spec's task count; None leaves Slurm's default."""
+    """The `#SBATCH` settings of a psworker job. `ntasks` is the spec's task count (None until the job's spec is
+    read: the script needs it); the other None values leave Slurm's default."""
 
-    ntasks: int
+    ntasks: Optional[int] = None
     job_name: str = "psworker"
     nodes: Optional[str] = None          # a count or a range, e.g. "2" or "2-4"
     time: Optional[str] = None           # Slurm time, e.g. "1:00:00" or "2-00:00:00"
@@ -335,6 +357,8 @@ class SbatchOptions:
 
     def lines(self, run_dir: Path) -> list[str]:
         """The `#SBATCH --opt=value` lines (values checked: sbatch does not shell-parse them)."""
+        if self.ntasks is None:
+            raise ValueError("SbatchOptions.ntasks: the job's task count is not set")
         values = [("job-name", self.job_name), ("ntasks", str(self.ntasks)), ("nodes", self.nodes),
                   ("time", self.time), ("partition", self.partition), ("account", self.account),
                   ("output", self.output or str(run_dir / "slurm-%j.out")), ("chdir", str(run_dir))]

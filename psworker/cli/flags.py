@@ -1,13 +1,18 @@
-"""Flags and config objects that several `psworker` commands share: train settings, cluster sources, launch
-options. Parsing only; no command runs here."""
+"""The flag groups of the `psworker` commands (training settings, cluster sources, launch options, status) with
+their value checks, and the one typed config each group becomes. Parsing only; no command runs here."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Iterator, Optional, TypeVar
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
-from psworker.errors import PsworkerError, SpecError, UsageError
-from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, TrainConfig, merge_train
+from psworker.errors import PsworkerError, SpecError
+from psworker.launcher.backends.local import NETWORK_MODES
+
+if TYPE_CHECKING:
+    from psworker.launcher.config import LaunchConfig
+from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, merge_train
 from psworker.train_config import parse_setting, setting_doc
 
 T = TypeVar("T")
@@ -58,15 +63,24 @@ def int_type(minimum: int) -> Callable[[str], int]:
     return value_type(check, "int")
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
+def _number(text: str, zero_ok: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    if not (0 <= value if zero_ok else 0 < value) or not value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number {'>=' if zero_ok else '>'} 0, got {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    return _number(text, zero_ok=False)
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    return _number(text, zero_ok=True)
 
 
 class _LiveChoices:
@@ -142,44 +156,42 @@ def train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
     return merge_train(spec.train, train_overrides(args), num_workers=len(spec.worker))
 
 
-def launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[str, ...] = ()):
-    """The one `LaunchConfig` of `psworker local` and `psworker run`."""
-    from psworker.launcher.launch import LaunchConfig
+def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec], backend: Any, *,
+                  command: Sequence[str] = (), run_dir: Optional[str] = None,
+                  python: str = sys.executable) -> "LaunchConfig":
+    """The one `LaunchConfig` of a launcher command: its launch flags (`add_launch_flags`), `backend` (the
+    backend's typed options) and, for `psworker run`, the user's command."""
+    from psworker.launcher.config import LaunchConfig
     from psworker.launcher.policy import RestartPolicy
 
-    for flag in ("grace_period_secs", "restart_backoff_secs"):
-        if getattr(args, flag) < 0:
-            raise UsageError(f"--{flag} must be >= 0, got {getattr(args, flag):g}")
-    if args.max_restarts < 0:
-        raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
-    if args.stall_timeout_secs is not None and args.stall_timeout_secs <= 0:
-        raise UsageError(f"--stall_timeout_secs must be > 0, got {args.stall_timeout_secs:g}")
     policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
-    return LaunchConfig(spec=spec, command=command, policy=policy, injections=tuple(args.inject),
-                        stall_timeout_secs=args.stall_timeout_secs, network=args.network, verbose=args.verbose,
+    return LaunchConfig(spec=spec, backend=backend, run_dir=run_dir, command=tuple(command), policy=policy,
+                        faults=tuple(args.inject), stall_timeout_secs=args.stall_timeout_secs, verbose=args.verbose,
                         live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
-                        ps_exit_grace_secs=1.0 if command else 15.0)
+                        ps_exit_grace_secs=1.0 if command else 15.0, python=python)
 
 
-def add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
+def add_launch_flags(p: Any, network: bool = True) -> None:
     """Flags shared by the launchers (`local`, `run`, `ssh`, `slurm launch`): supervision, restarts, fault
     injection, console; `--network` only where the cluster runs on this machine."""
-    p.add_argument("--grace_period_secs", type=float, default=10.0, metavar="SECS",
+    from psworker.launcher.inject import parse_fault
+
+    p.add_argument("--grace_period_secs", type=non_negative_float, default=10.0, metavar="SECS",
                    help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL (default 10)")
-    p.add_argument("--max_restarts", type=int, default=0, metavar="N",
+    p.add_argument("--max_restarts", type=int_type(0), default=0, metavar="N",
                    help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
                         "for a peer gone) up to N times; other exits fail the run at once (default 0)")
-    p.add_argument("--restart_backoff_secs", type=float, default=1.0, metavar="SECS",
+    p.add_argument("--restart_backoff_secs", type=non_negative_float, default=1.0, metavar="SECS",
                    help="wait before the first restart of a task, doubled for each next one, +-20%% jitter "
                         "(default 1)")
-    p.add_argument("--stall_timeout_secs", type=float, default=None, metavar="SECS",
+    p.add_argument("--stall_timeout_secs", type=positive_float, default=None, metavar="SECS",
                    help="kill (and restart under --max_restarts) a worker whose step line has not shown a new "
                         "global step for this long (default: off)")
-    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
+    p.add_argument("--inject", action="append", type=value_type(parse_fault, "fault"), default=[], metavar="FAULT",
                    help="inject a fault, repeatable: kill:worker:1@step=300, kill:ps:0@time=20, "
                         "stop:worker:1@step=200,for=10, exit:worker:0@step=100,code=143")
     if network:
-        p.add_argument("--network", choices=("auto", "isolated", "host"), default="auto",
+        p.add_argument("--network", choices=NETWORK_MODES, default="auto",
                        help="isolated: run the cluster in a private network namespace where only loopback exists "
                             "(TensorFlow's servers listen on every interface otherwise); auto (default): isolated "
                             "when this machine allows it; host: no isolation")
@@ -199,6 +211,6 @@ def add_status_flags(p: argparse.ArgumentParser) -> None:
                    help="call a running task silent when its log has not grown for this long (default 60)")
 
 
-__all__ = ["value_type", "port_type", "int_type", "positive_float", "add_train_flags", "add_model_flag",
-           "train_overrides", "add_cluster_flags", "train_config", "launch_config", "add_launch_flags",
-           "add_status_flags"]
+__all__ = ["value_type", "port_type", "int_type", "positive_float", "non_negative_float", "add_train_flags",
+           "add_model_flag", "train_overrides", "add_cluster_flags", "train_config", "launch_config",
+           "add_launch_flags", "add_status_flags"]

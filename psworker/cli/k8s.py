@@ -8,9 +8,8 @@ import dataclasses
 import logging
 import re
 import sys
-from typing import Any
 
-from psworker.cli_common import add_train_flags, int_type, port_type, train_overrides, value_type
+from psworker.cli.flags import add_train_flags, int_type, port_type, train_overrides, value_type
 from psworker.errors import UsageError
 from psworker.spec import JOBS, load_spec, merge_train
 
@@ -96,22 +95,17 @@ def cmd_k8s_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_k8s_parsers(sub: Any) -> None:
-    """The `psworker k8s ...` command group."""
+def manifest_flags(p: argparse.ArgumentParser) -> None:
     from psworker.k8s.manifests import FLAVORS
-    group = sub.add_parser("k8s", help="run on Kubernetes: write manifests, apply, status, logs, delete",
-                           description="run on Kubernetes: write manifests, apply, status, logs, delete")
-    k8s_sub = group.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
 
-    p = k8s_sub.add_parser("manifest", help="write a spec's Kubernetes objects as YAML")
-    p.set_defaults(func=cmd_k8s_manifest)
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--image", required=True, help="a container image with psworker installed (see Dockerfile)")
     p.add_argument("--name", help="the run's name (default: from the spec file name)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--flavor", choices=list(FLAVORS), default="plain",
                    help="tfjob: Kubeflow TFJob; plain: Service + Indexed Jobs (default); jobset: JobSet")
-    p.add_argument("--port", type=port_type(), metavar="PORT", help="every task's gRPC port (default: the spec's port, else 2222)")
+    p.add_argument("--port", type=port_type(), metavar="PORT",
+                   help="every task's gRPC port (default: the spec's port, else 2222)")
     quantity = value_type(check_quantity, "quantity")
     p.add_argument("--cpu", type=quantity, help="CPU request per task, e.g. 2 or 500m (default: none)")
     p.add_argument("--memory", type=quantity, help="memory request and limit per task, e.g. 4Gi (default: none)")
@@ -124,23 +118,31 @@ def add_k8s_parsers(sub: Any) -> None:
                    help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     add_train_flags(p)
+    context_flag(p)
 
-    p = k8s_sub.add_parser("apply", help="create or update a manifest file's objects")
-    p.set_defaults(func=cmd_k8s_apply)
+
+def apply_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE")
-    for name, func, help_ in (("status", cmd_k8s_status, "show each task pod of a run"),
-                              ("logs", cmd_k8s_logs, "print a run's task logs"),
-                              ("delete", cmd_k8s_delete, "delete every object of a run")):
-        p = k8s_sub.add_parser(name, help=help_)
-        p.set_defaults(func=func)
-        p.add_argument("name", metavar="NAME", help="the run's name")
-        p.add_argument("--namespace", default="default")
-        if name == "logs":
-            p.add_argument("--job", choices=JOBS)
-            p.add_argument("--task_index", type=int_type(0), metavar="INT")
-            p.add_argument("--tail", type=int_type(1), metavar="LINES", help="only each pod's last LINES lines")
-    for p in k8s_sub.choices.values():
-        p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    context_flag(p)
 
 
-__all__ = ["add_k8s_parsers", "check_quantity"]
+def run_flags(p: argparse.ArgumentParser) -> None:
+    """`status`, `logs` and `delete`: a run by its name."""
+    p.add_argument("name", metavar="NAME", help="the run's name")
+    p.add_argument("--namespace", default="default")
+    context_flag(p)
+
+
+def logs_flags(p: argparse.ArgumentParser) -> None:
+    run_flags(p)
+    p.add_argument("--job", choices=JOBS)
+    p.add_argument("--task_index", type=int_type(0), metavar="INT")
+    p.add_argument("--tail", type=int_type(1), metavar="LINES", help="only each pod's last LINES lines")
+
+
+def context_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+
+
+__all__ = ["apply_flags", "check_quantity", "cmd_k8s_apply", "cmd_k8s_delete", "cmd_k8s_logs", "cmd_k8s_manifest",
+           "cmd_k8s_status", "logs_flags", "manifest_flags", "run_flags"]

@@ -1,0 +1,92 @@
+"""The `psworker` command line: `main` parses the flags (`parser`: every subcommand in one table), and each command
+(one small module per family: `specs`, `tasks`, `launchers`, `slurm`, `k8s`, `outputs`) builds one config and calls
+one function below. Errors are reported here, once.
+
+Heavy modules (TensorFlow, the trainer, backends) are imported inside the commands that need them, so
+`validate`, `plan` and `tf-config` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional
+
+from psworker import events
+from psworker.cli.parser import LAUNCHER, TASK, build_parser
+from psworker.errors import EXIT_FAILED, EXIT_USAGE, PsworkerError
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger(__name__)
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Launchers talk to a person; the other commands log with timestamps (a task's output is a log file)."""
+    if args.kind == LAUNCHER:
+        from psworker.launcher.console import PeopleFormatter
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(PeopleFormatter())
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
+    else:
+        logging.basicConfig(level=logging.INFO, format=events.LOG_FORMAT, stream=sys.stderr)
+
+
+def _print_error(exc: BaseException) -> None:
+    """The one place that reports an error to a person: `psworker: error: MESSAGE` on stderr."""
+    print(events.TaskError(str(exc)).render(), file=sys.stderr, flush=True)
+
+
+def _parse(given: list[str]) -> argparse.Namespace:
+    """The parsed flags, with `command` the words after `--` (a command's own, for those that take one).
+
+    Raises:
+        SystemExit: --help, or a usage error (argparse printed it).
+    """
+    at = given.index("--") if "--" in given else len(given)
+    parser = build_parser()
+    args = parser.parse_args(given[:at])
+    if at < len(given) and not args.takes_command:
+        parser.parse_args(given)           # argparse's own error for the words after `--`
+    args.command = given[at + 1:]
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Runs the `psworker` command line.
+
+    A task process (`psworker ps|worker` run as a command) leaves through `task.main.exit_now` right here, after
+    flushing: TensorFlow's threads can keep a normal interpreter exit waiting on a dead peer.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit status: 0 on success, the error's `exit_code` (see `psworker.errors`), 130 on Ctrl-C.
+    """
+    try:
+        args = _parse(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as e:  # --help or a usage error already printed by argparse
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else EXIT_USAGE
+    args.argv = sys.argv[1:] if argv is None else None   # None: called in-process, never re-exec
+    task_process = args.kind == TASK
+    _configure_logging(args)
+    try:
+        code = int(args.func(args) or 0)
+    except PsworkerError as e:
+        _print_error(e)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        print("psworker: interrupted", file=sys.stderr, flush=True)
+        code = 130
+    except Exception:  # noqa: BLE001 - a bug: its traceback, then the same prompt exit for a task process
+        if not task_process:
+            raise
+        log.exception("psworker %s failed", args.command)
+        code = EXIT_FAILED
+    if task_process and args.argv is not None:
+        from psworker.task.main import exit_now
+
+        exit_now(code)
+    return code

@@ -1,0 +1,123 @@
+"""`psworker local`, `run`, `ssh` and `status`: each builds one `LaunchConfig` with its backend's typed options
+and hands it to `psworker.launcher.launch.launch`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Optional
+
+from psworker.cli.flags import (add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
+                                train_overrides)
+from psworker.errors import UsageError
+from psworker.spec import ClusterSpec, load_spec, merge_train
+
+__all__ = ["cmd_local", "cmd_run", "cmd_ssh", "cmd_status", "local_flags", "run_flags", "show_status", "ssh_flags",
+           "status_flags"]
+
+
+def _spec_with_train_flags(args: argparse.Namespace) -> ClusterSpec:
+    spec = load_spec(args.spec)
+    return dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args), num_workers=len(spec.worker)))
+
+
+def _reexec_argv(args: argparse.Namespace) -> Optional[tuple[str, ...]]:
+    """The command line to re-execute in a network namespace; None when called in-process (`main(argv)`)."""
+    return None if args.argv is None else tuple(args.argv)
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """`psworker local SPEC ...`: starts the whole cluster on this machine and supervises it."""
+    from psworker.launcher.backends.local import LocalOptions
+    from psworker.launcher.launch import launch
+
+    backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args), tensorboard_port=args.tensorboard)
+    return launch(launch_config(args, _spec_with_train_flags(args), backend))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`psworker run SPEC [flags] -- COMMAND...`: runs COMMAND once per task of the spec and supervises them."""
+    from psworker.launcher.backends.local import LocalOptions
+    from psworker.launcher.launch import launch
+
+    if not args.command:
+        raise UsageError("psworker run needs a command after '--', e.g. psworker run SPEC -- python train.py")
+    spec = load_spec(args.spec)
+    if args.train_dir is not None:
+        spec = dataclasses.replace(spec, train=merge_train(spec.train, {"train_dir": args.train_dir}))
+    backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args))
+    return launch(launch_config(args, spec, backend, command=args.command))
+
+
+def cmd_ssh(args: argparse.Namespace) -> int:
+    """`psworker ssh SPEC ...`: starts each task on the host its address names, over ssh, and supervises them."""
+    from psworker.launcher.backends.ssh import SshOptions
+    from psworker.launcher.launch import launch
+
+    backend = SshOptions(ssh_config=args.ssh_config, ssh_options=tuple(args.ssh_option), remote_dir=args.remote_dir)
+    return launch(launch_config(args, _spec_with_train_flags(args), backend, python=args.remote_python))
+
+
+def show_status(run_dir: str, as_json: bool, silent_secs: float) -> int:
+    """Prints the status of the run in `run_dir` (a table, then one line per silent task; or JSON)."""
+    import datetime
+    import time
+
+    from psworker.launcher.status import read_run_dir, render
+
+    status = read_run_dir(run_dir, now=time.time())
+    silent = {name: t.last_output_at for name, t in status.tasks.items()
+              if t.state not in ("done", "failed", "not started") and status.now - t.last_output_at >= silent_secs}
+    if as_json:
+        print(json.dumps({**status.as_dict(), "silent": sorted(silent)}, indent=2))
+        return 0
+    from rich.console import Console
+    Console().print(render(status, silent_secs))
+    for name, since in silent.items():
+        stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`psworker status RUN_DIR [--json]`: the status of a run, read from its cluster.yaml and task logs."""
+    return show_status(args.run_dir, args.json, args.silent_secs)
+
+
+def local_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC")
+    add_launch_flags(p)
+    add_train_flags(p)
+    p.add_argument("--tensorboard", nargs="?", type=port_type(free_ok=True), const=0, default=None, metavar="PORT",
+                   help="serve the run dir with TensorBoard on 127.0.0.1 while the run lasts and print its URL "
+                        "(PORT default: a free one)")
+
+
+def run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC")
+    add_launch_flags(p)
+    p.add_argument("--train_dir", default=None,
+                   help="the run directory (cluster.yaml, logs/); default: a fresh runs/<spec>-<time>")
+    p.epilog = ("after '--': the program and its arguments; {job_name} {task_index} {ps_hosts} {worker_hosts} "
+                "are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name}")
+
+
+def ssh_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="a spec whose addresses name the hosts, with fixed ports")
+    p.add_argument("--ssh_option", action="append", default=[], metavar="OPT",
+                   help="an ssh -o option, repeatable, e.g. --ssh_option Port=2200")
+    p.add_argument("--ssh_config", metavar="FILE", help="ssh client config file (ssh -F; default: ssh's own)")
+    p.add_argument("--remote_python", default=sys.executable,
+                   help="the interpreter on the hosts, with psworker installed (default: this one's path)")
+    p.add_argument("--remote_dir", metavar="DIR",
+                   help="directory on every host for cluster.yaml, the tasks' working directory (default: the "
+                        "run dir's absolute path)")
+    add_launch_flags(p, network=False)
+    add_train_flags(p)     # --train_dir: the run dir here (cluster.yaml, logs/) and the chief's on its host
+
+
+def status_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's train_dir (holds cluster.yaml and logs/)")
+    add_status_flags(p)

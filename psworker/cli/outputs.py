@@ -1,0 +1,90 @@
+"""`psworker data`, `eval`, `export` and `tensorboard`: data sets, and what a run leaves in its train_dir."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from psworker.cli.flags import add_model_flag, int_type, port_type, positive_float
+from psworker.spec import TrainConfig, merge_train
+
+__all__ = ["DATASETS", "cmd_data", "cmd_eval", "cmd_export", "cmd_tensorboard", "data_flags", "eval_flags",
+           "export_flags", "tensorboard_flags"]
+
+log = logging.getLogger(__name__)
+
+# `psworker data NAME`: NAME -> function in psworker.data.cifar10_files taking (data_dir). One registry.
+DATASETS = {"cifar10": "download_and_extract", "cifar10-synthetic": "write_synthetic"}
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    """`psworker data NAME --data_dir D`: downloads or writes a data set."""
+    from psworker.data import cifar10_files
+    getattr(cifar10_files, DATASETS[args.name])(args.data_dir)
+    log.info("%s ready in %s", args.name, args.data_dir)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`psworker eval --train_dir D ...`: evaluates the latest (or every new) checkpoint."""
+    checked = merge_train(TrainConfig(), {"model": args.model, "batch_size": args.batch_size,
+                                          "train_dir": args.train_dir, "data_dir": args.data_dir})
+    from psworker.train.evaluate import run_eval
+    # --model not given: run_eval takes it from the cluster.yaml a local run leaves in the train dir.
+    return run_eval(train_dir=checked.train_dir, data_dir=args.data_dir, model_name=args.model and checked.model,
+                    once=args.once, eval_interval_secs=args.eval_interval_secs,
+                    batch_size=None if args.batch_size is None else checked.batch_size)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`psworker export --train_dir D [--checkpoint C] [--model M]`: writes a SavedModel; prints its path."""
+    checked = merge_train(TrainConfig(), {"model": args.model, "train_dir": args.train_dir})
+    from psworker.train.export import run_export
+    print(run_export(train_dir=checked.train_dir, checkpoint=args.checkpoint, model_name=args.model and checked.model,
+                     export_base=args.export_dir), flush=True)
+    return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    """`psworker tensorboard --logdir D [--port P]`: serves D on 127.0.0.1 until Ctrl-C."""
+    import signal
+    import time
+
+    from psworker.launcher import tensorboard
+    # SIGTERM ends the command like Ctrl-C, through serve()'s exit, which stops TensorBoard.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with tensorboard.serve(args.logdir, args.port) as url:
+        print(f"psworker: TensorBoard at {url}", flush=True)
+        while True:
+            time.sleep(3600)
+
+
+def data_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))
+    p.add_argument("--data_dir", required=True)
+
+
+def eval_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train_dir", required=True)
+    p.add_argument("--data_dir", default=None)
+    add_model_flag(p, "registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
+    p.add_argument("--once", action="store_true", help="evaluate the latest checkpoint once and exit")
+    p.add_argument("--eval_interval_secs", type=positive_float, default=60.0, metavar="SECS",
+                   help="without --once: how often to look for a new checkpoint (default 60)")
+    p.add_argument("--batch_size", type=int_type(1), default=None, metavar="INT",
+                   help="examples per eval batch (default: the evaluator's)")
+
+
+def export_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train_dir", required=True)
+    p.add_argument("--checkpoint", default=None, help="a checkpoint prefix (default: the latest in --train_dir)")
+    add_model_flag(p, "registered model (default: the one in <train_dir>/cluster.yaml, else mlp)")
+    p.add_argument("--export_dir", default=None, help="parent of the <global_step> directory "
+                                                      "(default: <train_dir>/export)")
+
+
+def tensorboard_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--logdir", required=True)
+    p.add_argument("--port", type=port_type(free_ok=True), default=6006,
+                   help="the port on 127.0.0.1 (default 6006; 0: a free one)")

@@ -1,0 +1,93 @@
+"""The `psworker` argument parser: every subcommand in one table (`COMMANDS`), each with the function it runs
+and the flag groups it takes."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from psworker.cli import k8s, launchers, outputs, slurm, specs, tasks
+from psworker.cli.flags import add_cluster_flags, add_train_flags
+
+__all__ = ["COMMANDS", "Command", "build_parser"]
+
+TASK, LAUNCHER, OTHER = "task", "launcher", "other"   # how a command logs (see `psworker.cli.main`)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: `path` (e.g. `slurm submit`), what it runs, its help, its flag groups, its kind."""
+
+    path: str
+    run: Callable[[argparse.Namespace], int]
+    help: str
+    flags: tuple[Callable[[argparse.ArgumentParser], None], ...] = ()
+    kind: str = OTHER
+    takes_command: bool = False      # `-- COMMAND...` after its flags
+    description: Optional[str] = None
+
+
+GROUPS = {"slurm": "run a spec's cluster as a Slurm job",
+          "k8s": "run on Kubernetes: write manifests, apply, status, logs, delete"}
+
+COMMANDS = (
+    Command("validate", specs.cmd_validate, "check cluster spec files", (specs.validate_flags,)),
+    Command("plan", specs.cmd_plan, "show the tasks a spec starts and how to start them by hand", (specs.plan_flags,)),
+    Command("tf-config", specs.cmd_tf_config, "print one task's TF_CONFIG JSON", (specs.tf_config_flags,)),
+    Command("ps", tasks.cmd_ps, "run one parameter server task", (add_cluster_flags, tasks.ps_flags), TASK),
+    Command("worker", tasks.cmd_worker, "run one worker task (worker 0 is the chief)",
+            (add_cluster_flags, add_train_flags), TASK),
+    Command("local", launchers.cmd_local, "run a whole spec's cluster on this machine", (launchers.local_flags,),
+            LAUNCHER),
+    Command("run", launchers.cmd_run, "run your own distributed-TensorFlow script once per task of a spec "
+                                      "(TF_CONFIG and classic flags filled in)", (launchers.run_flags,), LAUNCHER,
+            takes_command=True),
+    Command("status", launchers.cmd_status, "show the status of a run from its run directory (started by any "
+                                            "backend)", (launchers.status_flags,)),
+    Command("data", outputs.cmd_data, "download or write a data set", (outputs.data_flags,)),
+    Command("eval", outputs.cmd_eval, "evaluate checkpoints from a train_dir", (outputs.eval_flags,)),
+    Command("export", outputs.cmd_export, "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>",
+            (outputs.export_flags,)),
+    Command("tensorboard", outputs.cmd_tensorboard, "serve a run dir with TensorBoard on 127.0.0.1 until Ctrl-C",
+            (outputs.tensorboard_flags,)),
+    Command("slurm submit", slurm.cmd_slurm_submit, "write a batch script for a spec into the run dir and submit it",
+            (slurm.submit_flags,), description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
+            "`psworker slurm launch` line it runs) and submits it with sbatch; prints the job id."),
+    Command("slurm launch", slurm.cmd_slurm_launch, "inside an allocation: run every task of a spec as its own srun "
+            "step", (slurm.launch_flags,), LAUNCHER, description="Lays the spec's tasks out on the allocation's nodes "
+            "(TensorFlow's SlurmClusterResolver rules), starts each as its own `srun` step and supervises them. Run "
+            "by the batch script `psworker slurm submit` writes."),
+    Command("slurm status", slurm.cmd_slurm_status, "show the status of a Slurm job's run", (slurm.status_flags,),
+            description="`psworker status` of the run dir of a job `psworker slurm submit` queued."),
+    Command("ssh", launchers.cmd_ssh, "run a spec's cluster on the hosts its addresses name, over ssh",
+            (launchers.ssh_flags,), LAUNCHER, description="Checks every host (ssh BatchMode, in parallel) before "
+            "starting anything, writes the spec on each host, starts each task over its own ssh connection and "
+            "supervises them; a task dies with its connection."),
+    Command("k8s manifest", k8s.cmd_k8s_manifest, "write a spec's Kubernetes objects as YAML", (k8s.manifest_flags,)),
+    Command("k8s apply", k8s.cmd_k8s_apply, "create or update a manifest file's objects", (k8s.apply_flags,)),
+    Command("k8s status", k8s.cmd_k8s_status, "show each task pod of a run", (k8s.run_flags,)),
+    Command("k8s logs", k8s.cmd_k8s_logs, "print a run's task logs", (k8s.logs_flags,)),
+    Command("k8s delete", k8s.cmd_k8s_delete, "delete every object of a run", (k8s.run_flags,)),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the argument parser from `COMMANDS` (no side effects; called by `main`)."""
+    parser = argparse.ArgumentParser(
+        prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker "
+                                     "tasks locally, over SSH, on Slurm or Kubernetes; train, evaluate, export.")
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for command in COMMANDS:
+        group, _, name = command.path.rpartition(" ")
+        if group and group not in groups:
+            group_parser = top.add_parser(group, help=GROUPS[group], description=GROUPS[group])
+            groups[group] = group_parser.add_subparsers(dest=f"{group}_command", required=True,
+                                                        metavar=f"{group.upper()}_COMMAND")
+        p = (groups[group] if group else top).add_parser(name, help=command.help,
+                                                         description=command.description or command.help)
+        p.set_defaults(func=command.run, kind=command.kind, takes_command=command.takes_command)
+        for add in command.flags:
+            add(p)
+    return parser

@@ -1,0 +1,217 @@
+"""The local backend: every task of a spec runs as a subprocess on this machine, bound to 127.0.0.1, in its own
+process group, dying with the launcher; optionally in a private network namespace (`--network`) and with
+TensorBoard on the run dir (`--tensorboard`)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Callable, Iterator, Mapping, Optional, Sequence, TextIO
+
+import psutil
+
+from psworker.errors import SpecError, UsageError
+from psworker.launcher.backends.base import Backend, popen_task
+from psworker.launcher.ports import pick_free_ports
+from psworker.plan import Task
+from psworker.spec import Address, ClusterSpec, format_address, with_addresses
+
+__all__ = ["LOCAL_HOST", "LocalBackend", "LocalOptions", "NETWORK_MODES", "resolve_local_spec"]
+
+logger = logging.getLogger(__name__)
+
+LOCAL_HOST = "127.0.0.1"
+NETWORK_MODES = ("auto", "isolated", "host")
+TENSORBOARD_PID_ENV = "PSWORKER_TENSORBOARD_PID"   # `--tensorboard`: the server a re-executed launcher must stop
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """How the local backend runs a cluster."""
+
+    BACKEND: ClassVar[str] = "local"
+
+    network: str = "auto"                        # auto | isolated | host (see `isolate_network`)
+    reexec_argv: Optional[tuple[str, ...]] = None   # the psworker command line, to re-execute in a namespace;
+                                                    # None: called in-process (never re-executed)
+    tensorboard_port: Optional[int] = None       # serve the run dir on 127.0.0.1 (0: a free port); None: no
+
+    def __post_init__(self) -> None:
+        if self.network not in NETWORK_MODES:
+            raise ValueError(f"network must be one of {', '.join(NETWORK_MODES)}, got {self.network!r}")
+
+
+def resolve_local_spec(spec: ClusterSpec, train_dir: str | os.PathLike) -> ClusterSpec:
+    """The spec as a local run starts it: every host 127.0.0.1, automatic ports chosen, train_dir filled in.
+
+    Fixed ports are kept; automatic ones (port 0) come from `pick_free_ports`, avoiding the fixed ones.
+
+    Raises:
+        SpecError: two tasks would share a port on 127.0.0.1 (e.g. `a:2222` and `b:2222`).
+    """
+    fixed: dict[int, str] = {}
+    for job in spec.jobs():
+        for i, a in enumerate(spec.addresses(job)):
+            if a.port == 0:
+                continue
+            here = f"cluster.{job}[{i}]"
+            if a.port in fixed:
+                raise SpecError(spec.source or "spec", here, f"port {a.port} is also used by {fixed[a.port]}; a "
+                                f"local run binds every task to {LOCAL_HOST}, so ports must differ")
+            fixed[a.port] = here
+    n_auto = sum(a.port == 0 for job in spec.jobs() for a in spec.addresses(job))
+    auto = iter([p for p in pick_free_ports(n_auto + len(fixed), LOCAL_HOST) if p not in fixed][:n_auto])
+    new = {job: [Address(LOCAL_HOST, a.port or next(auto)) for a in spec.addresses(job)] for job in spec.jobs()}
+    resolved = with_addresses(spec, **new)
+    for job in spec.jobs():
+        for i, (old, a) in enumerate(zip(spec.addresses(job), resolved.addresses(job))):
+            logger.debug("local address: %s:%d %s -> %s", job, i, format_address(old), a)
+    return dataclasses.replace(resolved, train=dataclasses.replace(spec.train, train_dir=str(train_dir)))
+
+
+def isolate_network(mode: str, argv: Optional[Sequence[str]]) -> None:
+    """`--network`: runs the local cluster in a private network namespace (loopback only) where possible, by
+    re-executing `psworker ARGV` there (this process is replaced); else warns, or refuses under `isolated`."""
+    from psworker.launcher import netns
+
+    if netns.inside() and netns.interfaces() == ["lo"]:
+        netns.bring_up_loopback()
+        logger.info("network: private namespace, interfaces %s: the cluster's ports are unreachable from outside",
+                    ", ".join(netns.interfaces()))
+        return
+    if mode == "host":
+        logger.warning("network: host; TensorFlow's unauthenticated servers listen on every interface of this host")
+        return
+    if argv is None:   # called as a library: replacing the caller's process is not ours to do
+        if mode == "isolated":
+            raise UsageError("--network isolated needs the psworker command itself (it re-executes in a namespace)")
+        logger.warning("network: not isolated (psworker.cli.main called in-process)")
+        return
+    if netns.available():
+        netns.reexec_isolated(argv)
+    if mode == "isolated":
+        raise UsageError("--network isolated: cannot create a network namespace here (needs Linux, util-linux "
+                         "'unshare' and user namespaces); use --network host on a firewalled machine")
+    logger.warning("network: no private namespace available (unshare not permitted); TensorFlow's unauthenticated "
+                   "servers listen on every interface of this host: firewall their ports")
+
+
+def _live_group_members(pgids: set[int]) -> dict[int, list[int]]:
+    """The non-zombie processes in each of the process groups `pgids`."""
+    live = set()
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, 0)
+            live.add(pgid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            live.add(pgid)
+    found: dict[int, list[int]] = {}
+    for proc in psutil.process_iter() if live else ():
+        try:
+            pgid = os.getpgid(proc.pid)
+            if pgid in live and proc.status() != psutil.STATUS_ZOMBIE:
+                found.setdefault(pgid, []).append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class LocalBackend(Backend):
+    """Runs each task as a subprocess of this launcher, in its own session (process group == pid); a signal goes
+    to the whole group, and the teardown also ends what a task started outside it (setsid)."""
+
+    Options = LocalOptions
+
+    def __init__(self, options: Optional[LocalOptions] = None, *, python: str = sys.executable,
+                 popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
+        """Args:
+            options, python: as `Backend`.
+            popen: starts a process, with subprocess.Popen's signature (injected so tests may swap it).
+        """
+        super().__init__(options, python=python)
+        self._popen = popen
+        self._strays: list[psutil.Process] = []    # what the tasks had started when the teardown began
+
+    def place(self, spec: ClusterSpec, run_dir: Path) -> ClusterSpec:
+        return resolve_local_spec(spec, run_dir)
+
+    @contextlib.contextmanager
+    def session(self, run_dir: Path, console: TextIO) -> Iterator[None]:
+        """TensorBoard on the run dir, started on this host's network before the launcher moves into its private
+        namespace (a re-executed launcher finds its pid in the environment and stops it at the end)."""
+        from psworker.launcher import tensorboard
+
+        opts = self.options
+        pid = os.environ.get(TENSORBOARD_PID_ENV)
+        if opts.tensorboard_port is not None and pid is None:
+            started, url = tensorboard.start_detached(str(run_dir), opts.tensorboard_port)
+            pid = os.environ[TENSORBOARD_PID_ENV] = str(started)
+            print(f"psworker: TensorBoard at {url} (127.0.0.1 only), for as long as the run lasts", file=console,
+                  flush=True)
+        try:
+            argv = opts.reexec_argv   # the re-executed launcher takes the run dir chosen here
+            isolate_network(opts.network, None if argv is None else [*argv[:1], "--train_dir", str(run_dir),
+                                                                      *argv[1:]])
+            yield
+        finally:
+            if pid is not None:
+                tensorboard.stop_pid(int(pid))
+
+    def banner(self, tasks: Sequence[Task], log_dir: Path) -> str:
+        where = ", ".join(f"{t.name}={t.address}" for t in tasks)
+        return f"starting {len(tasks)} tasks on {LOCAL_HOST} ({where}); logs in {log_dir}"
+
+    def start(self, task: Task, env: Mapping[str, str]) -> subprocess.Popen:
+        return popen_task(self._popen, task.argv, env)
+
+    def signal(self, proc: subprocess.Popen, sig: int) -> None:
+        _signal_group(proc.pid, sig)
+
+    def terminate(self, procs: Sequence[subprocess.Popen]) -> None:
+        """SIGTERM and SIGCONT to every task's group (an exited task may have left members), and SIGTERM to what
+        the running ones started outside it."""
+        self._strays = []
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(psutil.Error):
+                    self._strays += psutil.Process(p.pid).children(recursive=True)
+        for pgid in _live_group_members({p.pid for p in procs}):
+            _signal_group(pgid, signal.SIGTERM)
+            _signal_group(pgid, signal.SIGCONT)
+        for proc in self._strays:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+
+    def alive(self, procs: Sequence[subprocess.Popen]) -> list[str]:
+        members = _live_group_members({p.pid for p in procs})
+        pids = {pid for group in members.values() for pid in group} | {p.pid for p in self._strays if _alive(p)}
+        pids |= {p.pid for p in procs if p.poll() is None}
+        return [f"pid {pid}" for pid in sorted(pids)]
+
+    def kill(self, procs: Sequence[subprocess.Popen]) -> None:
+        for pgid in _live_group_members({p.pid for p in procs}):
+            _signal_group(pgid, signal.SIGKILL)
+        for proc in self._strays:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
