@@ -229,6 +229,15 @@ class LineGrouper:
             out.append(self._release())
         return out
 
+    def release(self, name: str) -> list[str]:
+        """Releases the groups up to the one of task `name`'s latest line (its output has ended: nothing of it waits
+        behind the launcher's word that it exited)."""
+        last = self._last.get(name, 0)
+        out = []
+        while self._queue and self._queue[0].seq <= last:
+            out.append(self._release())
+        return out
+
     def drain(self) -> list[str]:
         """Releases every waiting group (the run is over)."""
         return [self._release() for _ in range(len(self._queue))]

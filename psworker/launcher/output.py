@@ -74,6 +74,8 @@ class OutputCopier:
         except Exception as err:
             self._error(name, err)
         finally:
+            with self._cond:
+                self._write(self._grouper.release(name))
             for f in (stream, log):
                 with contextlib.suppress(Exception):
                     f.close()
