@@ -106,6 +106,7 @@ def supervise(tasks: Sequence[Any], processes: ProcessBackend, config: LaunchCon
     Returns:
         The result, and the signal that stopped the launcher (None if none did).
     """
+    from psworker.launcher import stacks
     from psworker.launcher.console import for_console
     from psworker.launcher.output import GROUP_WINDOW_SECS
     from psworker.launcher.status import live_view
@@ -115,7 +116,8 @@ def supervise(tasks: Sequence[Any], processes: ProcessBackend, config: LaunchCon
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=faults,
-                         stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs)
+                         stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs,
+                         stacks=stacks.for_run(own_tasks=not config.command, local=config.backend == "local"))
         attach(sup.progress)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
         with signals as caught, sup:

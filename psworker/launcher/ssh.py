@@ -206,7 +206,7 @@ class SshProcessBackend:
                 except subprocess.TimeoutExpired:
                     killer.kill()
                     killer.wait()
-            if sig in (signal.SIGSTOP, signal.SIGCONT):
+            if sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGUSR1):   # SIGUSR1: a request for its stacks
                 logger.warning("could not send %s to the remote task of ssh pid %d", name, proc.pid)
                 return
         with contextlib.suppress(ProcessLookupError):
