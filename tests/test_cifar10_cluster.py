@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from psworker.launcher.console import by_task
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, run_launcher, task_env
 
@@ -47,9 +48,10 @@ def test_batch_32_learns_with_the_scaled_learning_rate(tmp_path, cifar_dir):
                        cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.output[-4000:]
     assert "[worker:0] step " in run.output and "[worker:1] step " in run.output
+    shown = by_task(run.output)     # a line both workers print at once is shown once: `[worker:0-1] ...`
     for worker in ("worker:0", "worker:1"):
-        assert re.search(rf"\[{worker}\] .*learning rate 0.025 \(0.1 x 32/128, linear scaling; "
-                         r"--scale_learning_rate false to turn off\)", run.output), run.output[-4000:]
+        assert any(re.search(r"learning rate 0.025 \(0.1 x 32/128, linear scaling; --scale_learning_rate false to "
+                             r"turn off\)", line) for line in shown[worker]), run.output[-4000:]
     if not _gpus():
         assert "[worker:1] " in run.output and "towers: 1 on /cpu:0 (no GPU visible)" in run.output
     assert 400 <= checkpoint_step(train_dir) <= 402   # async: each worker may finish the step it was running
@@ -88,7 +90,7 @@ def test_gpu_towers_train_and_report_their_throughput(tmp_path, cifar_dir):
                             "600", "--batch_size", "128", "--num_devices", towers, "--log_every_steps", "100"],
                            cwd=tmp_path, timeout=300)
         assert run.returncode == 0, run.output[-4000:]
-        assert f"[worker:0] towers: {devices.count('/gpu:')} on {devices}" in run.output, run.output[-4000:]
+        assert f"towers: {devices.count('/gpu:')} on {devices}" in by_task(run.output)["worker:0"], run.output[-4000:]
         last = {who: float(rate) for who, rate in RATE.findall(run.output)}
         assert last, run.output[-4000:]
         rates[towers] = sum(last.values())

@@ -129,6 +129,17 @@ def test_each_tasks_order_is_kept():
     assert g.due(1.0) == ["[worker:0] x", "[worker:0-1] y", "[worker:0-1] x"]
 
 
+def test_a_tasks_lines_are_released_when_its_output_ends():
+    g = LineGrouper(0.5)
+    add(g, "worker:0", "a", 0.0)
+    add(g, "worker:1", "a", 0.1)
+    add(g, "worker:1", "b", 0.2)
+    add(g, "worker:2", "c", 0.3)
+    assert g.release("worker:1") == ["[worker:0-1] a", "[worker:1] b"]      # and what came before them
+    assert g.release("worker:1") == [] and g.release("worker:9") == []
+    assert g.drain() == ["[worker:2] c"]
+
+
 def test_a_line_without_a_key_is_never_grouped_and_waits_only_for_the_lines_before_it():
     g = LineGrouper(0.5)
     add(g, "worker:0", "waiting", 0.0)
@@ -215,13 +226,19 @@ def same_lines(console_lines: list[str], log: Path, tokens: TaskTokens) -> None:
 
 
 def test_24_tasks_printing_the_same_start_up_lines_show_each_line_once(tmp_path):
-    tasks = [chorus("worker", i) for i in range(24)]
+    hold = tmp_path / "hold"
+    tasks = [chorus("worker", i, "--hold", str(hold)) for i in range(24)]
+    logs = [tmp_path / "logs" / f"worker-{i}.log" for i in range(24)]
     console = io.StringIO()
-    # The window outlasts the run, so every group is released when the run ends, whatever order the 24 processes
-    # print in on a loaded machine; test_grouped_lines_come_out_while_the_tasks_run covers the real window.
+    # The window outlasts the start-up, however slowly 24 processes start on a loaded machine: the groups are
+    # released once the tasks' output ends (test_grouped_lines_come_out_while_the_tasks_run: the real window).
     with Supervisor(tasks, tmp_path / "logs", console=console, console_filter=for_console,
                     console_window_secs=3600.0, ps_exit_grace_secs=0.2) as sup:
-        result = sup.wait(timeout=180)
+        poll_until(sup, lambda: all(log.exists() and log.read_text().count("\n") == 5 for log in logs), 180,
+                   "every task's 5 lines in its log")
+        assert console.getvalue() == ""          # all held for their window
+        hold.touch()
+        result = sup.wait(timeout=60)
     assert result.ok, (result.reason, console.getvalue())
     lines = console.getvalue().splitlines()
     assert lines[:4] == ["[worker:0-23] towers: 1 on /cpu:0 (no GPU visible)",

@@ -91,6 +91,7 @@ def digits_held_out():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)   # a cluster, then four TF processes one after another: minutes on a loaded 2-core machine
 def test_exported_run_scores_like_eval_in_a_fresh_process(tmp_path):
     train_dir = tmp_path / "run"
     trained = run_launcher([str(REPO / "cluster_specs/local.yaml"), "--max_steps", "200", "--train_dir",

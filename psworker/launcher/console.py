@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from psworker import events
+from psworker import events, stackdump
 
 __all__ = ["is_noise", "for_console", "PeopleFormatter", "TaskTokens", "normalise", "format_tasks",
            "expand_tasks", "by_task", "render_group", "LineGrouper"]
@@ -50,6 +50,8 @@ def for_console(line: str) -> str | None:
     warnings and errors keep their level.
     """
     if is_noise(line) or not line.strip():     # blank lines: gRPC error blocks are full of them
+        return None
+    if stackdump.is_dump_line(line):           # in the log; the report shows the innermost frames
         return None
     record = events.LogRecord.parse(line)
     if record is None or record.logger.split(".")[0] != "psworker":
@@ -196,8 +198,9 @@ class LineGrouper:
     """Groups the lines that several tasks print within `window_secs` of the first one; time comes from the caller.
 
     A line joins the oldest waiting group with the same key that began after the task's own previous line's group,
-    or begins a new group (alone when it has no key). Groups are released oldest first, each once its window is over, so no line waits longer
-    than the window and each task's lines keep their order. A window of 0 releases every line as it comes.
+    or begins a new group (alone when it has no key). Groups are released oldest first, each once its window is
+    over, so no line waits longer than the window and each task's lines keep their order. A window of 0 releases
+    every line as it comes.
     """
 
     def __init__(self, window_secs: float) -> None:
@@ -226,6 +229,15 @@ class LineGrouper:
         """Releases the groups whose window is over at `now`, oldest first."""
         out = []
         while self._queue and self._queue[0].due <= now:
+            out.append(self._release())
+        return out
+
+    def release(self, name: str) -> list[str]:
+        """Releases the groups up to the one of task `name`'s latest line (its output has ended: nothing of it waits
+        behind the launcher's word that it exited)."""
+        last = self._last.get(name, 0)
+        out = []
+        while self._queue and self._queue[0].seq <= last:
             out.append(self._release())
         return out
 

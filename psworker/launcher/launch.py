@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 
 from psworker import events
 from psworker.launcher import backends
-from psworker.launcher.backends.base import Backend, ProcessBackend
+from psworker.launcher.backends.base import Backend
 from psworker.launcher.command import command_tasks
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
@@ -71,13 +71,14 @@ def plan_tasks(spec: ClusterSpec, config: LaunchConfig, python: str, spec_path: 
     return with_rejoin_grace(plan(spec, spec_path, python=python), config.policy)
 
 
-def supervise(tasks: Sequence[Task], processes: ProcessBackend, config: LaunchConfig, log_dir: Path, *,
+def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, log_dir: Path, *,
               console: TextIO, install_signal_handlers: bool = True) -> tuple[RunResult, Optional[int]]:
     """Runs `tasks` under one `Supervisor` until the run ends.
 
     Returns:
         The result, and the signal that stopped the launcher (None if none did).
     """
+    from psworker.launcher import stacks
     from psworker.launcher.console import for_console
     from psworker.launcher.output import GROUP_WINDOW_SECS
     from psworker.launcher.status import live_view
@@ -87,7 +88,8 @@ def supervise(tasks: Sequence[Task], processes: ProcessBackend, config: LaunchCo
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=config.faults,
-                         stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs)
+                         stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs,
+                         stacks=stacks.for_run(own_tasks=not config.command, local=processes.LOCAL_PIDS))
         attach(sup.progress)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
         with signals as caught, sup:

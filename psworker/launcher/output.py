@@ -20,9 +20,10 @@ __all__ = ["OutputCopier", "GROUP_WINDOW_SECS"]
 
 logger = logging.getLogger(__name__)
 
-# How long the console holds a task's line for the same line from other tasks: the start-up lines of tasks
-# started together arrive within tens of ms of each other on a cluster (within 0.5 s on 10 tasks sharing 2
-# cores), and half a second is too short for a person to notice or for the console to fall behind the live view.
+# How long the console holds a task's line for the same line from other tasks. 9 tasks sharing 2 cores print
+# their start-up lines 2 to 4 at a time within it (closer still on a cluster, each task on its own cores); a longer
+# wait would group more there but hold every warning and error as long. Half a second is the live view's refresh
+# period: too short for a person to notice. A constant, not a flag: `--verbose` and the logs show every line as is.
 GROUP_WINDOW_SECS = 0.5
 _FLUSHER_JOIN_SECS = 5.0
 
@@ -69,11 +70,14 @@ class OutputCopier:
                         self._error(name, err)
                 shown = text if self._filter is None else self._filter(text)
                 if shown is not None:     # a step line is never grouped: each task's step is its own
-                    key = None if isinstance(event, events.Step) else shown if tokens is None else normalise(shown, tokens)
+                    alone = self._window <= 0 or isinstance(event, events.Step)
+                    key = None if alone else shown if tokens is None else normalise(shown, tokens)
                     self._show(name, shown, key)
         except Exception as err:
             self._error(name, err)
         finally:
+            with self._cond:
+                self._write(self._grouper.release(name))
             for f in (stream, log):
                 with contextlib.suppress(Exception):
                     f.close()

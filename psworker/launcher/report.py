@@ -7,6 +7,8 @@ import signal
 from dataclasses import dataclass
 from typing import Optional
 
+from psworker import stackdump
+
 __all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report"]
 
 
@@ -22,6 +24,8 @@ class TaskExit:
     restarts: int
     stopped: bool = False
     restart_causes: tuple[str, ...] = ()   # why each restart happened, in order
+    stack: tuple[str, ...] = ()     # a stopped or failed task: its main thread's innermost frames, from the last
+                                    # stack dump in its log (`psworker.stackdump`), innermost first
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,9 @@ def exit_status(returncode: int) -> int:
 
 
 def format_report(result: RunResult) -> str:
-    """A report for people: the first failing task, its exit, its last log lines, then one row per task
-    with its exit and its restarts (and their causes)."""
+    """A report for people: the first failing task, its exit, where it was (its main thread's innermost frames,
+    when its log holds a stack dump), its last log lines, then one row per task with its exit, its restarts (and
+    their causes) and, for a stopped task, its innermost frame."""
     lines = []
     if result.ok:
         lines.append("psworker: run succeeded" + (f" ({result.reason})" if result.reason else ""))
@@ -74,9 +79,16 @@ def format_report(result: RunResult) -> str:
         lines.append(f"psworker: run failed: {f.name} {f.reason or describe_returncode(f.returncode)} "
                      f"(first failure, at {at})")
         log_path = result.exits[f.name].log_path if f.name in result.exits else "?"
-        lines.append(f"--- last {len(f.log_tail)} lines of {f.name} (full log: {log_path}) ---")
-        lines.extend(f"  {line}" for line in f.log_tail)
-        if not f.log_tail:
+        stack = result.exits[f.name].stack if f.name in result.exits else ()
+        if stack:
+            lines.append(f"--- where {f.name} was: its main thread, innermost frame first (every thread's stack: "
+                         f"{log_path}) ---")
+            lines.extend(f"  {frame}" for frame in stack)
+        tail = [line for line in f.log_tail if not stackdump.is_dump_line(line)] if stack else list(f.log_tail)
+        left_out = ", stack lines left out" if len(tail) < len(f.log_tail) else ""
+        lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{left_out} (full log: {log_path}) ---")
+        lines.extend(f"  {line}" for line in tail)
+        if not tail:
             lines.append("  (no output)")
     else:
         lines.append("psworker: run stopped" + (f" ({result.reason})" if result.reason else ""))
@@ -92,4 +104,6 @@ def format_report(result: RunResult) -> str:
         took = f"{e.ended_at - e.started_at:.1f} s{restarts}"
         lines.append(f"  {name:<{width}}  {status}  [{took}]  {e.log_path}")
         lines.extend(f"  {'':<{width}}    restart {i}: {cause}" for i, cause in enumerate(e.restart_causes, 1))
+        if e.stack and (result.failure is None or name != result.failure.name):
+            lines.append(f"  {'':<{width}}    was in {e.stack[0]} (every thread's stack in its log)")
     return "\n".join(lines)

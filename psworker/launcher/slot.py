@@ -55,6 +55,7 @@ class Slot:
     restart_at: Optional[float] = None  # a restart waiting for its backoff
     restart_cause: str = ""
     resume_at: Optional[float] = None   # SIGSTOPped by an injected fault until then
+    kill_after: Optional[tuple[int, float]] = None   # stalled: SIGKILL once a dump follows log offset [0], or at [1]
 
     @property
     def name(self) -> str:
@@ -78,6 +79,6 @@ class Slot:
     def new_attempt(self, popen: subprocess.Popen) -> None:
         """Resets the per-attempt state for a just-started process."""
         self.popen, self.started_at = popen, time.time()
-        self.ended_at = self.returncode = self.cause = self.forced_code = self.resume_at = None
+        self.ended_at = self.returncode = self.cause = self.forced_code = self.resume_at = self.kill_after = None
         self.judged = self.stopped = False
         self.tail = collections.deque(maxlen=LOG_TAIL_LINES)

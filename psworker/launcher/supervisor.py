@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
-from psworker import events
+from psworker import events, stackdump
 from psworker.launcher import watch
 from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
@@ -22,12 +22,14 @@ from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.slot import SERVER_JOBS, Slot, TaskLike
+from psworker.launcher.stacks import StackAsker
 
 __all__ = ["Supervisor", "SERVER_JOBS"]
 
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_SECS = 0.1
+STACK_FRAMES = 5                  # the report shows this many innermost frames of a stuck task's main thread
 _READER_JOIN_SECS = 5.0
 
 # (task name, returncode, restarts so far) -> True to restart; a `delay(restarts)` method sets the backoff.
@@ -64,6 +66,7 @@ class Supervisor:
         faults: Sequence[Fault] = (),
         stall_timeout_secs: Optional[float] = None,
         done_jobs: Optional[frozenset[str]] = None,
+        stacks: Optional[StackAsker] = None,
     ) -> None:
         """Args:
             tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
@@ -79,6 +82,8 @@ class Supervisor:
             faults: injected faults (`psworker.launcher.inject`).
             stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
             done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
+            stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
+                (`psworker.launcher.stacks`); None: not asked.
         """
         names = [t.name for t in tasks]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -92,6 +97,7 @@ class Supervisor:
         self._restart_policy = restart_policy
         self._faults = list(faults)
         self._stall = stall_timeout_secs
+        self._stacks = stacks
         self._done_jobs = done_jobs if done_jobs is not None else frozenset(t.job for t in tasks) - SERVER_JOBS
         self.progress = Progress(names)
         self._lock = threading.RLock()
@@ -303,7 +309,8 @@ class Supervisor:
         watch.resume_stopped(self._slots.values(), self._backend, self.progress, now)
         watch.fire_faults(self._slots, self._faults, self._backend, self.progress, now - self._started_time, now)
         if self._stall:
-            watch.kill_stalled(self._slots.values(), self._backend, self.progress, self._stall, now)
+            watch.kill_stalled(self._slots.values(), self._backend, self.progress, self._stall, now, self._stacks)
+            watch.kill_after_stacks(self._slots.values(), self._backend)
 
     def _decide(self, now: float) -> Optional[RunResult]:
         slots = list(self._slots.values())
@@ -375,6 +382,8 @@ class Supervisor:
     def _finish(self, ok: bool, reason: str) -> RunResult:
         procs = [s.popen for s in self._slots.values() if s.popen is not None]
         running = [s for s in self._slots.values() if s.running]
+        if running and self._stacks is not None:
+            self._stacks.ask_all(running, self._backend, f"stopping: {reason}")
         for slot in running:
             slot.stopped = True
             self.progress.set_state(slot.name, "stopped")
@@ -391,11 +400,23 @@ class Supervisor:
                 if slot.reader.is_alive():
                     logger.error("the log reader of %s did not finish", slot.name)
         self._output.close()
+        failed = self._failure.name if self._failure is not None else None
         exits = {s.name: TaskExit(s.name, s.returncode, s.started_at, s.ended_at, str(s.log_path), s.restarts,
-                                  s.stopped, tuple(s.causes))
+                                  s.stopped, tuple(s.causes),
+                                  _innermost_frames(s.log_path) if s.stopped or s.name == failed else ())
                  for s in self._slots.values() if s.popen is not None}
         self._result = RunResult(ok, exits, self._failure, reason)
         if self._output.errors:
             logger.error("%d error(s) while copying task output; the first: %r",
                          len(self._output.errors), self._output.errors[0][1])
         return self._result
+
+
+def _innermost_frames(log_path: Path) -> tuple[str, ...]:
+    """The innermost frames of the main thread in the last stack dump of the task's current attempt, if any."""
+    try:
+        text = events.current_attempt(log_path.read_text(errors="replace"))
+    except OSError:
+        return ()
+    dump = stackdump.last_dump(text)
+    return () if dump is None else dump.innermost(STACK_FRAMES)

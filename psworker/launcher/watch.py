@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Iterable, Mapping
+import time
+from typing import Iterable, Mapping, Optional
 
 from psworker.launcher.inject import Fault
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.slot import Slot
+from psworker.launcher.stacks import StackAsker, dump_since
 
-__all__ = ["STALL_JOBS", "fire_faults", "kill_stalled", "resume_stopped"]
+__all__ = ["STALL_JOBS", "fire_faults", "kill_after_stacks", "kill_stalled", "resume_stopped"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +53,10 @@ def fire_faults(slots: Mapping[str, Slot], faults: list[Fault], backend: Process
 
 
 def kill_stalled(slots: Iterable[Slot], backend: ProcessBackend, progress: Progress, timeout_secs: float,
-                 now: float) -> None:
+                 now: float, stacks: Optional[StackAsker] = None) -> None:
     """SIGKILL to every running worker whose step has not moved for `timeout_secs` (counted from its start
-    until its first step line), unless an injected fault stopped it."""
+    until its first step line), unless an injected fault stopped it. With `stacks`, it is first asked for its
+    stacks, and `kill_after_stacks` kills it once they are in its log (or their wait is over)."""
     seen = progress.snapshot()
     for slot in slots:
         if (not slot.running or slot.task.job not in STALL_JOBS or slot.cause is not None
@@ -64,4 +67,22 @@ def kill_stalled(slots: Iterable[Slot], backend: ProcessBackend, progress: Progr
             what = "no step line" if p.step is None else f"step {p.step} unchanged"
             slot.cause = f"stalled: {what} for {now - p.step_moved_at:.0f} s"
             logger.warning("%s %s; killing it", slot.name, slot.cause)
-            backend.signal(slot.popen, signal.SIGKILL)
+            offset = None if stacks is None else stacks.ask(slot, backend, slot.cause, bool(slot.tail))
+            if offset is None:
+                backend.signal(slot.popen, signal.SIGKILL)
+            else:
+                slot.kill_after = (offset, time.monotonic() + stacks.wait_secs)
+
+
+def kill_after_stacks(slots: Iterable[Slot], backend: ProcessBackend) -> None:
+    """SIGKILL to every stalled task asked for its stacks whose dump is in its log, or whose wait is over."""
+    for slot in slots:
+        if slot.kill_after is None or not slot.running:
+            continue
+        offset, deadline = slot.kill_after
+        if dump_since(slot.log_path, offset) is None:
+            if time.monotonic() < deadline:
+                continue
+            logger.warning("no stack dump from %s within its wait; killing it without", slot.name)
+        slot.kill_after = None
+        backend.signal(slot.popen, signal.SIGKILL)

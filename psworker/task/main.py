@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+import faulthandler
 import gc
 import logging
 import os
 import sys
 import time
 
-from psworker import events
+from psworker import events, stackdump
 from psworker.errors import EXIT_OK, UsageError
 from psworker.spec import ClusterSpec, TrainConfig
 
@@ -30,6 +31,14 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def dump_stacks_on_signal() -> None:
+    """From now on `stackdump.SIGNAL` (SIGUSR1) writes every thread's Python stack into this task's log (stderr)
+    and the task goes on: the launcher asks for it before it stops a stalled or remaining task; by hand, `kill
+    -USR1 PID`. Called before the task prints anything; its first line (`stackdump.Ready`) tells the launcher."""
+    faulthandler.register(stackdump.SIGNAL, file=sys.stderr, all_threads=True)
+    print(stackdump.Ready(os.getpid()).render(), file=sys.stderr, flush=True)
 
 
 def _import_tensorflow(name: str):
@@ -62,6 +71,7 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
     from psworker.task import server as srv
     from psworker.task import done_queue, shutdown
 
+    dump_stacks_on_signal()
     name = f"ps:{index}"
     srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
     _import_tensorflow(name)
@@ -91,6 +101,7 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     """
     from psworker.task import server as srv
 
+    dump_stacks_on_signal()
     name = f"worker:{index}"
     srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
     if index == 0 and config.train_dir is None:
@@ -119,4 +130,4 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     return EXIT_OK
 
 
-__all__ = ["run_ps", "run_worker", "exit_now", "CHIEF_NEEDS_TRAIN_DIR"]
+__all__ = ["run_ps", "run_worker", "exit_now", "dump_stacks_on_signal", "CHIEF_NEEDS_TRAIN_DIR"]

@@ -7,9 +7,11 @@ What differs between replications comes in a `Replication` (`between_graph`, `in
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -266,7 +268,7 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
             sess.run(tg.train_op, options=first if session_now != seen_session else steady)
         except tf.errors.DeadlineExceededError:
             down = peers.describe_down() if peers is not None else ""
-            raise StepTimeout(timeout_message + (f" (down now: {down})" if down else "")) from None
+            raise _step_timeout(timeout_message + (f" (down now: {down})" if down else "")) from None
         except tf.errors.OutOfRangeError:
             # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
             # step read at the end tells whether training is complete.
@@ -278,7 +280,16 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         seen_session = creator.sessions_created
         failure = peers.failure() if peers is not None else None
         if failure:
-            raise StepTimeout(failure)
+            raise _step_timeout(failure)
+
+
+def _step_timeout(message: str) -> StepTimeout:
+    """The error of a step that timed out, once every thread's stack is in the log (faulthandler's format,
+    `psworker.stackdump`): the launcher's report shows where the main thread was."""
+    log.error("%s; every thread's stack follows", message)
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    return StepTimeout(message)
 
 
 def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:

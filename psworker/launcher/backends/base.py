@@ -80,6 +80,7 @@ class Backend(ABC):
 
     Options: ClassVar[type]           # the backend's frozen options dataclass
     HARD_END: ClassVar[str] = "sending SIGKILL"   # the teardown's warning: what `kill` does, in words
+    LOCAL_PIDS: ClassVar[bool] = False     # the tasks' pids are this machine's (py-spy can read their stacks)
 
     def __init__(self, options: Any = None, *, python: str = sys.executable) -> None:
         """Args:

@@ -142,6 +142,7 @@ class LocalBackend(Backend):
     to the whole group, and the teardown also ends what a task started outside it (setsid)."""
 
     Options = LocalOptions
+    LOCAL_PIDS = True
 
     def __init__(self, options: Optional[LocalOptions] = None, *, python: str = sys.executable,
                  popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:

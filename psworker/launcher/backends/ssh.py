@@ -177,7 +177,7 @@ class SshBackend(Backend):
             name = signal.Signals(sig).name.removeprefix("SIG")
             if self._await(self._remote_kill(proc, f'kill -{name} "$1"'), SSH_COMMAND_TIMEOUT_SECS):
                 return
-            if sig in (signal.SIGSTOP, signal.SIGCONT):
+            if sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGUSR1):   # SIGUSR1: a request for its stacks
                 logger.warning("could not send %s to the remote task of ssh pid %d", name, proc.pid)
                 return
         with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,212 @@
+"""Python's stack dumps in a task's log, beside `psworker.events`: the launcher's request line (`Requested`) and
+the dump itself in `faulthandler`'s format, which psworker's tasks write on `SIGNAL` and when a step times out,
+and into which the launcher turns py-spy's dump of a user's program. `parse_dumps` reads them back for the
+failure report (`innermost` frames of the main thread) and for the launcher's wait (`is_complete`).
+
+    Thread 0x00007f244d2ee6c0 (most recent call first):
+      File "/usr/lib/python3.11/threading.py", line 331 in wait
+      ...
+
+    Current thread 0x00007f244ee54b80 (most recent call first):
+      File "train.py", line 3 in inner
+      File "train.py", line 8 in <module>
+
+faulthandler lists the newest thread first, so the main thread (the oldest) comes last; "Current thread" is the
+one that ran the signal handler, the main thread unless it blocks the signal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import signal
+from dataclasses import dataclass
+from typing import ClassVar, Iterator, Optional, Sequence
+
+__all__ = ["SIGNAL", "Frame", "ThreadStack", "Dump", "Ready", "Requested", "is_dump_line", "parse_dumps", "last_dump",
+           "from_py_spy"]
+
+SIGNAL = signal.SIGUSR1          # psworker's tasks dump every thread's stack on it (faulthandler), and go on
+
+_HEADER = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+) \(most recent call first\):\s*$")
+_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*?)\s*$')
+_MORE = re.compile(r"^  (?:\.\.\.|<no Python frame>)\s*$")      # a stack cut at 100 frames; a thread without any
+# The outermost frame of a program's main thread: a script, `python -m`, a console script.
+_PROGRAM_ENTRY = frozenset({"<module>", "_run_module_as_main"})
+_THREAD_ENTRY = "_bootstrap"       # threading.Thread's outermost frame
+_IMPORT_MACHINERY = "<frozen importlib."
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One line of a stack: where, and in which function."""
+
+    file: str
+    line: Optional[int]
+    function: str
+
+    def render(self) -> str:
+        return f'  File "{self.file}", line {"???" if self.line is None else self.line} in {self.function}'
+
+    @property
+    def short(self) -> str:
+        """`inner (fake_tasks/stuck.py:3)`: the file's last two path parts."""
+        where = "/".join(self.file.replace("\\", "/").split("/")[-2:])
+        return f"{self.function} ({where}:{'?' if self.line is None else self.line})"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's stack, innermost frame first (as faulthandler prints it)."""
+
+    thread_id: int
+    frames: tuple[Frame, ...]
+    current: bool = False
+    cut: bool = False               # faulthandler printed only the innermost 100 frames
+
+    def render(self) -> str:
+        head = f"{'Current thread' if self.current else 'Thread'} 0x{self.thread_id:016x} (most recent call first):"
+        return "\n".join([head, *(f.render() for f in self.frames), *(["  ..."] if self.cut else [])])
+
+    @property
+    def entry(self) -> Optional[str]:
+        """The outermost frame's function, None when the stack was cut or is empty."""
+        return None if self.cut or not self.frames else self.frames[-1].function
+
+
+@dataclass(frozen=True)
+class Dump:
+    """Every thread's stack at one moment, in faulthandler's order (newest thread first)."""
+
+    threads: tuple[ThreadStack, ...]
+
+    def render(self) -> str:
+        return "\n\n".join(t.render() for t in self.threads)
+
+    @property
+    def main_thread(self) -> ThreadStack:
+        """The last thread that was not started by `threading` (the oldest: the main thread), else the last."""
+        own = [t for t in self.threads if t.entry is None or not t.entry.endswith(_THREAD_ENTRY)]
+        return (own or list(self.threads))[-1]
+
+    @property
+    def is_complete(self) -> bool:
+        """Its last thread ends at a program's entry: the main thread, which faulthandler writes last."""
+        return bool(self.threads) and self.threads[-1].entry in _PROGRAM_ENTRY
+
+    def innermost(self, count: int = 5) -> tuple[str, ...]:
+        """The main thread's innermost `count` frames, `function (file:line)`, innermost first; the import
+        machinery's frames left out (a task stuck in an import shows the module's line)."""
+        return tuple(f.short for f in self.main_thread.frames if not f.file.startswith(_IMPORT_MACHINERY))[:count]
+
+
+def is_dump_line(line: str) -> bool:
+    """A line of a dump (a thread's header, a frame, a cut) or `Ready`: the console leaves them to the log."""
+    line = line.rstrip("\r\n")
+    return bool(_HEADER.match(line) or _FRAME.match(line) or _MORE.match(line) or Ready.parse(line))
+
+
+def parse_dumps(text: str) -> list[Dump]:
+    """Every dump in a text (a log), in order. A dump is a run of thread blocks with only blank lines between
+    them; any other line ends it."""
+    dumps: list[Dump] = []
+    threads: list[ThreadStack] = []
+    block: Optional[dict] = None
+    for line in text.splitlines():
+        line = line.rstrip("\r")
+        header, frame = _HEADER.match(line), _FRAME.match(line)
+        if block is not None and (frame or _MORE.match(line)):
+            if frame:
+                block["frames"].append(Frame(frame["file"], None if frame["line"] == "???" else int(frame["line"]),
+                                             frame["function"]))
+            else:
+                block["cut"] = block["cut"] or line.strip() == "..."
+            continue
+        if block is not None:
+            threads.append(ThreadStack(block["id"], tuple(block["frames"]), block["current"], block["cut"]))
+            block = None
+        if header:
+            block = {"id": int(header["id"], 16), "current": header["current"] != "Thread", "frames": [],
+                     "cut": False}
+        elif line.strip() and threads:
+            dumps.append(Dump(tuple(threads)))
+            threads = []
+    if block is not None:
+        threads.append(ThreadStack(block["id"], tuple(block["frames"]), block["current"], block["cut"]))
+    if threads:
+        dumps.append(Dump(tuple(threads)))
+    return dumps
+
+
+def last_dump(text: str) -> Optional[Dump]:
+    """The last dump in a text, or None."""
+    dumps = parse_dumps(text)
+    return dumps[-1] if dumps else None
+
+
+def from_py_spy(output: str, pid: int) -> Dump:
+    """The dump of `py-spy dump --json --pid PID`'s output, the main thread last as faulthandler orders it.
+
+    Raises:
+        ValueError: the output is not py-spy's JSON.
+    """
+    try:
+        threads = json.loads(output)
+        stacks = [(t.get("thread_name") == "MainThread" or t.get("os_thread_id") == pid,
+                   ThreadStack(int(t["thread_id"]), tuple(Frame(f["filename"], f.get("line"), f["name"])
+                                                          for f in t["frames"])))
+                  for t in threads]
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"not py-spy's JSON dump: {err}") from None
+    return Dump(tuple(s for _, s in sorted(stacks, key=lambda pair: pair[0])))
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A psworker task's first line: its handler is in place (so the launcher may send `SIGNAL`)."""
+
+    pid: int
+
+    regex: ClassVar[re.Pattern] = re.compile(r"^stacks: `kill -USR1 (?P<pid>\d+)` writes every thread's Python stack "
+                                             r"into this log$")
+
+    def render(self) -> str:
+        return f"stacks: `kill -USR1 {self.pid}` writes every thread's Python stack into this log"
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["Ready"]:
+        m = cls.regex.match(line.rstrip("\r\n"))
+        return None if m is None else cls(int(m["pid"]))
+
+
+@dataclass(frozen=True)
+class Requested:
+    """The launcher's line in a task's log before the task's stacks: why and how they were asked for."""
+
+    task: str
+    why: str
+    how: str                        # `SIGUSR1`, `py-spy`
+    at: str
+
+    regex: ClassVar[re.Pattern] = re.compile(
+        r"^--- stacks of (?P<task>\S+) asked for by (?P<how>\S+) \((?P<why>.*)\) at (?P<at>\S+) ---[ \t]*$")
+
+    def render(self) -> str:
+        return f"--- stacks of {self.task} asked for by {self.how} ({self.why}) at {self.at} ---"
+
+    @classmethod
+    def now(cls, task: str, why: str, how: str) -> "Requested":
+        return cls(task, why, how, datetime.datetime.now().isoformat(timespec="milliseconds"))
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["Requested"]:
+        m = cls.regex.match(line.rstrip("\r\n"))
+        return None if m is None else cls(m["task"], m["why"], m["how"], m["at"])
+
+    @classmethod
+    def finditer(cls, lines: Sequence[str]) -> Iterator["Requested"]:
+        for line in lines:
+            found = cls.parse(line)
+            if found is not None:
+                yield found

@@ -1,0 +1,221 @@
+"""The stacks of a stuck task: faulthandler's dump parsed back (`psworker.stackdump`, on real dumps), and the
+launcher asking a task for them before it kills a stalled one or stops those left (`psworker.launcher.stacks`):
+by SIGUSR1 for psworker's tasks, by py-spy for a user's program, over fake tasks (no TensorFlow) and through
+`psworker run`. The real cluster's stall (tests/test_real_launcher.py), step timeout (tests/test_sync.py), ssh
+and Slurm runs (tests/test_ssh_launch.py, tests/test_slurm_launch.py) check it on real tasks."""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+
+from psworker import stackdump
+from psworker.launcher import stacks
+from psworker.launcher.report import format_report
+from psworker.launcher.supervisor import Supervisor
+from psworker.testing import assert_processes_gone
+from tests.cluster_utils import run_launcher
+from tests.fake_tasks.fakes import HERE, FakeTask, fake, poll_until
+
+STUCK = str(HERE / "stuck.py")
+WAIT = 60.0                       # for any one event of a fake task on a loaded machine
+
+
+def _blocked_in_helper(release: threading.Event, started: threading.Event) -> None:
+    started.set()
+    release.wait()
+
+
+def _real_dump(depth: int = 0) -> str:
+    """faulthandler's dump of this process (this thread `depth` frames deeper), with a helper thread blocked."""
+    if depth:
+        return _real_dump(depth - 1)
+    release, started = threading.Event(), threading.Event()
+    helper = threading.Thread(target=_blocked_in_helper, args=(release, started), name="helper")
+    helper.start()
+    started.wait(10)
+    try:
+        with tempfile.TemporaryFile("w+") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            f.seek(0)
+            return f.read()
+    finally:
+        release.set()
+        helper.join(10)
+
+
+def test_a_real_dump_parses_back_with_its_main_thread_last():
+    text = _real_dump()
+    [dump] = stackdump.parse_dumps(text)
+    assert len(dump.threads) >= 2, text
+    main = dump.main_thread
+    assert main is dump.threads[-1] and main.current, text
+    assert [f.function for f in main.frames[:2]] == ["_real_dump", "test_a_real_dump_parses_back_with_its_main_thread_last"]
+    assert main.frames[0].file == __file__ and isinstance(main.frames[0].line, int)
+    assert dump.is_complete, text           # ends at the program's entry (pytest's `<module>` or runpy's)
+    helper = next(t for t in dump.threads if any(f.function == "_blocked_in_helper" for f in t.frames))
+    assert helper.entry == "_bootstrap" and not helper.current
+    assert dump.innermost(2) == (f"_real_dump (tests/test_stacks.py:{main.frames[0].line})",
+                                 f"test_a_real_dump_parses_back_with_its_main_thread_last "
+                                 f"(tests/test_stacks.py:{main.frames[1].line})")
+    assert stackdump.parse_dumps(dump.render()) == [dump]
+    assert all(stackdump.is_dump_line(line) for line in text.splitlines() if line.strip())
+
+
+def test_a_stack_cut_at_100_frames_is_not_complete_and_dumps_split_at_other_lines():
+    deep = _real_dump(depth=120)
+    [dump] = stackdump.parse_dumps(deep)
+    assert dump.main_thread.cut and not dump.is_complete
+    assert dump.innermost(3) == tuple(f"_real_dump (tests/test_stacks.py:{f.line})" for f in dump.main_thread.frames[:3])
+    shallow = _real_dump()
+    log = f"step 3, loss = 1.0\n{deep}\n2026-12-01 12:00:00,000 INFO psworker: between\n{shallow}\nstep 4\n"
+    first, second = stackdump.parse_dumps(log)
+    assert first.main_thread.cut and second.is_complete
+    assert stackdump.last_dump(log) == second
+    assert stackdump.last_dump("no dump here\n") is None
+
+
+def test_lines_of_the_protocol_render_and_parse_back():
+    ready = stackdump.Ready(4242)
+    assert stackdump.Ready.parse(ready.render() + "\n") == ready
+    asked = stackdump.Requested.now("worker:1", "stalled: step 40 unchanged for 20 s", "SIGUSR1")
+    assert stackdump.Requested.parse(asked.render()) == asked
+    assert list(stackdump.Requested.finditer(["x", asked.render()])) == [asked]
+    assert stackdump.is_dump_line(ready.render())
+    # a Python traceback's frame lines (with a comma) stay on the console; a dump's go to the log only
+    assert not stackdump.is_dump_line('  File "train.py", line 3, in main')
+    assert stackdump.is_dump_line('  File "train.py", line 3 in main')
+
+
+def _py_spy() -> str:
+    found = stacks.for_run(own_tasks=False, local=True).py_spy
+    if found is None:
+        pytest.skip("py-spy is not installed (pip install 'psworker[stacks]'; the test extra has it)")
+    return found
+
+
+def test_py_spys_dump_of_a_real_program_reads_as_faulthandlers():
+    proc = subprocess.Popen([sys.executable, STUCK, "--no-handler"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("step 0") and proc.stdout.readline() == "ready\n"
+        out = subprocess.run([_py_spy(), "dump", "--json", "--pid", str(proc.pid)], capture_output=True, text=True,
+                             timeout=WAIT, check=True).stdout
+    finally:
+        proc.kill()
+        proc.wait()
+    dump = stackdump.from_py_spy(out, proc.pid)
+    assert [f.function for f in dump.main_thread.frames if f.file.endswith("stuck.py")] == [
+        "wait_for_the_ps", "train", "<module>"]
+    assert dump.is_complete and len(dump.threads) == 2
+    assert stackdump.parse_dumps(dump.render()) == [dump]
+    with pytest.raises(ValueError, match="py-spy's JSON"):
+        stackdump.from_py_spy("Error: permission denied", proc.pid)
+
+
+def _run(tasks, tmp_path, asker, **kwargs) -> tuple[Supervisor, set[int]]:
+    sup = Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), stacks=asker, **kwargs)
+    sup.start()
+    return sup, set(sup.pids().values())
+
+
+def _log(sup: Supervisor, name: str) -> str:
+    return sup.log_path(name).read_text()
+
+
+def _frames(text: str) -> list[str]:
+    return [f.function for f in stackdump.last_dump(text).main_thread.frames if f.file.endswith("stuck.py")]
+
+
+def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows_where(tmp_path):
+    tasks = [fake("ps", 0, "stuck", "--steps", "0"), fake("worker", 0, "stuck", "--steps", "3")]
+    sup, pids = _run(tasks, tmp_path, stacks.StackAsker(by_signal=True), stall_timeout_secs=2.0)
+    try:
+        result = sup.wait(WAIT)
+    finally:
+        sup.close()
+    worker, ps = result.exits["worker:0"], result.exits["ps:0"]
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    asked = re.search(r"^--- stacks of worker:0 asked for by SIGUSR1 \(stalled: step 2 unchanged for \d+ s\) at \S+ ---$",
+                      log, re.MULTILINE)
+    assert asked and _frames(log[asked.end():]) == ["wait_for_the_ps", "train", "<module>"], log
+    assert stackdump.last_dump(log[asked.end():]).is_complete
+    assert worker.returncode == -signal.SIGKILL and result.failure.name == "worker:0"
+    assert [s.split(" (")[0] for s in worker.stack[2:]] == ["wait_for_the_ps", "train", "<module>"]
+    report = format_report(result)
+    assert (f"--- where worker:0 was: its main thread, innermost frame first (every thread's stack: {worker.log_path}) "
+            f"---\n  wait (") in report, report
+    assert re.search(r"^  wait_for_the_ps \(fake_tasks/stuck\.py:\d+\)$", report, re.MULTILINE), report
+    # the ps was left: stopped at the end, asked first; it went on after its dump until SIGTERM
+    assert ps.stopped and ps.returncode == -signal.SIGTERM, ps
+    assert "stacks of ps:0 asked for by SIGUSR1 (stopping: worker:0 failed)" in (tmp_path / "logs" / "ps-0.log").read_text()
+    assert ps.stack and "was in wait (" in report
+    assert_processes_gone(pids)
+
+
+def test_teardown_asks_only_tasks_that_can_answer(tmp_path):
+    """A task that has printed nothing yet (its handler may not be in place: the signal would kill it) is not
+    asked; one that has exited is not either; the one that answers goes on until SIGTERM."""
+    silent = FakeTask("worker", 1, (sys.executable, "-c", "import time; time.sleep(600)"))
+    tasks = [fake("ps", 0, "stuck"), silent, fake("worker", 0, "echo_exit", "0")]
+    sup, pids = _run(tasks, tmp_path, stacks.StackAsker(by_signal=True))
+    try:
+        poll_until(sup, lambda: "ready" in _log(sup, "ps:0") and "worker:0" not in sup.pids(), WAIT,
+                   "ps:0 ready and worker:0 exited")
+        result = sup.stop("stopped by the test")
+    finally:
+        sup.close()
+    assert_processes_gone(pids)
+    logs = {name: (tmp_path / "logs" / f"{name.replace(':', '-')}.log").read_text() for name in result.exits}
+    assert result.exits["ps:0"].returncode == -signal.SIGTERM and _frames(logs["ps:0"])[0] == "wait_for_the_ps"
+    assert result.exits["worker:1"].returncode == -signal.SIGTERM, "a silent task was sent SIGUSR1"
+    assert "stacks of" not in logs["worker:1"] and "stacks of" not in logs["worker:0"], logs
+    assert not result.exits["worker:0"].stopped and result.exits["worker:0"].stack == ()
+
+
+def test_a_users_program_is_dumped_by_py_spy_or_told_how(tmp_path):
+    """SIGUSR1 would kill a program without a handler: py-spy dumps it into its log instead; without py-spy the
+    log says how to get the stacks."""
+    tasks = [fake("ps", 0, "stuck", "--no-handler"), fake("worker", 0, "stuck", "--no-handler")]
+    for name, asker in (("spy", stacks.StackAsker(py_spy=_py_spy())), ("none", stacks.StackAsker())):
+        sup, pids = _run(tasks, tmp_path / name, asker)
+        try:
+            poll_until(sup, lambda: all("ready" in _log(sup, t.name) for t in tasks), WAIT, "both tasks ready")
+            result = sup.stop("stopped by the test")
+        finally:
+            sup.close()
+        assert_processes_gone(pids)
+        log = (tmp_path / name / "logs" / "worker-0.log").read_text()
+        assert result.exits["worker:0"].returncode == -signal.SIGTERM, log
+        if name == "spy":
+            assert "stacks of worker:0 asked for by py-spy (stopping: stopped by the test)" in log, log
+            assert _frames(log) == ["wait_for_the_ps", "train", "<module>"], log
+        else:
+            pid = re.search(r"py-spy dump --pid (\d+) ---$", log, re.MULTILINE)
+            assert pid and "not taken (stopping: stopped by the test): to see them, pip install py-spy" in log, log
+            assert stackdump.last_dump(log) is None
+
+
+def test_psworker_run_reports_where_a_stalled_users_program_was(tmp_path):
+    """The whole path: `psworker run` with py-spy beside its Python; the stalled worker's report names its frames."""
+    _py_spy()
+    spec = tmp_path / "c.yaml"
+    spec.write_text("cluster: {ps: ['localhost:auto'], worker: ['localhost:auto']}\n")
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--max_restarts", "0",
+                        "--stall_timeout_secs", "3", "--", sys.executable, STUCK, "--no-handler", "--steps", "2"],
+                       cwd=tmp_path, timeout=120, command="run")
+    assert run.returncode == 128 + signal.SIGKILL, run.output
+    log = tmp_path / "run" / "logs" / "worker-0.log"
+    assert re.search(rf"--- where worker:0 was: its main thread, innermost frame first \(every thread's stack: "
+                     rf"\S*{re.escape(str(log))}\) ---\n(  .*\n)*  wait_for_the_ps \(fake_tasks/stuck\.py:\d+\)\n",
+                     run.output), run.output
+    assert "Thread 0x" not in run.output, "the console shows the dump (it belongs in the log)"
+    assert "asked for by py-spy (stalled: step 1 unchanged for" in log.read_text()
+    assert_processes_gone(run.pids)
