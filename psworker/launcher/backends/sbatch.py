@@ -20,7 +20,7 @@ from psworker.launcher.inject import Fault
 from psworker.launcher.rundir import fresh_run_dir
 from psworker.plan import task_counts
 from psworker.schedulers import slurm as sched
-from psworker.spec import load_spec, merge_train
+from psworker.spec import TRAIN_FIELDS, load_spec, merge_train
 
 __all__ = ["JOB_ID_FILE", "JobLaunch", "SubmitConfig", "run_dir_of_job", "submit_job"]
 
@@ -86,7 +86,8 @@ def _job_run_dir(config: SubmitConfig, spec) -> Path:
 def _train_flags(config: SubmitConfig, spec, run_dir: Path) -> list[str]:
     """The training settings given, as flags for the job; paths made absolute (the job runs in the run dir), and
     `--train_dir` the run dir when neither the spec nor the command line names one."""
-    train = dict(config.train)
+    given = dict(config.train)
+    train = {name: given.get(name) for name in TRAIN_FIELDS}     # the flags in the order `--help` lists them
     for name in ("train_dir", "data_dir"):
         if train.get(name) is not None:
             train[name] = os.path.abspath(train[name])
