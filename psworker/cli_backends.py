@@ -30,7 +30,8 @@ TENSORBOARD_PID_ENV = "PSWORKER_TENSORBOARD_PID"   # `local --tensorboard`: the 
 JOB_ID_FILE = "slurm-job-id"          # written into the run dir by `psworker slurm submit`
 SCONTROL_TIMEOUT_SECS = 15.0          # scontrol retries a missing slurm.conf for a minute
 # `psworker slurm submit` takes these launch flags and passes the ones given to `psworker slurm launch`.
-FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall_timeout_secs")
+FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall_timeout_secs", "success_policy",
+             "worker_exit_grace_secs")
 
 
 def forwarded_launch_flags(args: argparse.Namespace) -> list[str]:

@@ -69,6 +69,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 class _LiveChoices:
     """argparse `choices` read each time they are shown or checked (the model registry can grow)."""
 
@@ -158,7 +169,8 @@ def launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[st
     return LaunchConfig(spec=spec, command=command, policy=policy, injections=tuple(args.inject),
                         stall_timeout_secs=args.stall_timeout_secs, network=args.network, verbose=args.verbose,
                         live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
-                        ps_exit_grace_secs=1.0 if command else 15.0)
+                        ps_exit_grace_secs=1.0 if command else 15.0, success_policy=args.success_policy,
+                        worker_exit_grace_secs=args.worker_exit_grace_secs)
 
 
 def add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
@@ -166,6 +178,17 @@ def add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:
     injection, console; `--network` only where the cluster runs on this machine."""
     p.add_argument("--grace_period_secs", type=float, default=10.0, metavar="SECS",
                    help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL (default 10)")
+    from psworker.launcher.policy import CHIEF_OR_WORKER0, SUCCESS_POLICIES, WORKER_EXIT_GRACE_SECS
+    p.add_argument("--success_policy", choices=SUCCESS_POLICIES, default=CHIEF_OR_WORKER0,
+                   help="when the run has succeeded, as Kubeflow TFJob's: chief-or-worker0 (default): the chief job's "
+                        "task, else worker 0, exits 0; all-workers: every worker exits 0 (with a chief job, the "
+                        "chief decides under both)")
+    p.add_argument("--worker_exit_grace_secs", type=non_negative_float, default=WORKER_EXIT_GRACE_SECS,
+                   metavar="SECS",
+                   help="once the run has succeeded, how long the other workers get to exit by themselves before "
+                        "they (and the ps tasks) are stopped and the run still succeeds: a training worker stops "
+                        "within a step, a classic non-chief still creating its session never does (default "
+                        f"{WORKER_EXIT_GRACE_SECS:g}; with --max_restarts, plus the ps tasks' rejoin grace)")
     p.add_argument("--max_restarts", type=int, default=0, metavar="N",
                    help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
                         "for a peer gone) up to N times; other exits fail the run at once (default 0)")
@@ -199,6 +222,6 @@ def add_status_flags(p: argparse.ArgumentParser) -> None:
                    help="call a running task silent when its log has not grown for this long (default 60)")
 
 
-__all__ = ["value_type", "port_type", "int_type", "positive_float", "add_train_flags", "add_model_flag",
-           "train_overrides", "add_cluster_flags", "train_config", "launch_config", "add_launch_flags",
-           "add_status_flags"]
+__all__ = ["value_type", "port_type", "int_type", "positive_float", "non_negative_float", "add_train_flags",
+           "add_model_flag", "train_overrides", "add_cluster_flags", "train_config", "launch_config",
+           "add_launch_flags", "add_status_flags"]

@@ -20,7 +20,7 @@ from psworker.launcher.launch import PYTHON, SPEC, LaunchConfig, launch
 from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.ports import pick_free_ports
 from psworker.launcher.process import LocalProcessBackend
-from psworker.launcher.report import RunResult
+from psworker.launcher.report import RunResult, format_report, success_line
 from psworker.plan import plan
 from psworker.spec import Address, ClusterSpec, dump_spec, format_address, with_addresses
 
@@ -153,11 +153,8 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, cons
     `outputs_dir`: where the chief's checkpoints and export are, when not the run dir (`config.train_dir`, which
     holds the logs).
     """
-    done = sorted(config.done_jobs)
-    what = f"all {len(config.spec.worker)} workers" if done == ["worker"] else f"every {'/'.join(done)} task"
-    print(f"psworker: {what} finished in {seconds:.1f} s", file=console, flush=True)
-    if any(e.restarts for e in result.exits.values()):
-        from psworker.launcher.report import format_report
+    print(success_line(result, config.done_jobs, seconds), file=console, flush=True)
+    if any(e.restarts or e.stopped for e in result.exits.values()):
         print(format_report(result), file=console, flush=True)
     outputs = Path(outputs_dir or config.train_dir)
     log_dir = Path(config.train_dir) / LOG_SUBDIR

@@ -7,9 +7,25 @@ import dataclasses
 
 import random
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
 
-__all__ = ["RestartPolicy", "is_retryable"]
+__all__ = ["ALL_WORKERS", "CHIEF_OR_WORKER0", "RestartPolicy", "SUCCESS_POLICIES", "WORKER_EXIT_GRACE_SECS",
+           "deciding_task", "is_retryable"]
+
+# When a run has succeeded, as Kubeflow TFJob's successPolicy: with a `chief` job its exit 0 decides under both.
+CHIEF_OR_WORKER0 = "chief-or-worker0"   # TFJob's default: the chief, else worker 0, exits 0
+ALL_WORKERS = "all-workers"             # TFJob's AllWorkers: without a chief job, every worker exits 0
+SUCCESS_POLICIES = (CHIEF_OR_WORKER0, ALL_WORKERS)
+# Once the run has succeeded, how long the other workers get to exit by themselves: a worker that is training
+# stops at its next step and closes its session (psworker's own workers are gone within seconds of the chief, which
+# evaluates and exports after its last step), while a classic non-chief that is still creating its session (TF's
+# non-chief polls for the model every 30 s and, without device filters, waits for every task) never will.
+WORKER_EXIT_GRACE_SECS = 15.0
+
+
+def deciding_task(names: Iterable[str]) -> str:
+    """The task whose exit 0 ends the run under `CHIEF_OR_WORKER0`: `chief:0` when there is one, else `worker:0`."""
+    return "chief:0" if "chief:0" in set(names) else "worker:0"
 
 
 def is_retryable(returncode: int) -> bool:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime
 import signal
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 from psworker import stackdump
 
-__all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report"]
+__all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report",
+           "success_line"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,18 @@ def exit_status(returncode: int) -> int:
     if returncode < 0:
         return 128 - returncode
     return returncode or 1
+
+
+def success_line(result: RunResult, done_jobs: Iterable[str], seconds: float) -> str:
+    """The first line after a successful run: `psworker: all 2 workers finished in 31.2 s` when every task of
+    `done_jobs` exited 0 by itself, else the exit that decided and the tasks the launcher stopped after it."""
+    done = sorted(set(done_jobs))
+    finishers = [e for name, e in result.exits.items() if name.partition(":")[0] in done]
+    if all(e.returncode == 0 and not e.stopped for e in finishers):
+        what = f"all {len(finishers)} workers" if done == ["worker"] else f"every {'/'.join(done)} task"
+        return f"psworker: {what} finished in {seconds:.1f} s"
+    stopped = ", ".join(name for name, e in result.exits.items() if e.stopped) or "nothing"
+    return f"psworker: run succeeded in {seconds:.1f} s ({result.reason}); the launcher stopped {stopped}"
 
 
 def format_report(result: RunResult) -> str:

@@ -17,6 +17,7 @@ from psworker import events, stackdump
 from psworker.launcher import watch
 from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
+from psworker.launcher.policy import ALL_WORKERS, SUCCESS_POLICIES, WORKER_EXIT_GRACE_SECS, deciding_task
 from psworker.launcher.process import LocalProcessBackend, ProcessBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
@@ -43,10 +44,13 @@ class Supervisor:
         with Supervisor(tasks, log_dir) as sup:     # starts the tasks; stops and reaps all on exit
             result = sup.wait()
 
-    Run policy: the run succeeds when every task of `done_jobs` has exited 0; the others (servers) then get
-    `ps_exit_grace_secs` to exit by themselves before they are stopped. It fails when a task fails and is not
-    restarted: a `done_jobs` task exits non-zero, a ps exits while the run is not done, or another server
-    exits non-zero. Then every other task is stopped, and the first failure by time is the root cause.
+    Run policy (`success_policy`, as Kubeflow TFJob's): the run succeeds when every task of `done_jobs` has
+    exited 0 (`all-workers`), or when the chief (`chief:0`, else `worker:0`) has (`chief-or-worker0`). The other
+    `done_jobs` tasks then get `worker_exit_grace_secs` to exit by themselves (and to be restarted), the rest
+    (servers) `ps_exit_grace_secs` after them; whoever is left is stopped and the run still succeeds. It fails
+    when a task fails and is not restarted: a `done_jobs` task exits non-zero (also within its grace), a ps exits
+    before success, or another task exits non-zero before success. Then every other task is stopped, and the
+    first failure by time is the root cause.
     """
 
     def __init__(
@@ -65,6 +69,8 @@ class Supervisor:
         faults: Sequence[Fault] = (),
         stall_timeout_secs: Optional[float] = None,
         done_jobs: Optional[frozenset[str]] = None,
+        success_policy: str = ALL_WORKERS,
+        worker_exit_grace_secs: float = WORKER_EXIT_GRACE_SECS,
         stacks: Optional[StackAsker] = None,
     ) -> None:
         """Args:
@@ -81,6 +87,8 @@ class Supervisor:
             faults: injected faults (`psworker.launcher.inject`).
             stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
             done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
+            success_policy: `all-workers` (every `done_jobs` task) or `chief-or-worker0` (`psworker.launcher.policy`).
+            worker_exit_grace_secs: once the run has succeeded, how long the other `done_jobs` tasks may take.
             stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
                 (`psworker.launcher.stacks`); None: not asked.
         """
@@ -88,6 +96,8 @@ class Supervisor:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate task names: {', '.join(duplicates)}")
+        if success_policy not in SUCCESS_POLICIES:
+            raise ValueError(f"success_policy must be one of {', '.join(SUCCESS_POLICIES)}, got {success_policy!r}")
         self._log_dir = Path(log_dir)
         self._slots = {t.name: Slot(t, self._log_dir / f"{t.job}-{t.index}.log") for t in tasks}
         self._grace = grace_period_secs
@@ -104,8 +114,12 @@ class Supervisor:
         self._started_time = 0.0
         self._result: Optional[RunResult] = None
         self._failure: Optional[TaskFailure] = None
-        self._drain_deadline: Optional[float] = None
-        self._done_reason = f"every {'/'.join(sorted(self._done_jobs))} task exited 0"
+        self._deciding = None if success_policy == ALL_WORKERS or not names else deciding_task(names)
+        self._worker_grace = worker_exit_grace_secs
+        self._done_at: Optional[float] = None           # when the run succeeded; the drain follows
+        self._workers_until, self._servers_until = 0.0, None
+        self._done_reason = (f"{self._deciding} exited 0" if self._deciding
+                             else f"every {'/'.join(sorted(self._done_jobs))} task exited 0")
         self._stop_request: Optional[str] = None
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
                                     self.progress, window_secs=console_window_secs)
@@ -166,7 +180,7 @@ class Supervisor:
             self._collect(now)
             self._watch(now)
             for slot in self._slots.values():
-                if slot.restart_at is not None and now >= slot.restart_at and self._drain_deadline is None:
+                if slot.restart_at is not None and now >= slot.restart_at and self._may_restart(slot, now):
                     slot.restart_at = None
                     self._restart(slot, slot.restart_cause)
             return self._decide(now)
@@ -307,19 +321,20 @@ class Supervisor:
     def _watch(self, now: float) -> None:
         watch.resume_stopped(self._slots.values(), self._backend, self.progress, now)
         watch.fire_faults(self._slots, self._faults, self._backend, self.progress, now - self._started_time, now)
-        if self._stall:
+        if self._stall and self._done_at is None:     # after success the stragglers have their grace
             watch.kill_stalled(self._slots.values(), self._backend, self.progress, self._stall, now, self._stacks)
             watch.kill_after_stacks(self._slots.values(), self._backend)
 
     def _decide(self, now: float) -> Optional[RunResult]:
         slots = list(self._slots.values())
-        done = all(s.returncode == 0 for s in slots if s.task.job in self._done_jobs)
+        done = self._succeeded(slots)
         servers = [s for s in slots if s.task.job in SERVER_JOBS]
         # A ps exits by itself only once training is over: with the chief done too, late workers are stopped.
         over = (not done and servers and all(s.returncode == 0 and not s.stopped for s in servers)
                 and any(getattr(s.task, "is_chief", False) and s.returncode == 0 for s in slots))
-        if over and self._drain_deadline is None:
-            self._drain_deadline, self._done_reason = now, "the chief and every ps exited 0: training is over"
+        if over and self._done_at is None:
+            self._done_at = self._workers_until = now
+            self._done_reason = "the chief and every ps exited 0: training is over"
             logger.warning("%s; stopping the other tasks", self._done_reason)
         done = done or bool(over)
         for slot in slots:
@@ -343,13 +358,40 @@ class Supervisor:
                 self._failure = self._make_failure(slot, reason)
         if self._failure is not None:
             return self._finish(False, f"{self._failure.name} failed")
-        if done:
-            if self._drain_deadline is None:
-                self._drain_deadline = now + self._ps_grace
-                logger.debug("the run is done; giving servers %.1f s to exit", self._ps_grace)
-            if not any(s.running for s in slots) or now >= self._drain_deadline:
-                return self._finish(True, self._done_reason)
+        return self._drain(slots, now) if done else None
+
+    def _succeeded(self, slots: list[Slot]) -> bool:
+        """Whether the success policy holds: the deciding task, else every `done_jobs` task, has exited 0."""
+        deciding = self._slots.get(self._deciding) if self._deciding else None
+        if deciding is not None:
+            return deciding.returncode == 0
+        return all(s.returncode == 0 for s in slots if s.task.job in self._done_jobs)
+
+    def _drain(self, slots: list[Slot], now: float) -> Optional[RunResult]:
+        """After success: the other `done_jobs` tasks get the worker grace to exit by themselves, then the others
+        (servers) the ps grace. Whoever is left after that is stopped, and the run has still succeeded."""
+        workers = [s.name for s in slots if s.task.job in self._done_jobs and (s.running or s.restart_at is not None)]
+        if self._done_at is None:
+            self._done_at, self._workers_until = now, now + self._worker_grace
+            if workers:
+                logger.info("%s: the run has succeeded; the other workers (%s) get %g s to exit by themselves",
+                            self._done_reason, ", ".join(workers), self._worker_grace)
+        if workers:
+            if now < self._workers_until:
+                return None
+            logger.warning("%s still running %g s after the run succeeded (%s)", ", ".join(workers),
+                           self._workers_until - self._done_at, self._done_reason)
+            return self._finish(True, self._done_reason)
+        if self._servers_until is None:
+            self._servers_until = now + self._ps_grace
+            logger.debug("the run is done; giving servers %.1f s to exit", self._ps_grace)
+        if not any(s.running for s in slots) or now >= self._servers_until:
+            return self._finish(True, self._done_reason)
         return None
+
+    def _may_restart(self, slot: Slot, now: float) -> bool:
+        """No restarts once the run has succeeded, but of the `done_jobs` tasks within their grace."""
+        return self._done_at is None or (slot.task.job in self._done_jobs and now < self._workers_until)
 
     def _judge(self, slot: Slot, done: bool) -> Optional[str]:
         """Why this exit fails the run, or None if it does not."""
