@@ -1,8 +1,8 @@
 """The stacks of a stuck task: faulthandler's dump parsed back (`psworker.stackdump`, on real dumps), and the
 launcher asking a task for them before it kills a stalled one or stops those left (`psworker.launcher.stacks`):
 by SIGUSR1 for psworker's tasks, by py-spy for a user's program, over fake tasks (no TensorFlow) and through
-`psworker run`. The real cluster's stall (tests/test_real_launcher.py), step timeout (tests/test_sync.py), ssh
-and Slurm runs (tests/test_ssh_launch.py, tests/test_slurm_launch.py) check it on real tasks."""
+`psworker run`; then on real psworker tasks, a worker stalled by a stopped ps, locally and under the real Slurm
+(a failed ssh run's teardown: tests/test_ssh_launch.py; a step timeout's dump: tests/test_sync.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from psworker.launcher import stacks
 from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone
-from tests.cluster_utils import run_launcher
+from tests.cluster_utils import REPO, run_launcher
 from tests.fake_tasks.fakes import HERE, FakeTask, fake, poll_until
 
 STUCK = str(HERE / "stuck.py")
@@ -95,6 +95,24 @@ def test_lines_of_the_protocol_render_and_parse_back():
     assert stackdump.is_dump_line('  File "train.py", line 3 in main')
 
 
+def test_the_wait_for_a_dump_ends_at_its_main_thread_or_once_the_log_is_quiet(tmp_path):
+    log = tmp_path / "worker-0.log"
+    log.write_text("step 1\n")
+    offset = stacks.log_offset(log)
+    wait = stacks.DumpWait(log, offset, deadline=100.0)
+    assert wait.over(now=1.0) is None                       # nothing yet
+    with open(log, "a") as f:
+        f.write(_real_dump(depth=120))                      # cut at 100 frames: its end cannot be told
+    assert wait.over(now=2.0) is None                       # the log just grew
+    assert wait.over(now=2.0 + stacks.QUIET_SECS) == "dumped"
+    complete = stacks.DumpWait(log, stacks.log_offset(log), deadline=100.0)
+    with open(log, "a") as f:
+        f.write(_real_dump())
+    assert complete.over(now=1.0) == "dumped"               # ends at the program's entry: at once
+    late = stacks.DumpWait(log, stacks.log_offset(log), deadline=5.0)
+    assert late.over(now=4.0) is None and late.over(now=5.0) == "timed out"
+
+
 def _py_spy() -> str:
     found = stacks.for_run(own_tasks=False, local=True).py_spy
     if found is None:
@@ -153,6 +171,7 @@ def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows
     assert (f"--- where worker:0 was: its main thread, innermost frame first (every thread's stack: {worker.log_path}) "
             f"---\n  wait (") in report, report
     assert re.search(r"^  wait_for_the_ps \(fake_tasks/stuck\.py:\d+\)$", report, re.MULTILINE), report
+    assert "lines of worker:0, stack dumps left out" in report and "\n  step 2, loss = 1.00\n" in report, report
     # the ps was left: stopped at the end, asked first; it went on after its dump until SIGTERM
     assert ps.stopped and ps.returncode == -signal.SIGTERM, ps
     assert "stacks of ps:0 asked for by SIGUSR1 (stopping: worker:0 failed)" in (tmp_path / "logs" / "ps-0.log").read_text()
@@ -219,3 +238,55 @@ def test_psworker_run_reports_where_a_stalled_users_program_was(tmp_path):
     assert "Thread 0x" not in run.output, "the console shows the dump (it belongs in the log)"
     assert "asked for by py-spy (stalled: step 1 unchanged for" in log.read_text()
     assert_processes_gone(run.pids)
+
+
+# -- real psworker tasks ------------------------------------------------------------------------------------------
+
+# The ps is stopped from the start (an injected SIGSTOP), so the workers wait for it and print no step line: the
+# stall timeout asks each for its stacks, then kills it; with no restart the run fails on the first one.
+STALL = ("--max_steps", "1000000", "--stall_timeout_secs", "10", "--max_restarts", "0",
+         "--inject", "stop:ps:0@time=0,for=600")
+REPORT = re.compile(r"^--- where (worker:\d) was: its main thread, innermost frame first \(every thread's stack: "
+                    r"(\S+)\) ---\n((?:  \S.*\n)+)", re.MULTILINE)
+
+
+def _check_stalled_worker_report(output: str) -> None:
+    """The report names the stalled worker's innermost frames and its log, which holds the whole dump: asked for
+    by SIGUSR1 at the stall, the main thread in psworker's worker (starting TensorFlow or waiting for the ps)."""
+    report = REPORT.search(output)
+    assert report, output[-4000:]
+    worker, log_path, frames = report.groups()
+    assert len(frames.splitlines()) == 5 and all(re.fullmatch(r"  \S+ \(.+:\d+\)", f) for f in frames.splitlines())
+    log = open(log_path).read()
+    asked = re.search(rf"^--- stacks of {worker} asked for by SIGUSR1 \(stalled: no step line for \d+ s\) at \S+ ---$",
+                      log, re.MULTILINE)
+    assert asked, log[-3000:]
+    dump = stackdump.last_dump(log[asked.end():])
+    assert dump is not None and dump.is_complete, log[-3000:]
+    assert any(f.file.endswith("psworker/task/main.py") and f.function == "run_worker"
+               for f in dump.main_thread.frames), dump.render()
+    assert frames.splitlines() == [f"  {f}" for f in dump.innermost(5)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_real_stalled_worker_reports_where_it_was(tmp_path):
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / "t"), "--no_live",
+                        *STALL], cwd=tmp_path, timeout=300)
+    assert run.returncode == 128 + signal.SIGKILL, run.output[-4000:]
+    _check_stalled_worker_report(run.output)
+    assert "Thread 0x" not in run.output and "most recent call first" not in run.output
+    assert_processes_gone(run.pids, timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_under_slurm_a_stalled_worker_is_asked_through_its_step(slurm, monkeypatch, capsys, tmp_path):
+    """`scancel --signal=USR1 JOB.STEP` reaches the task; its dump comes back through srun's output into its log."""
+    from tests.test_slurm_launch import _leftovers, _submit, _wait_done
+
+    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, *STALL[2:], max_steps=1_000_000)
+    out = _wait_done(slurm, job_id, run_dir)
+    assert "psworker: slurm launch exits with status 137" in out, out[-4000:]
+    _check_stalled_worker_report(out)
+    assert not _leftovers(run_dir)

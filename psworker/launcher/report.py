@@ -7,8 +7,6 @@ import signal
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from psworker import stackdump
-
 __all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report",
            "success_line"]
 
@@ -97,11 +95,10 @@ def format_report(result: RunResult) -> str:
             lines.append(f"--- where {f.name} was: its main thread, innermost frame first (every thread's stack: "
                          f"{log_path}) ---")
             lines.extend(f"  {frame}" for frame in stack)
-        tail = [line for line in f.log_tail if not stackdump.is_dump_line(line)] if stack else list(f.log_tail)
-        left_out = ", stack lines left out" if len(tail) < len(f.log_tail) else ""
-        lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{left_out} (full log: {log_path}) ---")
-        lines.extend(f"  {line}" for line in tail)
-        if not tail:
+        without = ", stack dumps left out" if stack else ""
+        lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{without} (full log: {log_path}) ---")
+        lines.extend(f"  {line}" for line in f.log_tail)
+        if not f.log_tail:
             lines.append("  (no output)")
     else:
         lines.append("psworker: run stopped" + (f" ({result.reason})" if result.reason else ""))

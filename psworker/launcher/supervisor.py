@@ -409,7 +409,10 @@ class Supervisor:
     def _make_failure(self, slot: Slot, reason: str) -> TaskFailure:
         slot.reader.join(2.0)               # let it copy the last lines (EOF follows the exit)
         logger.error("%s %s", slot.name, reason)
-        return TaskFailure(slot.name, slot.returncode, tuple(slot.tail), slot.ended_at, reason)
+        tail = tuple(slot.tail)
+        if any(stackdump.is_dump_line(line) for line in tail):     # a dump fills it: the lines around the dump
+            tail = _tail_without_stacks(slot.log_path, len(tail))
+        return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason)
 
     def _restart(self, slot: Slot, cause: str) -> None:
         self._backend.signal(slot.popen, signal.SIGKILL)    # stragglers of the old attempt
@@ -453,11 +456,21 @@ class Supervisor:
         return self._result
 
 
+def _current_attempt(log_path: Path) -> str:
+    try:
+        return events.current_attempt(log_path.read_text(errors="replace"))
+    except OSError:
+        return ""
+
+
 def _innermost_frames(log_path: Path) -> tuple[str, ...]:
     """The innermost frames of the main thread in the last stack dump of the task's current attempt, if any."""
-    try:
-        text = events.current_attempt(log_path.read_text(errors="replace"))
-    except OSError:
-        return ()
-    dump = stackdump.last_dump(text)
+    dump = stackdump.last_dump(_current_attempt(log_path))
     return () if dump is None else dump.innermost(STACK_FRAMES)
+
+
+def _tail_without_stacks(log_path: Path, count: int) -> tuple[str, ...]:
+    """The last `count` non-blank lines of the task's current attempt that are no stack dump's."""
+    lines = [line for line in _current_attempt(log_path).splitlines()
+             if line.strip() and not stackdump.is_dump_line(line)]
+    return tuple(lines[-count:])
