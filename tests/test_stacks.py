@@ -252,7 +252,7 @@ REPORT = re.compile(r"^--- where (worker:\d) was: its main thread, innermost fra
 
 def _check_stalled_worker_report(output: str) -> None:
     """The report names the stalled worker's innermost frames and its log, which holds the whole dump: asked for
-    by SIGUSR1 at the stall, the main thread in psworker's worker (starting TensorFlow or waiting for the ps)."""
+    by SIGUSR1 at the stall, the main thread in psworker's worker (importing TensorFlow or waiting for the ps)."""
     report = REPORT.search(output)
     assert report, output[-4000:]
     worker, log_path, frames = report.groups()
@@ -262,9 +262,13 @@ def _check_stalled_worker_report(output: str) -> None:
                       log, re.MULTILINE)
     assert asked, log[-3000:]
     dump = stackdump.last_dump(log[asked.end():])
-    assert dump is not None and dump.is_complete, log[-3000:]
-    assert any(f.file.endswith("psworker/task/main.py") and f.function == "run_worker"
-               for f in dump.main_thread.frames), dump.render()
+    assert dump is not None, log[-3000:]
+    main = dump.main_thread
+    if main.cut:        # deeper than faulthandler's 100 frames: in TensorFlow's import, on a loaded machine
+        assert any(f.file.startswith("<frozen importlib.") for f in main.frames), dump.render()
+    else:
+        assert dump.is_complete and any(f.file.endswith("psworker/task/main.py") and f.function == "run_worker"
+                                        for f in main.frames), dump.render()
     assert frames.splitlines() == [f"  {f}" for f in dump.innermost(5)]
 
 
