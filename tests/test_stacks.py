@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 
+import psutil
 import pytest
 
 from psworker import stackdump
@@ -58,7 +59,8 @@ def test_a_real_dump_parses_back_with_its_main_thread_last():
     assert len(dump.threads) >= 2, text
     main = dump.main_thread
     assert main is dump.threads[-1] and main.current, text
-    assert [f.function for f in main.frames[:2]] == ["_real_dump", "test_a_real_dump_parses_back_with_its_main_thread_last"]
+    assert [f.function for f in main.frames[:2]] == ["_real_dump",
+                                                     "test_a_real_dump_parses_back_with_its_main_thread_last"]
     assert main.frames[0].file == __file__ and isinstance(main.frames[0].line, int)
     assert dump.is_complete, text           # ends at the program's entry (pytest's `<module>` or runpy's)
     helper = next(t for t in dump.threads if any(f.function == "_blocked_in_helper" for f in t.frames))
@@ -74,7 +76,8 @@ def test_a_stack_cut_at_100_frames_is_not_complete_and_dumps_split_at_other_line
     deep = _real_dump(depth=120)
     [dump] = stackdump.parse_dumps(deep)
     assert dump.main_thread.cut and not dump.is_complete
-    assert dump.innermost(3) == tuple(f"_real_dump (tests/test_stacks.py:{f.line})" for f in dump.main_thread.frames[:3])
+    assert dump.innermost(3) == tuple(f"_real_dump (tests/test_stacks.py:{f.line})"
+                                      for f in dump.main_thread.frames[:3])
     shallow = _real_dump()
     log = f"step 3, loss = 1.0\n{deep}\n2026-12-01 12:00:00,000 INFO psworker: between\n{shallow}\nstep 4\n"
     first, second = stackdump.parse_dumps(log)
@@ -161,8 +164,8 @@ def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows
         sup.close()
     worker, ps = result.exits["worker:0"], result.exits["ps:0"]
     log = (tmp_path / "logs" / "worker-0.log").read_text()
-    asked = re.search(r"^--- stacks of worker:0 asked for by SIGUSR1 \(stalled: step 2 unchanged for \d+ s\) at \S+ ---$",
-                      log, re.MULTILINE)
+    asked = re.search(r"^--- stacks of worker:0 asked for by SIGUSR1 \(stalled: step 2 unchanged for \d+ s\) "
+                      r"at \S+ ---$", log, re.MULTILINE)
     assert asked and _frames(log[asked.end():]) == ["wait_for_the_ps", "train", "<module>"], log
     assert stackdump.last_dump(log[asked.end():]).is_complete
     assert worker.returncode == -signal.SIGKILL and result.failure.name == "worker:0"
@@ -174,7 +177,8 @@ def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows
     assert "lines of worker:0, stack dumps left out" in report and "\n  step 2, loss = 1.00\n" in report, report
     # the ps was left: stopped at the end, asked first; it went on after its dump until SIGTERM
     assert ps.stopped and ps.returncode == -signal.SIGTERM, ps
-    assert "stacks of ps:0 asked for by SIGUSR1 (stopping: worker:0 failed)" in (tmp_path / "logs" / "ps-0.log").read_text()
+    ps_log = (tmp_path / "logs" / "ps-0.log").read_text()
+    assert "stacks of ps:0 asked for by SIGUSR1 (stopping: worker:0 failed)" in ps_log, ps_log
     assert ps.stack and "was in wait (" in report
     assert_processes_gone(pids)
 
@@ -287,10 +291,22 @@ def test_a_real_stalled_worker_reports_where_it_was(tmp_path):
 @pytest.mark.timeout(600)
 def test_under_slurm_a_stalled_worker_is_asked_through_its_step(slurm, monkeypatch, capsys, tmp_path):
     """`scancel --signal=USR1 JOB.STEP` reaches the task; its dump comes back through srun's output into its log."""
-    from tests.test_slurm_launch import _leftovers, _submit, _wait_done
+    from tests.test_slurm_launch import _submit, _wait_done
 
     job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, *STALL[2:], max_steps=1_000_000)
     out = _wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 137" in out, out[-4000:]
     _check_stalled_worker_report(out)
-    assert not _leftovers(run_dir)
+    left = _processes_naming(str(run_dir))      # this run's only: other runs' sruns may share the machine
+    assert not left, [p.cmdline() for p in left]
+
+
+def _processes_naming(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -45,8 +45,8 @@ class DumpWait:
     path: Path
     offset: int
     deadline: float
-    _size: int = -1
-    _grown_at: float = 0.0
+    _size: int = field(default=-1, init=False)
+    _grown_at: float = field(default=0.0, init=False)
 
     def over(self, now: Optional[float] = None) -> Optional[str]:
         """None while waiting, else `"dumped"` (a complete dump, or one the log has not grown after for
@@ -72,8 +72,9 @@ class StackAsker:
 
     def ask(self, slot: Slot, backend: ProcessBackend, why: str, ready: bool) -> Optional[DumpWait]:
         """Asks the running task of `slot` for its stacks and returns the wait for its dump, or None when there
-        is nothing to wait for: the dump (py-spy's), or why there is none, is in the log already. `ready`: this attempt has printed a line (a psworker task's first line says that its
-        handler is in place: before it, the signal would kill it)."""
+        is nothing to wait for: the dump (py-spy's), or why there is none, is in the log already. `ready`: this
+        attempt has printed a line (a psworker task's first line says that its handler is in place: before it,
+        the signal would kill it)."""
         if self.by_signal:
             if not ready:
                 logger.info("not asking %s for its stacks: it has printed nothing yet (its handler may not be in "
