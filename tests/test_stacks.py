@@ -7,6 +7,7 @@ by SIGUSR1 for psworker's tasks, by py-spy for a user's program, over fake tasks
 from __future__ import annotations
 
 import faulthandler
+import gc
 import io
 import re
 import signal
@@ -84,6 +85,31 @@ def test_a_stack_cut_at_100_frames_is_not_complete_and_dumps_split_at_other_line
     assert first.main_thread.cut and second.is_complete
     assert stackdump.last_dump(log) == second
     assert stackdump.last_dump("no dump here\n") is None
+
+
+def test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_thread_only():
+    """faulthandler marks the signal's thread `Garbage-collecting` when the collector runs (tasks under load hit
+    it during TensorFlow's import); `Stack` heads a dump without `all_threads`."""
+    with tempfile.TemporaryFile("w+") as f:
+        def dump_once(phase, info):
+            if phase == "start" and not f.tell():
+                faulthandler.dump_traceback(file=f, all_threads=True)
+        gc.callbacks.append(dump_once)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(dump_once)
+        faulthandler.dump_traceback(file=f, all_threads=False)
+        f.seek(0)
+        text = f.read()
+    assert "\n  Garbage-collecting\n" in text, text
+    during_gc, alone = stackdump.parse_dumps(text)
+    assert [f.function for f in during_gc.main_thread.frames[:2]] == [
+        "dump_once", "test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_thread_only"]
+    assert during_gc.is_complete and alone.is_complete and len(alone.threads) == 1
+    assert alone.main_thread.frames[0].function == "test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_" \
+                                                   "the_current_thread_only"
+    assert all(stackdump.is_dump_line(line) for line in text.splitlines())
 
 
 def test_lines_of_the_protocol_render_and_parse_back():
