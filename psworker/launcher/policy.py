@@ -16,11 +16,12 @@ __all__ = ["ALL_WORKERS", "CHIEF_OR_WORKER0", "RestartPolicy", "SUCCESS_POLICIES
 CHIEF_OR_WORKER0 = "chief-or-worker0"   # TFJob's default: the chief, else worker 0, exits 0
 ALL_WORKERS = "all-workers"             # TFJob's AllWorkers: without a chief job, every worker exits 0
 SUCCESS_POLICIES = (CHIEF_OR_WORKER0, ALL_WORKERS)
-# Once the run has succeeded, how long the other workers get to exit by themselves: a worker that is training
-# stops at its next step and closes its session (psworker's own workers are gone within seconds of the chief, which
-# evaluates and exports after its last step), while a classic non-chief that is still creating its session (TF's
-# non-chief polls for the model every 30 s and, without device filters, waits for every task) never will.
-WORKER_EXIT_GRACE_SECS = 15.0
+# Once the run has succeeded, how long the other workers get to exit by themselves. A worker that is training stops
+# at its next step (psworker's own workers exit before the chief, which evaluates and exports after its last step).
+# A classic non-chief still waiting for the chief's model sleeps up to 30 s between polls (TF's SessionManager
+# `recovery_wait_secs`): with device filters it then finds training over and exits, in 40 s with 10 s to spare for
+# its session on a loaded host; without them its session needs every task, the chief included, and it never will.
+WORKER_EXIT_GRACE_SECS = 40.0
 
 
 def deciding_task(names: Iterable[str]) -> str:
