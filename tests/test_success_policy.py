@@ -5,17 +5,22 @@ the regression of issue 17: a classic TF1 script whose non-chief cannot start on
 
 from __future__ import annotations
 
+import io
+import logging
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from psworker.cli import main
+from psworker.launcher.policy import CHIEF_OR_WORKER0, RestartPolicy
+from psworker.launcher.report import format_report
+from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, checkpoint_step
-from tests.cluster_utils import REPO, run_launcher, task_env
+from tests.cluster_utils import REPO, run_launcher
+from tests.fake_tasks.fakes import fake, kill_quietly, poll_until, task_state
 
 ROLES = REPO / "tests" / "fake_tasks" / "roles.py"
 CLASSIC = REPO / "tests" / "scripts" / "classic_tf1.py"
@@ -147,3 +152,59 @@ def test_a_classic_script_whose_non_chief_cannot_start_ends_with_exit_0(tmp_path
         assert "the launcher stopped ps:0, worker:1" in run.output
     print(f"CLASSIC worker:1 {rows['worker:1']}")
     assert_processes_gone(run.pids)
+
+
+# -- the supervisor's drain, driven step by step over fake tasks ------------------------------------------------------
+
+@pytest.fixture
+def supervise(tmp_path, caplog):
+    """Starts fake tasks under a chief-or-worker0 supervisor (stopped at teardown); the test drives its loop."""
+    caplog.set_level(logging.INFO, logger="psworker.launcher.supervisor")
+    made = []
+
+    def start(tasks, **kwargs) -> Supervisor:
+        sup = Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), grace_period_secs=2.0,
+                         ps_exit_grace_secs=0.2, success_policy=CHIEF_OR_WORKER0, **kwargs)
+        made.append(sup)
+        sup.start()
+        return sup
+
+    yield start
+    for sup in made:
+        pids = list(sup.pids().values())
+        sup.stop("teardown")
+        kill_quietly(pids)
+
+
+def test_a_worker_waiting_for_its_restart_is_restarted_within_the_grace(tmp_path, supervise, caplog):
+    """psworker's own runs with --max_restarts: a worker killed near the end, whose restart is due only after the
+    chief has exited 0, still comes back (and finishes) instead of being dropped."""
+    go = tmp_path / "go"
+    backoff = 8.0
+    sup = supervise([fake("ps", 0, "sleep_forever"), fake("worker", 0, "echo_exit", 0, "--wait-for", go),
+                     fake("worker", 1, "stepper", "--state", tmp_path / "w1.state", "--hang-at", "0", "--to", "30")],
+                    restart_policy=RestartPolicy(max_restarts=1, backoff_secs=backoff, jitter=0.0),
+                    worker_exit_grace_secs=120.0)
+    poll_until(sup, lambda: sup.progress.snapshot()["worker:1"].step == 0, 60, "worker:1 at step 0 (where it hangs)")
+    sup.kill_task("worker:1")
+    poll_until(sup, lambda: task_state(sup, "worker:1") == "restarting 1", 30, "worker:1 waiting for its restart")
+    go.touch()
+    assert sup.wait_task("worker:0", 60) == 0
+    assert sup.poll() is None
+    assert sup.restarts("worker:1") == 0, f"worker:1 was restarted before worker:0's exit was seen ({backoff} s)"
+    assert "worker:0 exited 0: the run has succeeded; the other workers (worker:1) get 120 s" in caplog.text
+    result = sup.wait(timeout=120)
+    assert result.ok, format_report(result)
+    w1 = result.exits["worker:1"]
+    assert (w1.returncode, w1.stopped, w1.restarts) == (0, False, 1), format_report(result)
+    assert result.exits["ps:0"].stopped
+
+
+def test_a_worker_that_fails_within_the_grace_fails_the_run(tmp_path, supervise, caplog):
+    go = tmp_path / "go"
+    sup = supervise([fake("worker", 0, "echo_exit", 0), fake("worker", 1, "echo_exit", 3, "--wait-for", go)])
+    poll_until(sup, lambda: "the run has succeeded" in caplog.text, 60, "worker:0's exit seen")
+    go.touch()
+    result = sup.wait(timeout=60)
+    assert not result.ok and result.failure.name == "worker:1" and result.failure.returncode == 3, \
+        format_report(result)
