@@ -156,7 +156,7 @@ def train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
 def launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[str, ...] = ()):
     """The one `LaunchConfig` of `psworker local` and `psworker run`."""
     from psworker.launcher.launch import LaunchConfig
-    from psworker.launcher.policy import RestartPolicy
+    from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 
     for flag in ("grace_period_secs", "restart_backoff_secs"):
         if getattr(args, flag) < 0:
@@ -169,8 +169,8 @@ def launch_config(args: argparse.Namespace, spec: ClusterSpec, command: tuple[st
     return LaunchConfig(spec=spec, command=command, policy=policy, injections=tuple(args.inject),
                         stall_timeout_secs=args.stall_timeout_secs, network=args.network, verbose=args.verbose,
                         live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
-                        ps_exit_grace_secs=1.0 if command else 15.0, success_policy=args.success_policy,
-                        worker_exit_grace_secs=args.worker_exit_grace_secs)
+                        ps_exit_grace_secs=1.0 if command else 15.0,
+                        success=SuccessPolicy(args.success_policy, args.worker_exit_grace_secs))
 
 
 def add_launch_flags(p: argparse.ArgumentParser, network: bool = True) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from psworker.cli import main
-from psworker.launcher.policy import CHIEF_OR_WORKER0, RestartPolicy
+from psworker.launcher.policy import ALL_WORKERS, CHIEF_OR_WORKER0, RestartPolicy, SuccessPolicy
 from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, checkpoint_step
@@ -52,6 +52,17 @@ def create_when(marker: str, path: Path):
             return True
         return False
     return check
+
+
+def test_the_deciding_task_is_the_chief_else_worker_0():
+    tasks = ["ps:0", "worker:0", "worker:1"]
+    assert SuccessPolicy().deciding_task(tasks) == "worker:0"
+    assert SuccessPolicy().deciding_task(["chief:0", *tasks]) == "chief:0"
+    assert SuccessPolicy(ALL_WORKERS).deciding_task(["chief:0", *tasks]) is None
+    with pytest.raises(ValueError, match="success policy must be one of chief-or-worker0, all-workers"):
+        SuccessPolicy("any-worker")
+    with pytest.raises(ValueError, match="worker_exit_grace_secs must be >= 0"):
+        SuccessPolicy(worker_exit_grace_secs=-1.0)
 
 
 def test_default_policy_stops_a_worker_that_never_ends_after_the_grace(tmp_path):
@@ -162,9 +173,9 @@ def supervise(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="psworker.launcher.supervisor")
     made = []
 
-    def start(tasks, **kwargs) -> Supervisor:
+    def start(tasks, grace: float = 60.0, **kwargs) -> Supervisor:
         sup = Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), grace_period_secs=2.0,
-                         ps_exit_grace_secs=0.2, success_policy=CHIEF_OR_WORKER0, **kwargs)
+                         ps_exit_grace_secs=0.2, success=SuccessPolicy(CHIEF_OR_WORKER0, grace), **kwargs)
         made.append(sup)
         sup.start()
         return sup
@@ -184,7 +195,7 @@ def test_a_worker_waiting_for_its_restart_is_restarted_within_the_grace(tmp_path
     sup = supervise([fake("ps", 0, "sleep_forever"), fake("worker", 0, "echo_exit", 0, "--wait-for", go),
                      fake("worker", 1, "stepper", "--state", tmp_path / "w1.state", "--hang-at", "0", "--to", "30")],
                     restart_policy=RestartPolicy(max_restarts=1, backoff_secs=backoff, jitter=0.0),
-                    worker_exit_grace_secs=120.0)
+                    grace=120.0)
     poll_until(sup, lambda: sup.progress.snapshot()["worker:1"].step == 0, 60, "worker:1 at step 0 (where it hangs)")
     sup.kill_task("worker:1")
     poll_until(sup, lambda: task_state(sup, "worker:1") == "restarting 1", 30, "worker:1 waiting for its restart")

@@ -12,12 +12,12 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
 from psworker.launcher.inject import Fault, parse_fault, parse_faults
-from psworker.launcher.policy import CHIEF_OR_WORKER0, SUCCESS_POLICIES, WORKER_EXIT_GRACE_SECS, RestartPolicy
+from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 from psworker.launcher.process import ProcessBackend
 from psworker.launcher.report import RunResult, exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
@@ -45,8 +45,7 @@ class LaunchConfig:
     status_every_secs: float = 15.0          # ... plain status lines this often; False: neither
     grace_period_secs: float = 10.0
     ps_exit_grace_secs: float = 15.0
-    success_policy: str = CHIEF_OR_WORKER0   # or ALL_WORKERS (`psworker.launcher.policy`)
-    worker_exit_grace_secs: float = WORKER_EXIT_GRACE_SECS
+    success: SuccessPolicy = field(default_factory=SuccessPolicy)     # TFJob's default: the chief, else worker 0
     python: str = sys.executable
     backend: str = "local"
     backend_options: tuple[tuple[str, Any], ...] = ()   # (name, value) pairs only that backend reads
@@ -56,11 +55,6 @@ class LaunchConfig:
             parse_fault(text)                # UsageError naming the bad part
         if self.stall_timeout_secs is not None and self.stall_timeout_secs <= 0:
             raise ValueError(f"stall_timeout_secs must be > 0, got {self.stall_timeout_secs}")
-        if self.success_policy not in SUCCESS_POLICIES:
-            raise ValueError(f"success_policy must be one of {', '.join(SUCCESS_POLICIES)}, "
-                             f"got {self.success_policy!r}")
-        if not 0 <= self.worker_exit_grace_secs < float("inf"):
-            raise ValueError(f"worker_exit_grace_secs must be >= 0, got {self.worker_exit_grace_secs}")
 
     @property
     def done_jobs(self) -> frozenset[str]:
@@ -119,14 +113,15 @@ def supervise(tasks: Sequence[Any], processes: ProcessBackend, config: LaunchCon
     from psworker.launcher.status import live_view
 
     # A worker being restarted near the end gets as long to come back as the ps wait for it (`with_rejoin_grace`).
-    worker_grace = config.worker_exit_grace_secs + config.policy.rejoin_secs()
+    success = replace(config.success, worker_exit_grace_secs=config.success.worker_exit_grace_secs
+                      + config.policy.rejoin_secs())
     with live_view(config, tasks, console) as (view_console, attach):
         sup = Supervisor(tasks, log_dir, console=view_console, console_filter=None if config.verbose else for_console,
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=faults,
                          stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs,
-                         success_policy=config.success_policy, worker_exit_grace_secs=worker_grace,
+                         success=success,
                          stacks=stacks.for_run(own_tasks=not config.command, local=config.backend == "local"))
         attach(sup.progress)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())

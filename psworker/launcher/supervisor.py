@@ -17,7 +17,7 @@ from psworker import events, stackdump
 from psworker.launcher import watch
 from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
-from psworker.launcher.policy import ALL_WORKERS, SUCCESS_POLICIES, WORKER_EXIT_GRACE_SECS, deciding_task
+from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.process import LocalProcessBackend, ProcessBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
@@ -44,9 +44,9 @@ class Supervisor:
         with Supervisor(tasks, log_dir) as sup:     # starts the tasks; stops and reaps all on exit
             result = sup.wait()
 
-    Run policy (`success_policy`, as Kubeflow TFJob's): the run succeeds when every task of `done_jobs` has
+    Run policy (`success`, as Kubeflow TFJob's): the run succeeds when every task of `done_jobs` has
     exited 0 (`all-workers`), or when the chief (`chief:0`, else `worker:0`) has (`chief-or-worker0`). The other
-    `done_jobs` tasks then get `worker_exit_grace_secs` to exit by themselves (and to be restarted), the rest
+    `done_jobs` tasks then get `success.worker_exit_grace_secs` to exit by themselves (and to be restarted), the rest
     (servers) `ps_exit_grace_secs` after them; whoever is left is stopped and the run still succeeds. It fails
     when a task fails and is not restarted: a `done_jobs` task exits non-zero (also within its grace), a ps exits
     before success, or another task exits non-zero before success. Then every other task is stopped, and the
@@ -69,8 +69,7 @@ class Supervisor:
         faults: Sequence[Fault] = (),
         stall_timeout_secs: Optional[float] = None,
         done_jobs: Optional[frozenset[str]] = None,
-        success_policy: str = ALL_WORKERS,
-        worker_exit_grace_secs: float = WORKER_EXIT_GRACE_SECS,
+        success: SuccessPolicy = SuccessPolicy(ALL_WORKERS),
         stacks: Optional[StackAsker] = None,
     ) -> None:
         """Args:
@@ -87,17 +86,11 @@ class Supervisor:
             faults: injected faults (`psworker.launcher.inject`).
             stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
             done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
-            success_policy: `all-workers` (every `done_jobs` task) or `chief-or-worker0` (`psworker.launcher.policy`).
-            worker_exit_grace_secs: once the run has succeeded, how long the other `done_jobs` tasks may take.
+            success: when the run has succeeded, and how long the other `done_jobs` tasks then get (default: all).
             stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
                 (`psworker.launcher.stacks`); None: not asked.
         """
-        names = [t.name for t in tasks]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate task names: {', '.join(duplicates)}")
-        if success_policy not in SUCCESS_POLICIES:
-            raise ValueError(f"success_policy must be one of {', '.join(SUCCESS_POLICIES)}, got {success_policy!r}")
+        names = _distinct_names(tasks)
         self._log_dir = Path(log_dir)
         self._slots = {t.name: Slot(t, self._log_dir / f"{t.job}-{t.index}.log") for t in tasks}
         self._grace = grace_period_secs
@@ -114,12 +107,9 @@ class Supervisor:
         self._started_time = 0.0
         self._result: Optional[RunResult] = None
         self._failure: Optional[TaskFailure] = None
-        self._deciding = None if success_policy == ALL_WORKERS or not names else deciding_task(names)
-        self._worker_grace = worker_exit_grace_secs
-        self._done_at: Optional[float] = None           # when the run succeeded; the drain follows
-        self._workers_until, self._servers_until = 0.0, None
-        self._done_reason = (f"{self._deciding} exited 0" if self._deciding
-                             else f"every {'/'.join(sorted(self._done_jobs))} task exited 0")
+        self._deciding, self._worker_grace = success.deciding_task(names), success.worker_exit_grace_secs
+        # When the run succeeded, until when the other workers and then the servers may exit by themselves, and why.
+        self._done_at, self._workers_until, self._servers_until, self._done_reason = None, 0.0, None, ""
         self._stop_request: Optional[str] = None
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
                                     self.progress, window_secs=console_window_secs)
@@ -373,6 +363,8 @@ class Supervisor:
         workers = [s.name for s in slots if s.task.job in self._done_jobs and (s.running or s.restart_at is not None)]
         if self._done_at is None:
             self._done_at, self._workers_until = now, now + self._worker_grace
+            self._done_reason = (f"{self._deciding} exited 0" if self._deciding
+                                 else f"every {'/'.join(sorted(self._done_jobs))} task exited 0")
             if workers:
                 logger.info("%s: the run has succeeded; the other workers (%s) get %g s to exit by themselves",
                             self._done_reason, ", ".join(workers), self._worker_grace)
@@ -474,3 +466,12 @@ def _tail_without_stacks(log_path: Path, count: int) -> tuple[str, ...]:
     lines = [line for line in _current_attempt(log_path).splitlines()
              if line.strip() and not stackdump.is_dump_line(line)]
     return tuple(lines[-count:])
+
+
+def _distinct_names(tasks: Sequence[TaskLike]) -> list[str]:
+    """The tasks' names, in order; ValueError when two tasks share one."""
+    names = [t.name for t in tasks]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate task names: {', '.join(duplicates)}")
+    return names
