@@ -38,6 +38,9 @@ _MORE = re.compile(r"^  (?:\.\.\.|<no Python frame>|Garbage-collecting)\s*$")
 _PROGRAM_ENTRY = frozenset({"<module>", "_run_module_as_main"})
 _THREAD_ENTRY = "_bootstrap"       # threading.Thread's outermost frame
 _IMPORT_MACHINERY = "<frozen importlib."
+# Lines inside a thread's block that are no frame: output of a thread that went on while another one dumped (a
+# signal may reach any thread), which also breaks the frame it lands in.
+_FOREIGN_LINES = 3
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,12 @@ def is_dump_line(line: str) -> bool:
 def parse_dumps(text: str) -> list[Dump]:
     """Every dump in a text (a log), in order. A dump is a run of thread blocks with only blank lines between
     them, up to the block that ends at a program's entry (the main thread, faulthandler's last); any other line
-    ends it too."""
+    ends it too, except up to `_FOREIGN_LINES` inside a block (another thread's output, written into the dump).
+    """
     dumps: list[Dump] = []
     threads: list[ThreadStack] = []
     block: Optional[dict] = None
+    foreign = 0
 
     def close_block() -> None:
         nonlocal block, threads
@@ -137,9 +142,13 @@ def parse_dumps(text: str) -> list[Dump]:
         if block is not None and frame:
             block["frames"].append(Frame(frame["file"], None if frame["line"] == "???" else int(frame["line"]),
                                          frame["function"]))
+            foreign = 0
         elif block is not None and _MORE.match(line):
             block["cut"] = block["cut"] or line.strip() == "..."
+        elif block is not None and line.strip() and not header and foreign < _FOREIGN_LINES:
+            foreign += 1
         else:
+            foreign = 0
             close_block()
             if header:
                 block = {"id": int(header["id"] or "0", 16), "frames": [], "cut": False,

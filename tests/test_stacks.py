@@ -85,6 +85,13 @@ def test_a_stack_cut_at_100_frames_is_not_complete_and_dumps_split_at_other_line
     assert first.main_thread.cut and second.is_complete
     assert stackdump.last_dump(log) == second
     assert stackdump.last_dump("no dump here\n") is None
+    # another thread's line written into the dump (and into the frame it landed in) does not split it
+    lines = shallow.splitlines()
+    main_frames = stackdump.last_dump(shallow).main_thread.frames
+    for at in (len(lines) - 2, len(lines) - 3):     # behind a `<module>` frame too (one of pytest's, or an import's)
+        foreign = lines[at][:12] + "I0000 00:00:1796162606.276844 10754 port.cc:153] oneDNN ops"
+        [whole] = stackdump.parse_dumps("\n".join(lines[:at] + [foreign] + lines[at + 1:]) + "\nstep 5\n")
+        assert whole.is_complete and len(whole.main_thread.frames) == len(main_frames) - 1
 
 
 def test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_thread_only():
