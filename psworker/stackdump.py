@@ -29,13 +29,18 @@ __all__ = ["SIGNAL", "Frame", "ThreadStack", "Dump", "Ready", "Requested", "is_d
 
 SIGNAL = signal.SIGUSR1          # psworker's tasks dump every thread's stack on it (faulthandler), and go on
 
-_HEADER = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+) \(most recent call first\):\s*$")
+_HEADER = re.compile(r"^(?:(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)|Stack) "
+                     r"\(most recent call first\):\s*$")      # `Stack`: a dump of the current thread only
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*?)\s*$')
-_MORE = re.compile(r"^  (?:\.\.\.|<no Python frame>)\s*$")      # a stack cut at 100 frames; a thread without any
+# a stack cut at 100 frames; a thread without any; the signal's thread while the garbage collector runs
+_MORE = re.compile(r"^  (?:\.\.\.|<no Python frame>|Garbage-collecting)\s*$")
 # The outermost frame of a program's main thread: a script, `python -m`, a console script.
 _PROGRAM_ENTRY = frozenset({"<module>", "_run_module_as_main"})
 _THREAD_ENTRY = "_bootstrap"       # threading.Thread's outermost frame
 _IMPORT_MACHINERY = "<frozen importlib."
+# Lines inside a thread's block that are no frame: output of a thread that went on while another one dumped (a
+# signal may reach any thread), which also breaks the frame it lands in.
+_FOREIGN_LINES = 3
 
 
 @dataclass(frozen=True)
@@ -109,33 +114,49 @@ def is_dump_line(line: str) -> bool:
 
 def parse_dumps(text: str) -> list[Dump]:
     """Every dump in a text (a log), in order. A dump is a run of thread blocks with only blank lines between
-    them; any other line ends it."""
+    them, up to the block that ends at a program's entry (the main thread, faulthandler's last); any other line
+    ends it too, except up to `_FOREIGN_LINES` inside a block (another thread's output, written into the dump).
+    """
     dumps: list[Dump] = []
     threads: list[ThreadStack] = []
     block: Optional[dict] = None
-    for line in text.splitlines():
-        line = line.rstrip("\r")
-        header, frame = _HEADER.match(line), _FRAME.match(line)
-        if block is not None and (frame or _MORE.match(line)):
-            if frame:
-                block["frames"].append(Frame(frame["file"], None if frame["line"] == "???" else int(frame["line"]),
-                                             frame["function"]))
-            else:
-                block["cut"] = block["cut"] or line.strip() == "..."
-            continue
+    foreign = 0
+
+    def close_block() -> None:
+        nonlocal block, threads
         if block is not None:
             threads.append(ThreadStack(block["id"], tuple(block["frames"]), block["current"], block["cut"]))
             block = None
-        if header:
-            block = {"id": int(header["id"], 16), "current": header["current"] != "Thread", "frames": [],
-                     "cut": False}
-        elif line.strip() and threads:
+            if threads[-1].entry in _PROGRAM_ENTRY:
+                close_dump()
+
+    def close_dump() -> None:
+        nonlocal threads
+        if threads:
             dumps.append(Dump(tuple(threads)))
             threads = []
-    if block is not None:
-        threads.append(ThreadStack(block["id"], tuple(block["frames"]), block["current"], block["cut"]))
-    if threads:
-        dumps.append(Dump(tuple(threads)))
+
+    for line in text.splitlines():
+        line = line.rstrip("\r")
+        header, frame = _HEADER.match(line), _FRAME.match(line)
+        if block is not None and frame:
+            block["frames"].append(Frame(frame["file"], None if frame["line"] == "???" else int(frame["line"]),
+                                         frame["function"]))
+            foreign = 0
+        elif block is not None and _MORE.match(line):
+            block["cut"] = block["cut"] or line.strip() == "..."
+        elif block is not None and line.strip() and not header and foreign < _FOREIGN_LINES:
+            foreign += 1
+        else:
+            foreign = 0
+            close_block()
+            if header:
+                block = {"id": int(header["id"] or "0", 16), "frames": [], "cut": False,
+                         "current": header["current"] in (None, "Current thread")}
+            elif line.strip():
+                close_dump()
+    close_block()
+    close_dump()
     return dumps
 
 

@@ -26,6 +26,7 @@ from tests.cluster_utils import run_launcher, task_env  # noqa: E402
 
 v1 = tf.compat.v1
 REPO = Path(__file__).resolve().parents[1]
+TF_PROCESS_TIMEOUT = 300   # a hang guard for one TF process; under heavy load its start-up alone took over 120 s
 PRECISION_LINE = re.compile(r"precision @ 1 = ([0-9.]+) \((\d+) examples, global step (\d+)\)")
 
 # Runs in a fresh interpreter, in an empty directory, where psworker cannot be imported: TensorFlow, numpy and
@@ -75,7 +76,7 @@ def serve(requests: dict[str, dict[str, np.ndarray]], cwd: Path) -> dict[str, di
         argv += [export_dir, str(cwd / f"in{i}.npz"), str(cwd / f"out{i}.npz")]
     env = {k: v for k, v in task_env().items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, str(script), *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=180)
+                          timeout=TF_PROCESS_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     return {d: dict(np.load(cwd / f"out{i}.npz")) for i, d in enumerate(requests)}
 
@@ -98,7 +99,7 @@ def test_exported_run_scores_like_eval_in_a_fresh_process(tmp_path):
                             str(train_dir)], tmp_path, 240)
     assert trained.returncode == 0, trained.output[-3000:]
     assert_no_processes(trained.pids)
-    evaluated = psworker(["eval", "--once", "--train_dir", str(train_dir)], tmp_path, 120)
+    evaluated = psworker(["eval", "--once", "--train_dir", str(train_dir)], tmp_path, TF_PROCESS_TIMEOUT)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     precision, examples, step = PRECISION_LINE.search(evaluated.stdout).groups()
 
@@ -106,7 +107,7 @@ def test_exported_run_scores_like_eval_in_a_fresh_process(tmp_path):
     chief_export = train_dir / "export" / step
     assert sorted(os.listdir(train_dir / "export")) == [step]   # no temporary directory left behind
     exported = psworker(["export", "--train_dir", str(train_dir), "--export_dir", str(tmp_path / "exports")],
-                        tmp_path, 120)
+                        tmp_path, TF_PROCESS_TIMEOUT)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert exported.stdout.strip().splitlines()[-1] == str(tmp_path / "exports" / step)
 
@@ -125,7 +126,7 @@ def test_exported_run_scores_like_eval_in_a_fresh_process(tmp_path):
         np.testing.assert_allclose(out["serving_default/logits"], out["preprocessed/logits"], rtol=1e-5, atol=1e-5)
         assert str(out["serving_default/input"]) == "float32 [None, 64]"
 
-    again = psworker(["export", "--train_dir", str(train_dir)], tmp_path, 120)
+    again = psworker(["export", "--train_dir", str(train_dir)], tmp_path, TF_PROCESS_TIMEOUT)
     assert again.returncode != 0 and "exist" in again.stderr
 
 

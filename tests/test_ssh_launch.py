@@ -14,6 +14,7 @@ import psutil
 import pytest
 import yaml
 
+from psworker import stackdump
 from psworker.testing import checkpoint_step
 from tests.cluster_utils import run_launcher
 
@@ -138,4 +139,13 @@ def test_a_failed_task_stops_the_others_on_every_host(sshd, tmp_path):
     assert "psworker: run failed: worker:1 " in run.output, run.output[-3000:]
     assert re.search(r"^  ps:0\s+stopped by launcher", run.output, re.MULTILINE), run.output[-3000:]
     assert "closing their connections" not in run.output, run.output[-3000:]
+    # before it stopped them, the launcher asked each for its stacks (`kill -USR1` over ssh): in its pumped log
+    for name in ("ps:0", "worker:0"):
+        log = (tmp_path / "train" / "logs" / f"{name.replace(':', '-')}.log").read_text()
+        asked = log.rfind(f"--- stacks of {name} asked for by SIGUSR1 (stopping: worker:1 failed) at ")
+        dump = stackdump.last_dump(log[asked:]) if asked >= 0 else None
+        assert dump is not None and dump.is_complete, log[-3000:]
+        assert any(f.file.endswith("psworker/task/main.py") for f in dump.main_thread.frames), dump.render()
+        assert re.search(rf"^  {name}\s+stopped by launcher.*\n\s+was in \S+ \(.*\) \(every thread's stack in its log\)$",
+                         run.output, re.MULTILINE), run.output[-3000:]
     _wait_gone(str(tmp_path / "train"))

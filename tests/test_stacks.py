@@ -1,12 +1,13 @@
 """The stacks of a stuck task: faulthandler's dump parsed back (`psworker.stackdump`, on real dumps), and the
 launcher asking a task for them before it kills a stalled one or stops those left (`psworker.launcher.stacks`):
 by SIGUSR1 for psworker's tasks, by py-spy for a user's program, over fake tasks (no TensorFlow) and through
-`psworker run`. The real cluster's stall (tests/test_real_launcher.py), step timeout (tests/test_sync.py), ssh
-and Slurm runs (tests/test_ssh_launch.py, tests/test_slurm_launch.py) check it on real tasks."""
+`psworker run`; then on real psworker tasks, a worker stalled by a stopped ps, locally and under the real Slurm
+(a failed ssh run's teardown: tests/test_ssh_launch.py; a step timeout's dump: tests/test_sync.py)."""
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import io
 import re
 import signal
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import threading
 
+import psutil
 import pytest
 
 from psworker import stackdump
@@ -22,7 +24,7 @@ from psworker.launcher import stacks
 from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone
-from tests.cluster_utils import run_launcher
+from tests.cluster_utils import REPO, run_launcher
 from tests.fake_tasks.fakes import HERE, FakeTask, fake, poll_until
 
 STUCK = str(HERE / "stuck.py")
@@ -58,7 +60,8 @@ def test_a_real_dump_parses_back_with_its_main_thread_last():
     assert len(dump.threads) >= 2, text
     main = dump.main_thread
     assert main is dump.threads[-1] and main.current, text
-    assert [f.function for f in main.frames[:2]] == ["_real_dump", "test_a_real_dump_parses_back_with_its_main_thread_last"]
+    assert [f.function for f in main.frames[:2]] == ["_real_dump",
+                                                     "test_a_real_dump_parses_back_with_its_main_thread_last"]
     assert main.frames[0].file == __file__ and isinstance(main.frames[0].line, int)
     assert dump.is_complete, text           # ends at the program's entry (pytest's `<module>` or runpy's)
     helper = next(t for t in dump.threads if any(f.function == "_blocked_in_helper" for f in t.frames))
@@ -74,13 +77,46 @@ def test_a_stack_cut_at_100_frames_is_not_complete_and_dumps_split_at_other_line
     deep = _real_dump(depth=120)
     [dump] = stackdump.parse_dumps(deep)
     assert dump.main_thread.cut and not dump.is_complete
-    assert dump.innermost(3) == tuple(f"_real_dump (tests/test_stacks.py:{f.line})" for f in dump.main_thread.frames[:3])
+    assert dump.innermost(3) == tuple(f"_real_dump (tests/test_stacks.py:{f.line})"
+                                      for f in dump.main_thread.frames[:3])
     shallow = _real_dump()
     log = f"step 3, loss = 1.0\n{deep}\n2026-12-01 12:00:00,000 INFO psworker: between\n{shallow}\nstep 4\n"
     first, second = stackdump.parse_dumps(log)
     assert first.main_thread.cut and second.is_complete
     assert stackdump.last_dump(log) == second
     assert stackdump.last_dump("no dump here\n") is None
+    # another thread's line written into the dump (and into the frame it landed in) does not split it
+    lines = shallow.splitlines()
+    main_frames = stackdump.last_dump(shallow).main_thread.frames
+    for at in (len(lines) - 2, len(lines) - 3):     # behind a `<module>` frame too (one of pytest's, or an import's)
+        foreign = lines[at][:12] + "I0000 00:00:1796162606.276844 10754 port.cc:153] oneDNN ops"
+        [whole] = stackdump.parse_dumps("\n".join(lines[:at] + [foreign] + lines[at + 1:]) + "\nstep 5\n")
+        assert whole.is_complete and len(whole.main_thread.frames) == len(main_frames) - 1
+
+
+def test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_thread_only():
+    """faulthandler marks the signal's thread `Garbage-collecting` when the collector runs (tasks under load hit
+    it during TensorFlow's import); `Stack` heads a dump without `all_threads`."""
+    with tempfile.TemporaryFile("w+") as f:
+        def dump_once(phase, info):
+            if phase == "start" and not f.tell():
+                faulthandler.dump_traceback(file=f, all_threads=True)
+        gc.callbacks.append(dump_once)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(dump_once)
+        faulthandler.dump_traceback(file=f, all_threads=False)
+        f.seek(0)
+        text = f.read()
+    assert "\n  Garbage-collecting\n" in text, text
+    during_gc, alone = stackdump.parse_dumps(text)
+    assert [f.function for f in during_gc.main_thread.frames[:2]] == [
+        "dump_once", "test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_thread_only"]
+    assert during_gc.is_complete and alone.is_complete and len(alone.threads) == 1
+    assert alone.main_thread.frames[0].function == "test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_" \
+                                                   "the_current_thread_only"
+    assert all(stackdump.is_dump_line(line) for line in text.splitlines())
 
 
 def test_lines_of_the_protocol_render_and_parse_back():
@@ -93,6 +129,24 @@ def test_lines_of_the_protocol_render_and_parse_back():
     # a Python traceback's frame lines (with a comma) stay on the console; a dump's go to the log only
     assert not stackdump.is_dump_line('  File "train.py", line 3, in main')
     assert stackdump.is_dump_line('  File "train.py", line 3 in main')
+
+
+def test_the_wait_for_a_dump_ends_at_its_main_thread_or_once_the_log_is_quiet(tmp_path):
+    log = tmp_path / "worker-0.log"
+    log.write_text("step 1\n")
+    offset = stacks.log_offset(log)
+    wait = stacks.DumpWait(log, offset, deadline=100.0)
+    assert wait.over(now=1.0) is None                       # nothing yet
+    with open(log, "a") as f:
+        f.write(_real_dump(depth=120))                      # cut at 100 frames: its end cannot be told
+    assert wait.over(now=2.0) is None                       # the log just grew
+    assert wait.over(now=2.0 + stacks.QUIET_SECS) == "dumped"
+    complete = stacks.DumpWait(log, stacks.log_offset(log), deadline=100.0)
+    with open(log, "a") as f:
+        f.write(_real_dump())
+    assert complete.over(now=1.0) == "dumped"               # ends at the program's entry: at once
+    late = stacks.DumpWait(log, stacks.log_offset(log), deadline=5.0)
+    assert late.over(now=4.0) is None and late.over(now=5.0) == "timed out"
 
 
 def _py_spy() -> str:
@@ -143,8 +197,8 @@ def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows
         sup.close()
     worker, ps = result.exits["worker:0"], result.exits["ps:0"]
     log = (tmp_path / "logs" / "worker-0.log").read_text()
-    asked = re.search(r"^--- stacks of worker:0 asked for by SIGUSR1 \(stalled: step 2 unchanged for \d+ s\) at \S+ ---$",
-                      log, re.MULTILINE)
+    asked = re.search(r"^--- stacks of worker:0 asked for by SIGUSR1 \(stalled: step 2 unchanged for \d+ s\) "
+                      r"at \S+ ---$", log, re.MULTILINE)
     assert asked and _frames(log[asked.end():]) == ["wait_for_the_ps", "train", "<module>"], log
     assert stackdump.last_dump(log[asked.end():]).is_complete
     assert worker.returncode == -signal.SIGKILL and result.failure.name == "worker:0"
@@ -153,9 +207,11 @@ def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows
     assert (f"--- where worker:0 was: its main thread, innermost frame first (every thread's stack: {worker.log_path}) "
             f"---\n  wait (") in report, report
     assert re.search(r"^  wait_for_the_ps \(fake_tasks/stuck\.py:\d+\)$", report, re.MULTILINE), report
+    assert "lines of worker:0, stack dumps left out" in report and "\n  step 2, loss = 1.00\n" in report, report
     # the ps was left: stopped at the end, asked first; it went on after its dump until SIGTERM
     assert ps.stopped and ps.returncode == -signal.SIGTERM, ps
-    assert "stacks of ps:0 asked for by SIGUSR1 (stopping: worker:0 failed)" in (tmp_path / "logs" / "ps-0.log").read_text()
+    ps_log = (tmp_path / "logs" / "ps-0.log").read_text()
+    assert "stacks of ps:0 asked for by SIGUSR1 (stopping: worker:0 failed)" in ps_log, ps_log
     assert ps.stack and "was in wait (" in report
     assert_processes_gone(pids)
 
@@ -219,3 +275,71 @@ def test_psworker_run_reports_where_a_stalled_users_program_was(tmp_path):
     assert "Thread 0x" not in run.output, "the console shows the dump (it belongs in the log)"
     assert "asked for by py-spy (stalled: step 1 unchanged for" in log.read_text()
     assert_processes_gone(run.pids)
+
+
+# -- real psworker tasks ------------------------------------------------------------------------------------------
+
+# The ps is stopped from the start (an injected SIGSTOP), so the workers wait for it and print no step line: the
+# stall timeout asks each for its stacks, then kills it; with no restart the run fails on the first one.
+STALL = ("--max_steps", "1000000", "--stall_timeout_secs", "10", "--max_restarts", "0",
+         "--inject", "stop:ps:0@time=0,for=600")
+REPORT = re.compile(r"^--- where (worker:\d) was: its main thread, innermost frame first \(every thread's stack: "
+                    r"(\S+)\) ---\n((?:  \S.*\n)+)", re.MULTILINE)
+
+
+def _check_stalled_worker_report(output: str) -> None:
+    """The report names the stalled worker's innermost frames and its log, which holds the whole dump: asked for
+    by SIGUSR1 at the stall, the main thread in psworker's worker (importing TensorFlow or waiting for the ps)."""
+    report = REPORT.search(output)
+    assert report, output[-4000:]
+    worker, log_path, frames = report.groups()
+    assert len(frames.splitlines()) == 5 and all(re.fullmatch(r"  \S+ \(.+:\d+\)", f) for f in frames.splitlines())
+    log = open(log_path).read()
+    asked = re.search(rf"^--- stacks of {worker} asked for by SIGUSR1 \(stalled: no step line for \d+ s\) at \S+ ---$",
+                      log, re.MULTILINE)
+    assert asked, log[-3000:]
+    dump = stackdump.last_dump(log[asked.end():])
+    assert dump is not None, log[-3000:]
+    main = dump.main_thread
+    if main.cut:        # deeper than faulthandler's 100 frames: in TensorFlow's import, on a loaded machine
+        assert any(f.file.startswith("<frozen importlib.") for f in main.frames), dump.render()
+    else:
+        assert dump.is_complete and any(f.file.endswith("psworker/task/main.py") and f.function == "run_worker"
+                                        for f in main.frames), dump.render()
+    assert frames.splitlines() == [f"  {f}" for f in dump.innermost(5)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_real_stalled_worker_reports_where_it_was(tmp_path):
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / "t"), "--no_live",
+                        *STALL], cwd=tmp_path, timeout=300)
+    assert run.returncode == 128 + signal.SIGKILL, run.output[-4000:]
+    _check_stalled_worker_report(run.output)
+    assert "Thread 0x" not in run.output and "most recent call first" not in run.output
+    assert_processes_gone(run.pids, timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_under_slurm_a_stalled_worker_is_asked_through_its_step(slurm, monkeypatch, capsys, tmp_path):
+    """`scancel --signal=USR1 JOB.STEP` reaches the task; its dump comes back through srun's output into its log."""
+    from tests.test_slurm_launch import _submit, _wait_done
+
+    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, *STALL[2:], max_steps=1_000_000)
+    out = _wait_done(slurm, job_id, run_dir)
+    assert "psworker: slurm launch exits with status 137" in out, out[-4000:]
+    _check_stalled_worker_report(out)
+    left = _processes_naming(str(run_dir))      # this run's only: other runs' sruns may share the machine
+    assert not left, [p.cmdline() for p in left]
+
+
+def _processes_naming(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from psworker import stackdump
 from psworker.errors import EXIT_PEER_GONE
 from psworker.testing import STEP_LINE, assert_processes_gone, checkpoint_step
 
@@ -294,5 +295,9 @@ def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(make_cluster
     else:   # the chief went on alone until the watch stopped it
         assert re.search(r"a sync step needs gradients from 2 of 2 workers, and only 1 have been up for \d+ s "
                          rf"\(--step_timeout_secs {timeout}\); down: worker:1", error.group(0)), error.group(0)
+    # before it raised, the chief wrote every thread's stack into its log: its main thread in the step loop
+    dump = stackdump.last_dump(chief[chief.rindex("; every thread's stack follows"):])
+    assert dump is not None and dump.is_complete, chief[-3000:]
+    assert [f.function for f in dump.main_thread.frames[:2]] == ["_step_timeout", "_run_steps"], dump.render()
     assert codes["ps:0"] == 0
     assert_processes_gone(cluster.pids)

@@ -162,13 +162,14 @@ def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec],
     """The one `LaunchConfig` of a launcher command: its launch flags (`add_launch_flags`), `backend` (the
     backend's typed options) and, for `psworker run`, the user's command."""
     from psworker.launcher.config import LaunchConfig
-    from psworker.launcher.policy import RestartPolicy
+    from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 
     policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
     return LaunchConfig(spec=spec, backend=backend, run_dir=run_dir, command=tuple(command), policy=policy,
                         faults=tuple(args.inject), stall_timeout_secs=args.stall_timeout_secs, verbose=args.verbose,
                         live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
-                        ps_exit_grace_secs=1.0 if command else 15.0, python=python)
+                        ps_exit_grace_secs=1.0 if command else 15.0,
+                        success=SuccessPolicy(args.success_policy, args.worker_exit_grace_secs), python=python)
 
 
 def add_launch_flags(p: Any, network: bool = True) -> None:
@@ -178,6 +179,17 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
 
     p.add_argument("--grace_period_secs", type=non_negative_float, default=10.0, metavar="SECS",
                    help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL (default 10)")
+    from psworker.launcher.policy import CHIEF_OR_WORKER0, SUCCESS_POLICIES, WORKER_EXIT_GRACE_SECS
+    p.add_argument("--success_policy", choices=SUCCESS_POLICIES, default=CHIEF_OR_WORKER0,
+                   help="when the run has succeeded, as Kubeflow TFJob's: chief-or-worker0 (default): the chief job's "
+                        "task, else worker 0, exits 0; all-workers: every worker exits 0 (with a chief job, the "
+                        "chief decides under both)")
+    p.add_argument("--worker_exit_grace_secs", type=non_negative_float, default=WORKER_EXIT_GRACE_SECS,
+                   metavar="SECS",
+                   help="once the run has succeeded, how long the other workers get to exit by themselves before "
+                        "they (and the ps tasks) are stopped and the run still succeeds: a training worker stops "
+                        "within a step, a classic non-chief still creating its session never does (default "
+                        f"{WORKER_EXIT_GRACE_SECS:g}; with --max_restarts, plus the ps tasks' rejoin grace)")
     p.add_argument("--max_restarts", type=int_type(0), default=0, metavar="N",
                    help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
                         "for a peer gone) up to N times; other exits fail the run at once (default 0)")

@@ -18,7 +18,8 @@ __all__ = ["cmd_slurm_launch", "cmd_slurm_status", "cmd_slurm_submit", "launch_f
            "submit_flags"]
 
 # `slurm submit` takes these launch flags (default None there) and the job's `slurm launch` gets the ones given.
-FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall_timeout_secs")
+FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall_timeout_secs", "success_policy",
+             "worker_exit_grace_secs")
 
 
 def cmd_slurm_submit(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 from psworker.launcher.backends.local import LocalOptions
 from psworker.launcher.inject import Fault
-from psworker.launcher.policy import RestartPolicy
+from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 from psworker.spec import ClusterSpec, CountSpec
 
 __all__ = ["LaunchConfig"]
@@ -32,6 +32,7 @@ class LaunchConfig:
     status_every_secs: float = 15.0          # ... plain status lines this often; False: neither
     grace_period_secs: float = 10.0
     ps_exit_grace_secs: float = 15.0
+    success: SuccessPolicy = field(default_factory=SuccessPolicy)     # TFJob's default: the chief, else worker 0
     python: str = sys.executable             # the interpreter of psworker's own tasks, where they run
 
     def __post_init__(self) -> None:
@@ -45,8 +46,8 @@ class LaunchConfig:
 
     @property
     def done_jobs(self) -> frozenset[str]:
-        """The jobs whose tasks must all exit 0: the chief if any, else the workers (plus, for psworker's own
-        trainer, every non-ps job)."""
+        """The jobs whose tasks must all exit 0 under `all-workers`, and that get the worker grace once the run has
+        succeeded: the chief if any, else the workers (plus, for psworker's own trainer, every non-ps job)."""
         jobs = set(self.spec.jobs())
         if not self.command:
             return frozenset(jobs - {"ps"})

@@ -21,7 +21,7 @@ from psworker.launcher.command import command_tasks
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.report import RunResult, exit_status, format_report
+from psworker.launcher.report import RunResult, exit_status, format_report, success_line
 from psworker.launcher.rundir import LOG_SUBDIR, choose_run_dir, write_run_dir
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, plan
@@ -83,12 +83,15 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
     from psworker.launcher.output import GROUP_WINDOW_SECS
     from psworker.launcher.status import live_view
 
+    # A worker being restarted near the end gets as long to come back as the ps wait for it (`with_rejoin_grace`).
+    success = dataclasses.replace(config.success, worker_exit_grace_secs=config.success.worker_exit_grace_secs
+                                  + config.policy.rejoin_secs())
     with live_view(config, tasks, console) as (view_console, attach):
         sup = Supervisor(tasks, log_dir, console=view_console, console_filter=None if config.verbose else for_console,
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=config.faults,
-                         stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs,
+                         stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs, success=success,
                          stacks=stacks.for_run(own_tasks=not config.command, local=processes.LOCAL_PIDS))
         attach(sup.progress)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
@@ -100,10 +103,8 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
 def report_success(config: LaunchConfig, result: RunResult, seconds: float, outputs: Path, log_dir: Path,
                    console: TextIO) -> None:
     """What a person reads after a successful run: time, outputs, restarts, and the chief's evaluation."""
-    done = sorted(config.done_jobs)
-    what = f"all {len(config.spec.worker)} workers" if done == ["worker"] else f"every {'/'.join(done)} task"
-    print(f"psworker: {what} finished in {seconds:.1f} s", file=console, flush=True)
-    if any(e.restarts for e in result.exits.values()):
+    print(success_line(result, config.done_jobs, seconds), file=console, flush=True)
+    if any(e.restarts or e.stopped for e in result.exits.values()):
         print(format_report(result), file=console, flush=True)
     print(f"psworker: checkpoints and summaries in {outputs}/, task logs in {log_dir}/", file=console, flush=True)
     try:

@@ -7,9 +7,44 @@ import dataclasses
 
 import random
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
 
-__all__ = ["RestartPolicy", "is_retryable"]
+__all__ = ["ALL_WORKERS", "CHIEF_OR_WORKER0", "RestartPolicy", "SUCCESS_POLICIES", "SuccessPolicy",
+           "WORKER_EXIT_GRACE_SECS", "is_retryable"]
+
+# When a run has succeeded, as Kubeflow TFJob's successPolicy: with a `chief` job its exit 0 decides under both.
+CHIEF_OR_WORKER0 = "chief-or-worker0"   # TFJob's default: the chief, else worker 0, exits 0
+ALL_WORKERS = "all-workers"             # TFJob's AllWorkers: without a chief job, every worker exits 0
+SUCCESS_POLICIES = (CHIEF_OR_WORKER0, ALL_WORKERS)
+# Once the run has succeeded, how long the other workers get to exit by themselves. A worker that is training stops
+# at its next step (psworker's own workers exit before the chief, which evaluates and exports after its last step).
+# A classic non-chief still waiting for the chief's model sleeps up to 30 s between polls (TF's SessionManager
+# `recovery_wait_secs`): with device filters it then finds training over and exits, in 40 s with 10 s to spare for
+# its session on a loaded host; without them its session needs every task, the chief included, and it never will.
+WORKER_EXIT_GRACE_SECS = 40.0
+
+
+@dataclass(frozen=True)
+class SuccessPolicy:
+    """When a run has succeeded (`rule`, one of `SUCCESS_POLICIES`), and how long the other workers then get to exit
+    by themselves before whoever is left is stopped."""
+
+    rule: str = CHIEF_OR_WORKER0
+    worker_exit_grace_secs: float = WORKER_EXIT_GRACE_SECS
+
+    def __post_init__(self) -> None:
+        if self.rule not in SUCCESS_POLICIES:
+            raise ValueError(f"success policy must be one of {', '.join(SUCCESS_POLICIES)}, got {self.rule!r}")
+        if not 0 <= self.worker_exit_grace_secs < float("inf"):
+            raise ValueError(f"worker_exit_grace_secs must be >= 0, got {self.worker_exit_grace_secs}")
+
+    def deciding_task(self, names: Iterable[str]) -> Optional[str]:
+        """The task whose exit 0 alone ends the run: under `CHIEF_OR_WORKER0` `chief:0` when there is one, else
+        `worker:0` (None when neither is in `names`); under `ALL_WORKERS` none."""
+        names = set(names)
+        if self.rule == ALL_WORKERS:
+            return None
+        return "chief:0" if "chief:0" in names else "worker:0" if "worker:0" in names else None
 
 
 def is_retryable(returncode: int) -> bool:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import datetime
 import signal
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
-from psworker import stackdump
-
-__all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report"]
+__all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report",
+           "success_line"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,18 @@ def exit_status(returncode: int) -> int:
     return returncode or 1
 
 
+def success_line(result: RunResult, done_jobs: Iterable[str], seconds: float) -> str:
+    """The first line after a successful run: `psworker: all 2 workers finished in 31.2 s` when every task of
+    `done_jobs` exited 0 by itself, else the exit that decided and the tasks the launcher stopped after it."""
+    done = sorted(set(done_jobs))
+    finishers = [e for name, e in result.exits.items() if name.partition(":")[0] in done]
+    if all(e.returncode == 0 and not e.stopped for e in finishers):
+        what = f"all {len(finishers)} workers" if done == ["worker"] else f"every {'/'.join(done)} task"
+        return f"psworker: {what} finished in {seconds:.1f} s"
+    stopped = ", ".join(name for name, e in result.exits.items() if e.stopped) or "nothing"
+    return f"psworker: run succeeded in {seconds:.1f} s ({result.reason}); the launcher stopped {stopped}"
+
+
 def format_report(result: RunResult) -> str:
     """A report for people: the first failing task, its exit, where it was (its main thread's innermost frames,
     when its log holds a stack dump), its last log lines, then one row per task with its exit, its restarts (and
@@ -84,11 +95,10 @@ def format_report(result: RunResult) -> str:
             lines.append(f"--- where {f.name} was: its main thread, innermost frame first (every thread's stack: "
                          f"{log_path}) ---")
             lines.extend(f"  {frame}" for frame in stack)
-        tail = [line for line in f.log_tail if not stackdump.is_dump_line(line)] if stack else list(f.log_tail)
-        left_out = ", stack lines left out" if len(tail) < len(f.log_tail) else ""
-        lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{left_out} (full log: {log_path}) ---")
-        lines.extend(f"  {line}" for line in tail)
-        if not tail:
+        without = ", stack dumps left out" if stack else ""
+        lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{without} (full log: {log_path}) ---")
+        lines.extend(f"  {line}" for line in f.log_tail)
+        if not f.log_tail:
             lines.append("  (no output)")
     else:
         lines.append("psworker: run stopped" + (f" ({result.reason})" if result.reason else ""))

@@ -55,7 +55,7 @@ class Slot:
     restart_at: Optional[float] = None  # a restart waiting for its backoff
     restart_cause: str = ""
     resume_at: Optional[float] = None   # SIGSTOPped by an injected fault until then
-    kill_after: Optional[tuple[int, float]] = None   # stalled: SIGKILL once a dump follows log offset [0], or at [1]
+    kill_after: Any = None          # stalled: a `stacks.DumpWait`; SIGKILL once it is over
 
     @property
     def name(self) -> str:

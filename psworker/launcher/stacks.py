@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -26,13 +26,39 @@ from psworker import stackdump
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.slot import Slot
 
-__all__ = ["StackAsker", "WAIT_SECS", "dump_since", "for_run", "log_offset"]
+__all__ = ["DumpWait", "QUIET_SECS", "StackAsker", "WAIT_SECS", "for_run", "log_offset"]
 
 logger = logging.getLogger(__name__)
 
 WAIT_SECS = 5.0               # for a task's dump to reach its log (it takes milliseconds on a live task)
+# A dump whose end cannot be told (the main thread's stack cut at faulthandler's 100 frames, or no program entry
+# at its bottom) is over once the log has not grown for this long: faulthandler writes it all at once.
+QUIET_SECS = 0.5
 _POLL_SECS = 0.05
 _PY_SPY_SECS = 10.0
+
+
+@dataclass(eq=False)
+class DumpWait:
+    """Waiting for a task's dump in its log after `offset`, until `deadline` (`time.monotonic()`)."""
+
+    path: Path
+    offset: int
+    deadline: float
+    _size: int = field(default=-1, init=False)
+    _grown_at: float = field(default=0.0, init=False)
+
+    def over(self, now: Optional[float] = None) -> Optional[str]:
+        """None while waiting, else `"dumped"` (a complete dump, or one the log has not grown after for
+        `QUIET_SECS`) or `"timed out"`."""
+        now = time.monotonic() if now is None else now
+        size = log_offset(self.path)
+        if size != self._size:
+            self._size, self._grown_at = size, now
+        dumps = stackdump.parse_dumps(_read_from(self.path, self.offset))
+        if any(d.is_complete for d in dumps) or (dumps and now - self._grown_at >= QUIET_SECS):
+            return "dumped"
+        return "timed out" if now >= self.deadline else None
 
 
 @dataclass(frozen=True)
@@ -44,18 +70,19 @@ class StackAsker:
     local: bool = True               # the tasks run on this machine (their pids are this machine's)
     wait_secs: float = WAIT_SECS
 
-    def ask(self, slot: Slot, backend: ProcessBackend, why: str, ready: bool) -> Optional[int]:
-        """Asks the running task of `slot` for its stacks and returns the log offset its dump will follow (then
-        see `dump_since`), or None when there is nothing to wait for: the dump (py-spy's), or why there is none,
-        is in the log already. `ready`: this attempt has printed a line (a psworker task's first line says that its
-        handler is in place: before it, the signal would kill it)."""
+    def ask(self, slot: Slot, backend: ProcessBackend, why: str, ready: bool) -> Optional[DumpWait]:
+        """Asks the running task of `slot` for its stacks and returns the wait for its dump, or None when there
+        is nothing to wait for: the dump (py-spy's), or why there is none, is in the log already. `ready`: this
+        attempt has printed a line (a psworker task's first line says that its handler is in place: before it,
+        the signal would kill it)."""
         if self.by_signal:
             if not ready:
-                logger.info("not asking %s for its stacks: it has printed nothing yet (still starting)", slot.name)
+                logger.info("not asking %s for its stacks: it has printed nothing yet (its handler may not be in "
+                            "place)", slot.name)
                 return None
             offset = _note(slot, stackdump.Requested.now(slot.name, why, stackdump.SIGNAL.name).render())
             backend.signal(slot.popen, stackdump.SIGNAL)
-            return offset
+            return DumpWait(slot.log_path, offset, time.monotonic() + self.wait_secs)
         if self.py_spy is not None and self.local:
             _note(slot, stackdump.Requested.now(slot.name, why, "py-spy").render())
             _note(slot, _py_spy_dump(self.py_spy, slot.popen.pid))
@@ -70,24 +97,23 @@ class StackAsker:
         until each one's dump is in its log, it has exited, or `wait_secs` have passed."""
         pending = {}
         for slot in slots:
-            offset = self.ask(slot, backend, why, bool(slot.tail))
-            if offset is not None:
-                pending[slot.name] = (slot, offset)
+            wait = self.ask(slot, backend, why, bool(slot.tail))
+            if wait is not None:
+                pending[slot.name] = (slot, wait)
                 if slot.resume_at is not None:      # stopped by an injected fault: it dumps once resumed
                     backend.signal(slot.popen, signal.SIGCONT)
         if pending:
             logger.info("asked %s for their stacks (into their logs)", ", ".join(pending))
-        deadline = time.monotonic() + self.wait_secs
         while pending:
-            for name, (slot, offset) in list(pending.items()):
-                if slot.popen.poll() is not None or dump_since(slot.log_path, offset) is not None:
+            now = time.monotonic()
+            for name, (slot, wait) in list(pending.items()):
+                over = "exited" if slot.popen.poll() is not None else wait.over(now)
+                if over == "timed out":
+                    logger.warning("no stack dump from %s within %.0f s", name, self.wait_secs)
+                if over is not None:
                     del pending[name]
-            if not pending:
-                break
-            if time.monotonic() >= deadline:
-                logger.warning("no stack dump from %s within %.0f s", ", ".join(pending), self.wait_secs)
-                break
-            time.sleep(_POLL_SECS)
+            if pending:
+                time.sleep(_POLL_SECS)
 
 
 def for_run(own_tasks: bool, local: bool) -> StackAsker:
@@ -106,15 +132,13 @@ def log_offset(path: Path) -> int:
         return 0
 
 
-def dump_since(path: Path, offset: int) -> Optional[stackdump.Dump]:
-    """The first complete dump written to the log at `path` after `offset`, or None."""
+def _read_from(path: Path, offset: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
+            return f.read().decode("utf-8", "replace")
     except OSError:
-        return None
-    return next((d for d in stackdump.parse_dumps(text) if d.is_complete), None)
+        return ""
 
 
 def _note(slot: Slot, text: str) -> int:

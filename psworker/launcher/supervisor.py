@@ -19,6 +19,7 @@ from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.backends.local import LocalBackend
+from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.slot import SERVER_JOBS, Slot, TaskLike
@@ -44,10 +45,13 @@ class Supervisor:
         with Supervisor(tasks, log_dir) as sup:     # starts the tasks; stops and reaps all on exit
             result = sup.wait()
 
-    Run policy: the run succeeds when every task of `done_jobs` has exited 0; the others (servers) then get
-    `ps_exit_grace_secs` to exit by themselves before they are stopped. It fails when a task fails and is not
-    restarted: a `done_jobs` task exits non-zero, a ps exits while the run is not done, or another server
-    exits non-zero. Then every other task is stopped, and the first failure by time is the root cause.
+    Run policy (`success`, as Kubeflow TFJob's): the run succeeds when every task of `done_jobs` has
+    exited 0 (`all-workers`), or when the chief (`chief:0`, else `worker:0`) has (`chief-or-worker0`). The other
+    `done_jobs` tasks then get `success.worker_exit_grace_secs` to exit by themselves (and to be restarted), the rest
+    (servers) `ps_exit_grace_secs` after them; whoever is left is stopped and the run still succeeds. It fails
+    when a task fails and is not restarted: a `done_jobs` task exits non-zero (also within its grace), a ps exits
+    before success, or another task exits non-zero before success. Then every other task is stopped, and the
+    first failure by time is the root cause.
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class Supervisor:
         faults: Sequence[Fault] = (),
         stall_timeout_secs: Optional[float] = None,
         done_jobs: Optional[frozenset[str]] = None,
+        success: SuccessPolicy = SuccessPolicy(ALL_WORKERS),
         stacks: Optional[StackAsker] = None,
     ) -> None:
         """Args:
@@ -82,13 +87,11 @@ class Supervisor:
             faults: injected faults (`psworker.launcher.inject`).
             stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
             done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
+            success: when the run has succeeded, and how long the other `done_jobs` tasks then get (default: all).
             stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
                 (`psworker.launcher.stacks`); None: not asked.
         """
-        names = [t.name for t in tasks]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate task names: {', '.join(duplicates)}")
+        names = _distinct_names(tasks)
         self._log_dir = Path(log_dir)
         self._slots = {t.name: Slot(t, self._log_dir / f"{t.job}-{t.index}.log") for t in tasks}
         self._grace = grace_period_secs
@@ -105,8 +108,9 @@ class Supervisor:
         self._started_time = 0.0
         self._result: Optional[RunResult] = None
         self._failure: Optional[TaskFailure] = None
-        self._drain_deadline: Optional[float] = None
-        self._done_reason = f"every {'/'.join(sorted(self._done_jobs))} task exited 0"
+        self._deciding, self._worker_grace = success.deciding_task(names), success.worker_exit_grace_secs
+        # When the run succeeded, until when the other workers and then the servers may exit by themselves, and why.
+        self._done_at, self._workers_until, self._servers_until, self._done_reason = None, 0.0, None, ""
         self._stop_request: Optional[str] = None
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
                                     self.progress, window_secs=console_window_secs)
@@ -167,7 +171,7 @@ class Supervisor:
             self._collect(now)
             self._watch(now)
             for slot in self._slots.values():
-                if slot.restart_at is not None and now >= slot.restart_at and self._drain_deadline is None:
+                if slot.restart_at is not None and now >= slot.restart_at and self._may_restart(slot, now):
                     slot.restart_at = None
                     self._restart(slot, slot.restart_cause)
             return self._decide(now)
@@ -308,19 +312,20 @@ class Supervisor:
     def _watch(self, now: float) -> None:
         watch.resume_stopped(self._slots.values(), self._backend, self.progress, now)
         watch.fire_faults(self._slots, self._faults, self._backend, self.progress, now - self._started_time, now)
-        if self._stall:
+        if self._stall and self._done_at is None:     # after success the stragglers have their grace
             watch.kill_stalled(self._slots.values(), self._backend, self.progress, self._stall, now, self._stacks)
             watch.kill_after_stacks(self._slots.values(), self._backend)
 
     def _decide(self, now: float) -> Optional[RunResult]:
         slots = list(self._slots.values())
-        done = all(s.returncode == 0 for s in slots if s.task.job in self._done_jobs)
+        done = self._succeeded(slots)
         servers = [s for s in slots if s.task.job in SERVER_JOBS]
         # A ps exits by itself only once training is over: with the chief done too, late workers are stopped.
         over = (not done and servers and all(s.returncode == 0 and not s.stopped for s in servers)
                 and any(getattr(s.task, "is_chief", False) and s.returncode == 0 for s in slots))
-        if over and self._drain_deadline is None:
-            self._drain_deadline, self._done_reason = now, "the chief and every ps exited 0: training is over"
+        if over and self._done_at is None:
+            self._done_at = self._workers_until = now
+            self._done_reason = "the chief and every ps exited 0: training is over"
             logger.warning("%s; stopping the other tasks", self._done_reason)
         done = done or bool(over)
         for slot in slots:
@@ -344,13 +349,42 @@ class Supervisor:
                 self._failure = self._make_failure(slot, reason)
         if self._failure is not None:
             return self._finish(False, f"{self._failure.name} failed")
-        if done:
-            if self._drain_deadline is None:
-                self._drain_deadline = now + self._ps_grace
-                logger.debug("the run is done; giving servers %.1f s to exit", self._ps_grace)
-            if not any(s.running for s in slots) or now >= self._drain_deadline:
-                return self._finish(True, self._done_reason)
+        return self._drain(slots, now) if done else None
+
+    def _succeeded(self, slots: list[Slot]) -> bool:
+        """Whether the success policy holds: the deciding task, else every `done_jobs` task, has exited 0."""
+        deciding = self._slots.get(self._deciding) if self._deciding else None
+        if deciding is not None:
+            return deciding.returncode == 0
+        return all(s.returncode == 0 for s in slots if s.task.job in self._done_jobs)
+
+    def _drain(self, slots: list[Slot], now: float) -> Optional[RunResult]:
+        """After success: the other `done_jobs` tasks get the worker grace to exit by themselves, then the others
+        (servers) the ps grace. Whoever is left after that is stopped, and the run has still succeeded."""
+        workers = [s.name for s in slots if s.task.job in self._done_jobs and (s.running or s.restart_at is not None)]
+        if self._done_at is None:
+            self._done_at, self._workers_until = now, now + self._worker_grace
+            self._done_reason = (f"{self._deciding} exited 0" if self._deciding
+                                 else f"every {'/'.join(sorted(self._done_jobs))} task exited 0")
+            if workers:
+                logger.info("%s: the run has succeeded; the other workers (%s) get %g s to exit by themselves",
+                            self._done_reason, ", ".join(workers), self._worker_grace)
+        if workers:
+            if now < self._workers_until:
+                return None
+            logger.warning("%s still running %g s after the run succeeded (%s)", ", ".join(workers),
+                           self._workers_until - self._done_at, self._done_reason)
+            return self._finish(True, self._done_reason)
+        if self._servers_until is None:
+            self._servers_until = now + self._ps_grace
+            logger.debug("the run is done; giving servers %.1f s to exit", self._ps_grace)
+        if not any(s.running for s in slots) or now >= self._servers_until:
+            return self._finish(True, self._done_reason)
         return None
+
+    def _may_restart(self, slot: Slot, now: float) -> bool:
+        """No restarts once the run has succeeded, but of the `done_jobs` tasks within their grace."""
+        return self._done_at is None or (slot.task.job in self._done_jobs and now < self._workers_until)
 
     def _judge(self, slot: Slot, done: bool) -> Optional[str]:
         """Why this exit fails the run, or None if it does not."""
@@ -368,7 +402,10 @@ class Supervisor:
     def _make_failure(self, slot: Slot, reason: str) -> TaskFailure:
         slot.reader.join(2.0)               # let it copy the last lines (EOF follows the exit)
         logger.error("%s %s", slot.name, reason)
-        return TaskFailure(slot.name, slot.returncode, tuple(slot.tail), slot.ended_at, reason)
+        tail = tuple(slot.tail)
+        if any(stackdump.is_dump_line(line) for line in tail):     # a dump fills it: the lines around the dump
+            tail = _tail_without_stacks(slot.log_path, len(tail))
+        return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason)
 
     def _restart(self, slot: Slot, cause: str) -> None:
         self._backend.signal(slot.popen, signal.SIGKILL)    # stragglers of the old attempt
@@ -412,11 +449,30 @@ class Supervisor:
         return self._result
 
 
+def _current_attempt(log_path: Path) -> str:
+    try:
+        return events.current_attempt(log_path.read_text(errors="replace"))
+    except OSError:
+        return ""
+
+
 def _innermost_frames(log_path: Path) -> tuple[str, ...]:
     """The innermost frames of the main thread in the last stack dump of the task's current attempt, if any."""
-    try:
-        text = events.current_attempt(log_path.read_text(errors="replace"))
-    except OSError:
-        return ()
-    dump = stackdump.last_dump(text)
+    dump = stackdump.last_dump(_current_attempt(log_path))
     return () if dump is None else dump.innermost(STACK_FRAMES)
+
+
+def _tail_without_stacks(log_path: Path, count: int) -> tuple[str, ...]:
+    """The last `count` non-blank lines of the task's current attempt that are no stack dump's."""
+    lines = [line for line in _current_attempt(log_path).splitlines()
+             if line.strip() and not stackdump.is_dump_line(line)]
+    return tuple(lines[-count:])
+
+
+def _distinct_names(tasks: Sequence[TaskLike]) -> list[str]:
+    """The tasks' names, in order; ValueError when two tasks share one."""
+    names = [t.name for t in tasks]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate task names: {', '.join(duplicates)}")
+    return names

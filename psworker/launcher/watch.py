@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from typing import Iterable, Mapping, Optional
 
 from psworker.launcher.inject import Fault
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.progress import Progress
 from psworker.launcher.slot import Slot
-from psworker.launcher.stacks import StackAsker, dump_since
+from psworker.launcher.stacks import StackAsker
 
 __all__ = ["STALL_JOBS", "fire_faults", "kill_after_stacks", "kill_stalled", "resume_stopped"]
 
@@ -67,11 +66,9 @@ def kill_stalled(slots: Iterable[Slot], backend: ProcessBackend, progress: Progr
             what = "no step line" if p.step is None else f"step {p.step} unchanged"
             slot.cause = f"stalled: {what} for {now - p.step_moved_at:.0f} s"
             logger.warning("%s %s; killing it", slot.name, slot.cause)
-            offset = None if stacks is None else stacks.ask(slot, backend, slot.cause, bool(slot.tail))
-            if offset is None:
+            slot.kill_after = None if stacks is None else stacks.ask(slot, backend, slot.cause, bool(slot.tail))
+            if slot.kill_after is None:
                 backend.signal(slot.popen, signal.SIGKILL)
-            else:
-                slot.kill_after = (offset, time.monotonic() + stacks.wait_secs)
 
 
 def kill_after_stacks(slots: Iterable[Slot], backend: ProcessBackend) -> None:
@@ -79,10 +76,10 @@ def kill_after_stacks(slots: Iterable[Slot], backend: ProcessBackend) -> None:
     for slot in slots:
         if slot.kill_after is None or not slot.running:
             continue
-        offset, deadline = slot.kill_after
-        if dump_since(slot.log_path, offset) is None:
-            if time.monotonic() < deadline:
-                continue
-            logger.warning("no stack dump from %s within its wait; killing it without", slot.name)
+        over = slot.kill_after.over()
+        if over is None:
+            continue
+        if over == "timed out":
+            logger.warning("no stack dump from %s in time; killing it", slot.name)
         slot.kill_after = None
         backend.signal(slot.popen, signal.SIGKILL)

@@ -38,6 +38,8 @@ class JobLaunch:
     max_restarts: Optional[int] = None
     restart_backoff_secs: Optional[float] = None
     stall_timeout_secs: Optional[float] = None
+    success_policy: Optional[str] = None
+    worker_exit_grace_secs: Optional[float] = None
     faults: tuple[Fault, ...] = ()
     verbose: bool = False
 
