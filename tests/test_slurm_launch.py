@@ -64,12 +64,13 @@ def _wait_done(slurm, job_id: str, run_dir: Path) -> str:
 
 
 def _leftovers(run_dir: Path) -> list[psutil.Process]:
-    """Live processes of this run: any whose command line names the run dir, and srun steps of ours."""
+    """Live processes of this run: any whose command line names the run dir (our srun steps do: their task's
+    `--spec RUN_DIR/cluster.yaml`; other runs' srun steps share this machine)."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         try:
-            if (str(run_dir) in cmd or "--job-name=psworker-" in cmd) and p.status() != psutil.STATUS_ZOMBIE:
+            if str(run_dir) in cmd and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.NoSuchProcess:
             continue
