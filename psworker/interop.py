@@ -174,6 +174,26 @@ def from_flags(ps_hosts: Union[str, Sequence[str]], worker_hosts: Union[str, Seq
                          ps_path="--ps_hosts", worker_path="--worker_hosts")
 
 
+def _check_sources(job: str, spec_path: Optional[str], ps_hosts: Optional[str], worker_hosts: Optional[str],
+                   job_name: Optional[str]) -> bool:
+    """Checks the command-line sources of `resolve_cluster`; returns whether the host flags are given.
+
+    Raises:
+        UsageError: an unknown or disagreeing job, --spec with the host flags, or only one host flag.
+    """
+    if job not in JOBS:
+        raise UsageError(f"unknown job {job!r}; psworker jobs are {', '.join(JOBS)}")
+    if job_name is not None and job_name != job:
+        raise UsageError(f"--job_name {job_name} disagrees with the '{job}' command")
+    has_flags = ps_hosts is not None or worker_hosts is not None
+    if spec_path is not None and has_flags:
+        raise UsageError("give either --spec or --ps_hosts/--worker_hosts, not both")
+    if has_flags and (ps_hosts is None or worker_hosts is None):
+        missing = "--worker_hosts" if worker_hosts is None else "--ps_hosts"
+        raise UsageError(f"{missing} is required with --ps_hosts/--worker_hosts")
+    return has_flags
+
+
 def resolve_cluster(job: str, *, spec_path: Optional[str] = None, ps_hosts: Optional[str] = None,
                     worker_hosts: Optional[str] = None, job_name: Optional[str] = None,
                     task_index: Optional[int] = None,
@@ -200,16 +220,7 @@ def resolve_cluster(job: str, *, spec_path: Optional[str] = None, ps_hosts: Opti
         SpecError: the chosen source is invalid.
     """
     env = os.environ if environ is None else environ
-    if job not in JOBS:
-        raise UsageError(f"unknown job {job!r}; psworker jobs are {', '.join(JOBS)}")
-    if job_name is not None and job_name != job:
-        raise UsageError(f"--job_name {job_name} disagrees with the '{job}' command")
-    has_flags = ps_hosts is not None or worker_hosts is not None
-    if spec_path is not None and has_flags:
-        raise UsageError("give either --spec or --ps_hosts/--worker_hosts, not both")
-    if has_flags and (ps_hosts is None or worker_hosts is None):
-        missing = "--worker_hosts" if worker_hosts is None else "--ps_hosts"
-        raise UsageError(f"{missing} is required with --ps_hosts/--worker_hosts")
+    has_flags = _check_sources(job, spec_path, ps_hosts, worker_hosts, job_name)
     index, what = task_index, "--task_index"
     if spec_path is not None:
         spec, origin = load_spec(spec_path), "--spec"

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from psworker import events
 from psworker.errors import AlreadyComplete, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
@@ -140,13 +140,55 @@ def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> 
     emit(evaluate.format_result(result), flush=True)   # last: the run's result line
 
 
+def _hooks(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication, index: int, name: str,
+           emit) -> tuple[Any, list]:
+    """The step loop's hooks: (the one per-step hook, every hook)."""
+    from psworker.train.hooks import TrainLoopHook
+
+    # One hook per step: the chief's savers run inside it, on its check steps only (docs/performance.md).
+    progress = TrainLoopHook(tg.loss, tg.global_step, last_step=config.max_steps,
+                             every_steps=config.log_every_steps, examples_per_step=replication.examples_per_step,
+                             gated=chief_hooks(config, scaffold, name) if replication.is_chief else (),
+                             align_steps=(config.log_every_steps, config.save_checkpoint_steps),
+                             stride=replication.workers, emit=emit, name=name)
+    hooks = [progress]
+    if tg.sync_optimizer is not None:
+        hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
+    if config.train_dir is not None:
+        from psworker.train.summaries import WorkerSummaryHook, worker_dir
+
+        hooks.append(WorkerSummaryHook(index, loss=tg.loss, learning_rate=tg.learning_rate,
+                                       global_step=tg.global_step, logdir=worker_dir(config.train_dir, index),
+                                       every_steps=max(1, config.log_every_steps),
+                                       examples_per_step=replication.examples_per_step))
+    return progress, hooks
+
+
+def _session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, replication: Replication,
+                     name: str) -> Any:
+    """The session creator: waits for the peers (or finds training complete on disk), then restores or starts."""
+    from psworker.train.session import FastSessionCreator
+
+    def wait_for_peers() -> None:
+        srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name,
+                           meanwhile=_CompleteOnDisk(config, name))
+
+    on_live_model = (_sync_reset_on_restart(tg.sync_reset, name)
+                     if replication.is_chief and tg.sync_reset is not None else None)
+    return FastSessionCreator(
+        scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
+        checkpoint_dir=config.train_dir if replication.is_chief else None,
+        max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
+        on_live_model=on_live_model, warm_up=tg.inputs,
+    )
+
+
 def _train(target: str, config: TrainConfig, model: Model, replication: Replication, index: int, name: str,
            emit) -> TrainResult:
     """The session and its step loop; the sessions are left open at the end (the process leaves soon after)."""
     import tensorflow as tf
 
-    from psworker.train.hooks import StepWatchdog, TrainLoopHook
-    from psworker.train.session import FastSessionCreator
+    from psworker.train.hooks import StepWatchdog
 
     v1 = tf.compat.v1
     graph = tf.Graph()
@@ -156,36 +198,8 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         tg = replication.build(model, config)
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
                                                           save_relative_paths=True))
-        # One hook per step: the chief's savers run inside it, on its check steps only (docs/performance.md).
-        progress = TrainLoopHook(tg.loss, tg.global_step, last_step=config.max_steps,
-                                 every_steps=config.log_every_steps, examples_per_step=replication.examples_per_step,
-                                 gated=chief_hooks(config, scaffold, name) if replication.is_chief else (),
-                                 align_steps=(config.log_every_steps, config.save_checkpoint_steps),
-                                 stride=replication.workers, emit=emit, name=name)
-        hooks = [progress]
-        if tg.sync_optimizer is not None:
-            hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
-        if config.train_dir is not None:
-            from psworker.train.summaries import WorkerSummaryHook, worker_dir
-
-            hooks.append(WorkerSummaryHook(index, loss=tg.loss, learning_rate=tg.learning_rate,
-                                           global_step=tg.global_step, logdir=worker_dir(config.train_dir, index),
-                                           every_steps=max(1, config.log_every_steps),
-                                           examples_per_step=replication.examples_per_step))
-
-        def wait_for_peers() -> None:
-            srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name,
-                               meanwhile=_CompleteOnDisk(config, name))
-
-        on_live_model = (_sync_reset_on_restart(tg.sync_reset, name)
-                         if replication.is_chief and tg.sync_reset is not None else None)
-
-        creator = FastSessionCreator(
-            scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
-            checkpoint_dir=config.train_dir if replication.is_chief else None,
-            max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
-            on_live_model=on_live_model, warm_up=tg.inputs,
-        )
+        progress, hooks = _hooks(config, tg, scaffold, replication, index, name, emit)
+        creator = _session_creator(target, config, tg, scaffold, replication, name)
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
         watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)

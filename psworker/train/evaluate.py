@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from psworker import events
 from psworker.errors import TrainingFailed, UsageError
@@ -94,10 +94,7 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
         UsageError: no train_dir.
         TrainingFailed: (`once`) no checkpoint in it, or it cannot be read; missing data.
     """
-    import tensorflow as tf
-
     from psworker import models
-    from psworker.train import summaries
 
     if not os.path.isdir(train_dir):
         raise UsageError(f"--train_dir {train_dir} does not exist")
@@ -115,34 +112,46 @@ def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[st
             if checkpoint is None and once:
                 raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
             if checkpoint is not None and checkpoint != seen:
-                try:
-                    result = evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
-                except tf.errors.NotFoundError as exc:
-                    if once:
-                        raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
-                    # The chief keeps only the last few checkpoints: this one was deleted while we looked.
-                    log.warning("%s vanished before it could be read; looking again in %g s", checkpoint,
-                                eval_interval_secs)
-                    sleep(eval_interval_secs)
-                    continue
-                emit(format_result(result), flush=True)
-                seen = checkpoint
-                evals += 1
-                if writer is None:
-                    writer = summaries.make_writer(os.path.join(train_dir, summaries.EVAL_DIR))
-                writer.add_summary(summaries.scalar_summary({summaries.PRECISION_TAG: result.precision}),
-                                   result.global_step)
-                writer.flush()
-                if once:
-                    return 0
-                if max_evals is not None and evals >= max_evals:
-                    return 0
+                result = _evaluate_new(model, checkpoint, data_dir, batch_size, once, eval_interval_secs)
+                if result is not None:
+                    emit(format_result(result), flush=True)
+                    seen, evals = checkpoint, evals + 1
+                    writer = _write_precision(writer, train_dir, result)
+                    if once or (max_evals is not None and evals >= max_evals):
+                        return 0
             elif checkpoint is None:
                 log.info("no checkpoint in %s yet; checking again in %g s", train_dir, eval_interval_secs)
             sleep(eval_interval_secs)
     finally:
         if writer is not None:
             writer.close()
+
+
+def _evaluate_new(model: Any, checkpoint: str, data_dir: Optional[str], batch_size: int, once: bool,
+                  eval_interval_secs: float) -> Optional["EvalResult"]:
+    """`evaluate_checkpoint`, or None when the checkpoint vanished before it could be read (continuous mode)."""
+    import tensorflow as tf
+
+    try:
+        return evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
+    except tf.errors.NotFoundError as exc:
+        if once:
+            raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
+        # The chief keeps only the last few checkpoints: this one was deleted while we looked.
+        log.warning("%s vanished before it could be read; looking again in %g s", checkpoint, eval_interval_secs)
+        return None
+
+
+def _write_precision(writer: Any, train_dir: str, result: "EvalResult") -> Any:
+    """Adds the result as a `precision@1` summary at its global step to `<train_dir>/eval` (the writer, made on
+    first use, is returned)."""
+    from psworker.train import summaries
+
+    if writer is None:
+        writer = summaries.make_writer(os.path.join(train_dir, summaries.EVAL_DIR))
+    writer.add_summary(summaries.scalar_summary({summaries.PRECISION_TAG: result.precision}), result.global_step)
+    writer.flush()
+    return writer
 
 
 def _train_settings(train_dir: str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from psworker.models.base import InputSpec, Model
 from psworker.spec import TrainConfig
@@ -223,22 +223,29 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             logits = model.inference(images, training=True)
             loss = model.loss(logits, labels)
             grads = optimizer.compute_gradients(loss)
-        sync = None
-        if config.mode == "sync":
-            sync = v1.train.SyncReplicasOptimizer(
-                CappedOptimizer(optimizer, config.max_steps),
-                replicas_to_aggregate=config.replicas_to_aggregate or num_workers,
-                total_num_replicas=num_workers,
-                variable_averages=ColocatedAverages(ema) if ema else None,
-                variables_to_average=v1.trainable_variables() if ema else None,
-            )
-            optimizer = sync
+        sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
+        optimizer = sync or optimizer
         apply_op = optimizer.apply_gradients(grads, global_step=global_step)
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
         train_op = finish_train_op(apply_op, None if sync else ema)
         reset = SyncRestartReset(sync) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=(images, labels))
+
+
+def _sync_optimizer(optimizer: Any, config: TrainConfig, num_workers: int, ema: Any) -> Any:
+    """Sync mode's `SyncReplicasOptimizer` around `optimizer` (capped at `max_steps`; with moving averages, each
+    variable's average updated on its device)."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    return v1.train.SyncReplicasOptimizer(
+        CappedOptimizer(optimizer, config.max_steps),
+        replicas_to_aggregate=config.replicas_to_aggregate or num_workers,
+        total_num_replicas=num_workers,
+        variable_averages=ColocatedAverages(ema) if ema else None,
+        variables_to_average=v1.trainable_variables() if ema else None,
+    )
 
 
 class ColocatedAverages:

@@ -128,16 +128,8 @@ def _tower_device_function(device: str):
     return choose
 
 
-def build_tower_gradients(
-    model,
-    optimizer,
-    images,
-    labels,
-    num_devices: int,
-    *,
-    device_prefix: str = "",
-    devices: Optional[Sequence[str]] = None,
-):
+def build_tower_gradients(model, optimizer, images, labels, num_devices: int, *, device_prefix: str = "",
+                          devices: Optional[Sequence[str]] = None):
     """Splits a batch over `num_devices` towers sharing one set of variables; averages their gradients.
 
     Each tower runs `model.inference` and `model.loss` on its slice under the caller's variable scope reopened
