@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -146,3 +147,22 @@ def test_status_of_a_job_slurm_has_forgotten_comes_from_its_run_dir(tmp_path, mo
     monkeypatch.setattr("psworker.launcher.backends.sbatch.SCONTROL_TIMEOUT_SECS", 2.0)
     assert main(["slurm", "status", "123"]) == 2
     assert "pass its run dir instead" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_classic_tf1_script_runs_as_srun_steps(slurm, monkeypatch, capsys, tmp_path):
+    """`psworker slurm submit SPEC -- COMMAND`: the user's script once per task, one srun step each, its flags filled
+    in from the allocation's layout; the chief's exit ends the job; no step or process left."""
+    script = Path(__file__).resolve().parent / "user_scripts" / "classic_tf1.py"
+    checkpoints = tmp_path / "run" / "ckpt"
+    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, "--", sys.executable, str(script),
+                              "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}", "--job_name={job_name}",
+                              "--task_index={task_index}", "--train_dir", str(checkpoints), "--max_steps", "200")
+    out = _wait_done(slurm, job_id, run_dir)
+    assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
+    assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 3, out[-4000:]
+    assert "[worker:0] worker 0 done" in out, out[-4000:]
+    assert checkpoint_step(checkpoints) >= 200
+    assert not _leftovers(run_dir)
+    assert not slurm.job_processes(), slurm.job_processes()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -149,3 +151,48 @@ def test_a_failed_task_stops_the_others_on_every_host(sshd, tmp_path):
         assert re.search(rf"^  {name}\s+stopped by launcher.*\n\s+was in \S+ \(.*\) \(every thread's stack in its log\)$",
                          run.output, re.MULTILINE), run.output[-3000:]
     _wait_gone(str(tmp_path / "train"))
+
+
+# -- a user's own program over ssh (`psworker ssh SPEC -- COMMAND`) -----------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
+
+
+@pytest.mark.timeout(600)
+def test_a_classic_tf1_script_runs_over_ssh_with_its_flags_filled_in(sshd, tmp_path):
+    """The tutorial's flags per task, on the task's host; the chief's exit ends the run; nothing left anywhere."""
+    spec = _spec(tmp_path)
+    checkpoints = tmp_path / "ckpt"
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--",
+                        sys.executable, str(SCRIPTS / "classic_tf1.py"), "--ps_hosts={ps_hosts}",
+                        "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
+                        "--train_dir", str(checkpoints), "--max_steps", "200"],
+                       cwd=tmp_path, timeout=420, command="ssh")
+    out = run.output
+    assert run.returncode == 0, out[-4000:] + sshd.log_tail()
+    assert "starting 3 tasks over ssh (ps:0=127.0.0.1:" in out
+    assert "[worker:0] worker 0 done" in out, out[-3000:]
+    assert checkpoint_step(checkpoints) >= 200
+    assert "psworker-remote-pid" not in out and "\r" not in out
+    log = (tmp_path / "train" / "logs" / "worker-1.log").read_text()
+    assert "worker 1" in log and "\r" not in log
+    _wait_gone(str(tmp_path))
+
+
+@pytest.mark.timeout(600)
+def test_a_tf2_parameter_server_strategy_script_runs_over_ssh_from_tf_config(sshd, tmp_path):
+    """TF_CONFIG travels to each host with the task: a chief, a ps and two workers on three hosts."""
+    ports = _free_ports(4)
+    spec = tmp_path / "pss.yaml"
+    spec.write_text(yaml.safe_dump({"cluster": {"chief": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.2:{ports[1]}"],
+                                                "worker": [f"127.0.0.3:{ports[2]}", f"127.0.0.1:{ports[3]}"]},
+                                    "train": {"train_dir": str(tmp_path / "train")}}))
+    script = tmp_path / "tf2_ps_strategy.py"    # a copy: the tasks' command lines name this run's directory
+    shutil.copyfile(SCRIPTS / "tf2_ps_strategy.py", script)
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--", sys.executable,
+                        str(script)], cwd=tmp_path, timeout=420, command="ssh")
+    out = run.output
+    assert run.returncode == 0, out[-4000:] + sshd.log_tail()
+    assert "[chief:0] step 100, loss = " in out and "[chief:0] chief done: w = 3.00, b = 1.00" in out, out[-3000:]
+    assert "every chief task finished" in out
+    _wait_gone(str(tmp_path))

@@ -216,6 +216,12 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
                    help="plain periodic status lines even on a terminal (no live view)")
 
 
+COMMAND_EPILOG = ("after '--' (optional): your own program and its arguments, run once per task instead of "
+                  "psworker's trainer, with TF_CONFIG and PSWORKER_JOB_NAME, PSWORKER_TASK_INDEX, PSWORKER_PS_HOSTS, "
+                  "PSWORKER_WORKER_HOSTS set; {job_name} {task_index} {ps_hosts} {worker_hosts} are replaced per "
+                  "task, e.g. -- python train.py --job_name={job_name} --task_index={task_index}")
+
+
 def add_status_flags(p: argparse.ArgumentParser) -> None:
     """The options of `psworker status` and `psworker slurm status`."""
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Optional
 
-from psworker.cli.flags import (add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
+from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
                                 train_overrides)
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, load_spec, merge_train
@@ -52,12 +52,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
-    """`psworker ssh SPEC ...`: starts each task on the host its address names, over ssh, and supervises them."""
+    """`psworker ssh SPEC ... [-- COMMAND...]`: starts each task (psworker's, or COMMAND) on the host its address
+    names, over ssh, and supervises them."""
     from psworker.launcher.backends.ssh import SshOptions
     from psworker.launcher.launch import launch
 
     backend = SshOptions(ssh_config=args.ssh_config, ssh_options=tuple(args.ssh_option), remote_dir=args.remote_dir)
-    return launch(launch_config(args, _spec_with_train_flags(args), backend, python=args.remote_python))
+    return launch(launch_config(args, _spec_with_train_flags(args), backend, command=args.command,
+                                python=args.remote_python))
 
 
 def show_status(run_dir: str, as_json: bool, silent_secs: float) -> int:
@@ -116,6 +118,7 @@ def ssh_flags(p: argparse.ArgumentParser) -> None:
                         "run dir's absolute path)")
     add_launch_flags(p, network=False)
     add_train_flags(p)     # --train_dir: the run dir here (cluster.yaml, logs/) and the chief's on its host
+    p.epilog = COMMAND_EPILOG
 
 
 def status_flags(p: argparse.ArgumentParser) -> None:

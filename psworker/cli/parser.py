@@ -52,16 +52,16 @@ COMMANDS = (
     Command("tensorboard", outputs.cmd_tensorboard, "serve a run dir with TensorBoard on 127.0.0.1 until Ctrl-C",
             (outputs.tensorboard_flags,)),
     Command("slurm submit", slurm.cmd_slurm_submit, "write a batch script for a spec into the run dir and submit it",
-            (slurm.submit_flags,), description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
+            (slurm.submit_flags,), takes_command=True, description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
             "`psworker slurm launch` line it runs) and submits it with sbatch; prints the job id."),
     Command("slurm launch", slurm.cmd_slurm_launch, "inside an allocation: run every task of a spec as its own srun "
-            "step", (slurm.launch_flags,), LAUNCHER, description="Lays the spec's tasks out on the allocation's nodes "
+            "step", (slurm.launch_flags,), LAUNCHER, takes_command=True, description="Lays the spec's tasks out on the allocation's nodes "
             "(TensorFlow's SlurmClusterResolver rules), starts each as its own `srun` step and supervises them. Run "
             "by the batch script `psworker slurm submit` writes."),
     Command("slurm status", slurm.cmd_slurm_status, "show the status of a Slurm job's run", (slurm.status_flags,),
             description="`psworker status` of the run dir of a job `psworker slurm submit` queued."),
     Command("ssh", launchers.cmd_ssh, "run a spec's cluster on the hosts its addresses name, over ssh",
-            (launchers.ssh_flags,), LAUNCHER, description="Checks every host (ssh BatchMode, in parallel) before "
+            (launchers.ssh_flags,), LAUNCHER, takes_command=True, description="Checks every host (ssh BatchMode, in parallel) before "
             "starting anything, writes the spec on each host, starts each task over its own ssh connection and "
             "supervises them; a task dies with its connection."),
     Command("k8s manifest", k8s.cmd_k8s_manifest, "write a spec's Kubernetes objects as YAML", (k8s.manifest_flags,)),

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from psworker.cli.flags import (add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
+from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
                                 train_overrides, value_type)
 from psworker.schedulers import slurm as sched
 from psworker.spec import load_spec, merge_train
@@ -23,13 +23,13 @@ FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall
 
 
 def cmd_slurm_submit(args: argparse.Namespace) -> int:
-    """`psworker slurm submit SPEC ...`: writes <run_dir>/psworker.sbatch and submits it with sbatch."""
+    """`psworker slurm submit SPEC ... [-- COMMAND...]`: writes <run_dir>/psworker.sbatch and submits it."""
     from psworker.launcher.backends.sbatch import JobLaunch, SubmitConfig, submit_job
 
     sbatch = sched.SbatchOptions(job_name=args.job_name, nodes=args.nodes, time=args.time, partition=args.partition,
                                  account=args.account, output=args.output, overcommit=args.overcommit)
     launch = JobLaunch(**{name: getattr(args, name) for name in FORWARDED}, faults=tuple(args.inject),
-                       verbose=args.verbose)
+                       verbose=args.verbose, command=tuple(args.command))
     train = tuple((name, value) for name, value in train_overrides(args).items() if value is not None)
     job_id = submit_job(SubmitConfig(spec_path=args.spec, sbatch=sbatch, run_dir=args.run_dir, train=train,
                                      launch=launch, port_base=args.port_base, python=args.python,
@@ -40,7 +40,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm_launch(args: argparse.Namespace) -> int:
-    """`psworker slurm launch SPEC --run_dir D ...`: inside an allocation, runs every task as its own srun step."""
+    """`psworker slurm launch SPEC --run_dir D ... [-- COMMAND...]`: inside an allocation, runs every task
+    (psworker's, or COMMAND) as its own srun step."""
     from psworker.launcher.backends.slurm import SlurmOptions
     from psworker.launcher.launch import launch
 
@@ -50,7 +51,8 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
     spec = dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args),
                                                        num_workers=task_counts(spec)["worker"]))
     run_dir = str(Path(args.run_dir or os.getcwd()).resolve())
-    code = launch(launch_config(args, spec, SlurmOptions(port_base=args.port_base), run_dir=run_dir))
+    code = launch(launch_config(args, spec, SlurmOptions(port_base=args.port_base), command=args.command,
+                                run_dir=run_dir))
     print(f"psworker: slurm launch exits with status {code}", flush=True)   # the job's output file says how it ended
     return code
 
@@ -103,6 +105,7 @@ def submit_flags(p: argparse.ArgumentParser) -> None:
     add_launch_flags(p.add_argument_group("supervision inside the job (passed to `psworker slurm launch`)"),
                      network=False)
     p.set_defaults(**{name: None for name in FORWARDED})
+    p.epilog = COMMAND_EPILOG
 
 
 def launch_flags(p: argparse.ArgumentParser) -> None:
@@ -111,6 +114,7 @@ def launch_flags(p: argparse.ArgumentParser) -> None:
     _port_base_flag(p, "first port on each node (default: the spec's cluster.port, else 2222)")
     add_launch_flags(p, network=False)
     add_train_flags(p)
+    p.epilog = COMMAND_EPILOG
 
 
 def status_flags(p: argparse.ArgumentParser) -> None:

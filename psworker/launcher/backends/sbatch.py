@@ -42,14 +42,16 @@ class JobLaunch:
     worker_exit_grace_secs: Optional[float] = None
     faults: tuple[Fault, ...] = ()
     verbose: bool = False
+    command: tuple[str, ...] = ()        # the user's program, run once per task instead of psworker's trainer
 
     def argv(self) -> list[str]:
         """As `psworker slurm launch` arguments (those left at their default are left out)."""
         settings = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
-                    if f.name not in ("faults", "verbose")]
+                    if f.name not in ("faults", "verbose", "command")]
         flags = [part for name, value in settings if value is not None for part in (f"--{name}", str(value))]
         flags += [part for fault in self.faults for part in ("--inject", fault.text)]
-        return flags + (["--verbose"] if self.verbose else [])
+        flags += ["--verbose"] if self.verbose else []
+        return flags + (["--", *self.command] if self.command else [])
 
 
 @dataclass(frozen=True)
