@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from psworker.cli import build_parser
+from psworker.cli import build_parser, main
 from psworker.errors import EXIT_PEER_GONE, UsageError
 from psworker.interop import resolve_cluster
 from psworker.k8s.manifests import (FLAVORS, LABEL_JOB, LABEL_RUN, K8sOptions, manifests, run_name, to_yaml)
@@ -345,3 +345,56 @@ def test_dockerfile_installs_psworker_as_the_user_the_pods_run_as():
     assert lines[0] == ["FROM", "python:3.11-slim"]
     assert ["RUN", "pip", "install", ".", "&&", "rm", "-rf", "/src"] in lines
     assert ["USER", str(RUN_AS)] in lines and f"--uid {RUN_AS}" in (ROOT / "Dockerfile").read_text()
+
+
+# -------------------------------------------------------------- a user's command (`k8s manifest SPEC -- CMD`)
+
+PSS = load_spec(ROOT / "cluster_specs" / "ps-strategy.yaml")      # chief, ps, 2 workers
+USER_COMMAND = ("python", "train.py", "--job_name={job_name}", "--task_index={task_index}", "--ps_hosts={ps_hosts}",
+                "--worker_hosts", "{worker_hosts}")
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_user_command_runs_in_every_pod_with_its_values_per_replica(flavor):
+    """Schema-valid in every flavor; each replica's argv and PSWORKER_* (Kubernetes' `$(VAR)` expansion done here
+    as a kubelet does) name its own task, and TF_CONFIG names the same cluster (the operator's, for TFJob)."""
+    objs = manifests(PSS, K8sOptions(name="pss", image="registry.example/train:1", flavor=flavor,
+                                     command=USER_COMMAND))
+    for obj in objs:
+        validate(obj)
+    counts = {"chief": 1, "ps": 1, "worker": 2}
+    seen = set()
+    for obj in objs:
+        for job, _, template in _pod_templates(obj):
+            (container,) = template["spec"]["containers"]
+            values = {e["name"]: e for e in container["env"]}
+            index_from = values["PSWORKER_TASK_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+            assert index_from.endswith(("['training.kubeflow.org/replica-index']" if flavor == "tfjob" else
+                                        "['batch.kubernetes.io/job-completion-index']"))
+            for i in range(counts[job]):
+                env = {"PSWORKER_TASK_INDEX": str(i)}   # what the fieldRef yields for replica i
+                env.update({k: _expand(e["value"], env) for k, e in values.items() if "value" in e})
+                argv = [_expand(a, env) for a in container["command"] + container["args"]]
+                ps_hosts, workers = env["PSWORKER_PS_HOSTS"], env["PSWORKER_WORKER_HOSTS"]
+                assert argv == ["python", "train.py", f"--job_name={job}", f"--task_index={i}",
+                                f"--ps_hosts={ps_hosts}", "--worker_hosts", workers]
+                assert env["PSWORKER_JOB_NAME"] == job and len(workers.split(",")) == 2
+                if flavor != "tfjob":       # TFJob's operator writes TF_CONFIG itself, with these service names
+                    assert json.loads(env["TF_CONFIG"])["cluster"]["ps"] == [ps_hosts]
+                    assert json.loads(env["TF_CONFIG"])["task"] == {"type": job, "index": i}
+                else:
+                    assert ps_hosts == f"pss-ps-0.default.svc:{container['ports'][0]['containerPort']}"
+                seen.add((job, i))
+    assert seen == {("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1)}
+
+
+def test_the_cli_takes_a_user_command_after_the_flags(tmp_path):
+    out = tmp_path / "m.yaml"
+    rc = main(["k8s", "manifest", str(ROOT / "cluster_specs" / "ps-strategy.yaml"), "--image", "i", "--flavor",
+               "jobset", "-o", str(out), "--", *USER_COMMAND])
+    assert rc == 0
+    (jobset, _) = [o for o in yaml.safe_load_all(out.read_text()) if o]
+    assert jobset["spec"]["successPolicy"]["targetReplicatedJobs"] == ["chief"]   # the chief decides, as TFJob's rule
+    containers = [r["template"]["spec"]["template"]["spec"]["containers"][0] for r in jobset["spec"]["replicatedJobs"]]
+    assert {c["command"][0] for c in containers} == {"python"}
+    assert all("--task_index=$(PSWORKER_TASK_INDEX)" in c["args"] for c in containers)

@@ -9,7 +9,7 @@ import logging
 import re
 import sys
 
-from psworker.cli.flags import add_train_flags, int_type, port_type, train_overrides, value_type
+from psworker.cli.flags import COMMAND_EPILOG, add_train_flags, int_type, port_type, train_overrides, value_type
 from psworker.errors import UsageError
 from psworker.spec import JOBS, load_spec, merge_train
 
@@ -36,7 +36,8 @@ def check_quantity(text: str) -> str:
 
 
 def cmd_k8s_manifest(args: argparse.Namespace) -> int:
-    """`psworker k8s manifest SPEC --image IMAGE ...`: writes the run's Kubernetes objects as YAML."""
+    """`psworker k8s manifest SPEC --image IMAGE ... [-- COMMAND...]`: writes the run's Kubernetes objects as YAML
+    (COMMAND: run in every pod instead of psworker's tasks)."""
     from psworker.k8s import manifests as k8s
     from psworker.plan import task_counts
     spec = load_spec(args.spec, allow_counts=True)
@@ -44,7 +45,7 @@ def cmd_k8s_manifest(args: argparse.Namespace) -> int:
     options = k8s.K8sOptions(
         name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
         port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
-        retries=args.retries, cluster_domain=args.cluster_domain)
+        retries=args.retries, cluster_domain=args.cluster_domain, command=tuple(args.command))
     text = k8s.to_yaml(k8s.manifests(dataclasses.replace(spec, train=train), options))
     if args.output in (None, "-"):
         sys.stdout.write(text)
@@ -119,6 +120,7 @@ def manifest_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     add_train_flags(p)
     context_flag(p)
+    p.epilog = COMMAND_EPILOG
 
 
 def apply_flags(p: argparse.ArgumentParser) -> None:

@@ -9,8 +9,8 @@ import json
 import sys
 from typing import Optional
 
-from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
-                                train_overrides)
+from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
+                                port_type, train_overrides)
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, load_spec, merge_train
 

@@ -33,7 +33,8 @@ GROUPS = {"slurm": "run a spec's cluster as a Slurm job",
 
 COMMANDS = (
     Command("validate", specs.cmd_validate, "check cluster spec files", (specs.validate_flags,)),
-    Command("plan", specs.cmd_plan, "show the tasks a spec starts and how to start them by hand", (specs.plan_flags,)),
+    Command("plan", specs.cmd_plan, "show the tasks a spec starts and how to start them by hand",
+            (specs.plan_flags,)),
     Command("tf-config", specs.cmd_tf_config, "print one task's TF_CONFIG JSON", (specs.tf_config_flags,)),
     Command("ps", tasks.cmd_ps, "run one parameter server task", (add_cluster_flags, tasks.ps_flags), TASK),
     Command("worker", tasks.cmd_worker, "run one worker task (worker 0 is the chief)",
@@ -47,24 +48,28 @@ COMMANDS = (
                                             "backend)", (launchers.status_flags,)),
     Command("data", outputs.cmd_data, "download or write a data set", (outputs.data_flags,)),
     Command("eval", outputs.cmd_eval, "evaluate checkpoints from a train_dir", (outputs.eval_flags,)),
-    Command("export", outputs.cmd_export, "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>",
-            (outputs.export_flags,)),
+    Command("export", outputs.cmd_export,
+            "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>", (outputs.export_flags,)),
     Command("tensorboard", outputs.cmd_tensorboard, "serve a run dir with TensorBoard on 127.0.0.1 until Ctrl-C",
             (outputs.tensorboard_flags,)),
-    Command("slurm submit", slurm.cmd_slurm_submit, "write a batch script for a spec into the run dir and submit it",
-            (slurm.submit_flags,), takes_command=True, description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
+    Command("slurm submit", slurm.cmd_slurm_submit,
+            "write a batch script for a spec into the run dir and submit it", (slurm.submit_flags,),
+            takes_command=True, description="Writes <run_dir>/psworker.sbatch (#SBATCH lines, then the "
             "`psworker slurm launch` line it runs) and submits it with sbatch; prints the job id."),
     Command("slurm launch", slurm.cmd_slurm_launch, "inside an allocation: run every task of a spec as its own srun "
-            "step", (slurm.launch_flags,), LAUNCHER, takes_command=True, description="Lays the spec's tasks out on the allocation's nodes "
+            "step", (slurm.launch_flags,), LAUNCHER, takes_command=True,
+            description="Lays the spec's tasks out on the allocation's nodes "
             "(TensorFlow's SlurmClusterResolver rules), starts each as its own `srun` step and supervises them. Run "
             "by the batch script `psworker slurm submit` writes."),
     Command("slurm status", slurm.cmd_slurm_status, "show the status of a Slurm job's run", (slurm.status_flags,),
             description="`psworker status` of the run dir of a job `psworker slurm submit` queued."),
     Command("ssh", launchers.cmd_ssh, "run a spec's cluster on the hosts its addresses name, over ssh",
-            (launchers.ssh_flags,), LAUNCHER, takes_command=True, description="Checks every host (ssh BatchMode, in parallel) before "
+            (launchers.ssh_flags,), LAUNCHER, takes_command=True,
+            description="Checks every host (ssh BatchMode, in parallel) before "
             "starting anything, writes the spec on each host, starts each task over its own ssh connection and "
             "supervises them; a task dies with its connection."),
-    Command("k8s manifest", k8s.cmd_k8s_manifest, "write a spec's Kubernetes objects as YAML", (k8s.manifest_flags,)),
+    Command("k8s manifest", k8s.cmd_k8s_manifest, "write a spec's Kubernetes objects as YAML", (k8s.manifest_flags,),
+            takes_command=True),
     Command("k8s apply", k8s.cmd_k8s_apply, "create or update a manifest file's objects", (k8s.apply_flags,)),
     Command("k8s status", k8s.cmd_k8s_status, "show each task pod of a run", (k8s.run_flags,)),
     Command("k8s logs", k8s.cmd_k8s_logs, "print a run's task logs", (k8s.logs_flags,)),

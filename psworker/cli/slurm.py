@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config, port_type,
-                                train_overrides, value_type)
+from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
+                                port_type, train_overrides, value_type)
 from psworker.schedulers import slurm as sched
 from psworker.spec import load_spec, merge_train
 

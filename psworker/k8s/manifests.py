@@ -2,7 +2,11 @@
 
 Three flavors, one registry (`FLAVORS`): `tfjob` (Kubeflow's v1 training operator injects TF_CONFIG), `plain`
 (a headless Service and an Indexed Job per psworker job; nothing to install) and `jobset` (JobSet). In the last
-two, TF_CONFIG names each task by its pod's stable DNS name. Every flavor
+two, TF_CONFIG names each task by its pod's stable DNS name. A user's command (`psworker k8s manifest SPEC ...
+-- COMMAND`) runs in every pod instead of psworker's tasks, with TF_CONFIG, PSWORKER_JOB_NAME, PSWORKER_TASK_INDEX
+(from the pod's index: the Indexed Job's annotation, TFJob's replica-index label), PSWORKER_PS_HOSTS and
+PSWORKER_WORKER_HOSTS, and its placeholders replaced per replica (`{task_index}` as `$(PSWORKER_TASK_INDEX)`,
+expanded by Kubernetes). Every flavor
 adds a NetworkPolicy that admits the gRPC port only from the run's own pods, and labels every object and pod
 with `psworker.dev/run` (and pods with `psworker.dev/job`); the controllers label each pod's task index
 (`batch.kubernetes.io/job-completion-index`, `training.kubeflow.org/replica-index`).
@@ -19,7 +23,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import yaml
 
@@ -36,6 +40,7 @@ CONTAINER = "tensorflow"          # TFJob requires this name; the other flavors 
 PORT_NAME = "tfjob-port"          # TFJob reads the port of this name into TF_CONFIG
 INDEX_ENV = "PSWORKER_TASK_INDEX"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+TFJOB_INDEX_LABEL = "training.kubeflow.org/replica-index"   # the training operator labels each pod with it
 DEFAULT_TRAIN_DIR = "/psworker/train"
 RUN_AS = 1000                     # the Dockerfile's unprivileged user
 PERMANENT_EXIT_CODES = list(range(1, 128))   # errors.py: 1-127 permanent; 128-255 (incl. 170) retried
@@ -63,6 +68,7 @@ class K8sOptions:
     train_dir_volume: Optional[str] = None  # a PersistentVolumeClaim mounted at train_dir; None: emptyDir
     retries: int = 3                        # per task (backoffLimitPerIndex, TFJob backoffLimit, JobSet maxRestarts)
     cluster_domain: str = "cluster.local"   # kubelet's clusterDomain: pod FQDNs are in each pod's /etc/hosts
+    command: tuple[str, ...] = ()           # a user's program run in every pod instead of psworker's tasks
 
 
 def check_options(options: K8sOptions) -> None:
@@ -114,6 +120,26 @@ def task_argv(job: str, train: TrainConfig) -> list[str]:
     raise UsageError(f"psworker has no Kubernetes command for a {job!r} job yet")
 
 
+def command_argv(command: Sequence[str], job: str, cluster: ClusterSpec) -> list[str]:
+    """A user's command for the pods of `job`: `{job_name}`, `{ps_hosts}` and `{worker_hosts}` replaced, and
+    `{task_index}` by `$(PSWORKER_TASK_INDEX)`, which Kubernetes expands in each pod from its own index."""
+    values = {"job_name": job, "task_index": f"$({INDEX_ENV})", "ps_hosts": ",".join(map(str, cluster.ps)),
+              "worker_hosts": ",".join(map(str, cluster.worker))}
+    out = []
+    for arg in command:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+def _command_env(job: str, cluster: ClusterSpec) -> list[Obj]:
+    """The PSWORKER_* variables of a user's command (PSWORKER_TASK_INDEX comes with each flavor's index)."""
+    return [{"name": "PSWORKER_JOB_NAME", "value": job},
+            {"name": "PSWORKER_PS_HOSTS", "value": ",".join(map(str, cluster.ps))},
+            {"name": "PSWORKER_WORKER_HOSTS", "value": ",".join(map(str, cluster.worker))}]
+
+
 def _labels(options: K8sOptions, job: Optional[str] = None) -> dict[str, str]:
     labels = {"app.kubernetes.io/name": "psworker", "app.kubernetes.io/instance": options.name,
               LABEL_RUN: options.name}
@@ -145,11 +171,13 @@ def _tf_config_env(cluster: ClusterSpec, job: str) -> list[Obj]:
 
 
 def _pod_spec(spec: Spec, job: str, options: K8sOptions, env: list[Obj], restart_policy: Optional[str],
-              subdomain: Optional[str] = None) -> Obj:
+              subdomain: Optional[str] = None, cluster: Optional[ClusterSpec] = None) -> Obj:
     train = _train(spec)
+    argv = command_argv(options.command, job, cluster) if options.command else task_argv(job, train)
+    if options.command:
+        env = [*env, *_command_env(job, cluster)]
     container: Obj = {
-        "name": CONTAINER, "image": options.image, "command": task_argv(job, train)[:1],
-        "args": task_argv(job, train)[1:],
+        "name": CONTAINER, "image": options.image, "command": argv[:1], "args": argv[1:],
         "env": [*env, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": PORT_NAME, "containerPort": _port(spec, options), "protocol": "TCP"}],
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
@@ -190,7 +218,8 @@ def _indexed_job_spec(spec: Spec, job: str, n: int, options: K8sOptions, cluster
         "completionMode": "Indexed", "completions": n, "parallelism": n,
         "backoffLimitPerIndex": options.retries, "podFailurePolicy": _pod_failure_policy(),
         "template": {"metadata": {"labels": _labels(options, job)},
-                     "spec": _pod_spec(spec, job, options, _tf_config_env(cluster, job), "Never", subdomain)},
+                     "spec": _pod_spec(spec, job, options, _tf_config_env(cluster, job), "Never", subdomain,
+                                       cluster=cluster)},
     }
 
 
@@ -203,7 +232,8 @@ def _fqdn(hostname: str, subdomain: str, options: K8sOptions) -> str:
 def _cluster(spec: Spec, host: Callable[[str, int], str], port: int) -> ClusterSpec:
     """The run's cluster with each task at its stable pod DNS name `host(job, index)`."""
     addresses = {job: [f"{host(job, i)}:{port}" for i in range(n)] for job, n in task_counts(spec).items()}
-    return build_cluster(addresses["ps"], addresses["worker"], "kubernetes", train=spec.train)
+    return build_cluster(addresses["ps"], addresses["worker"], "kubernetes", train=spec.train,
+                         chief=addresses.get("chief"), evaluator=addresses.get("evaluator"))
 
 
 def network_policy(spec: Spec, options: K8sOptions) -> Obj:
@@ -221,13 +251,20 @@ def network_policy(spec: Spec, options: K8sOptions) -> Obj:
 def tfjob_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
     """A Kubeflow TFJob (kubeflow.org/v1): one replica spec per job, `restartPolicy: ExitCode`."""
     replicas = {}
+    # the operator's service names, as in the TF_CONFIG it writes: <name>-<replica type>-<index>.<namespace>.svc
+    name, namespace = options.name, options.namespace
+    cluster = _cluster(spec, lambda job, i: f"{name}-{REPLICA_TYPES[job].lower()}-{i}.{namespace}.svc",
+                       _port(spec, options))
     for job, n in task_counts(spec).items():
+        index = [{"name": INDEX_ENV,
+                  "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{TFJOB_INDEX_LABEL}']"}}}]
         template = {"metadata": {"labels": _labels(options, job)},
-                    "spec": _pod_spec(spec, job, options, [], None)}
+                    "spec": _pod_spec(spec, job, options, index if options.command else [], None, cluster=cluster)}
         replicas[REPLICA_TYPES[job]] = {"replicas": n, "restartPolicy": "ExitCode", "template": template}
     tfjob = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(options.name, options),
              "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": options.retries},
-                      "successPolicy": "AllWorkers", "tfReplicaSpecs": replicas}}
+                      # psworker's workers all finish; a user's program: TFJob's default, the chief or worker 0
+                      **({} if options.command else {"successPolicy": "AllWorkers"}), "tfReplicaSpecs": replicas}}
     return [tfjob, network_policy(spec, options)]
 
 
@@ -256,13 +293,20 @@ def jobset_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
                   for job, n in counts.items()]
     jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _metadata(name, options),
               "spec": {"network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
-                       "successPolicy": {"operator": "All",
-                                         "targetReplicatedJobs": [j for j in FINISHING_JOBS if j in counts]},
+                       "successPolicy": {"operator": "All", "targetReplicatedJobs": _finishing(counts, options)},
                        "failurePolicy": {"maxRestarts": options.retries, "rules": [
                            {"name": "PermanentExitCode", "action": "FailJobSet",
                             "onJobFailureReasons": ["PodFailurePolicy"]}]},
                        "replicatedJobs": replicated}}
     return [jobset, network_policy(spec, options)]
+
+
+def _finishing(counts: dict[str, int], options: K8sOptions) -> list[str]:
+    """The replicated jobs whose completion ends a JobSet: psworker's chief and workers; for a user's program the
+    chief job, else the workers (JobSet cannot single out worker 0, TFJob's rule without a chief)."""
+    if options.command and "chief" in counts:
+        return ["chief"]
+    return [j for j in FINISHING_JOBS if j in counts]
 
 
 FLAVORS: dict[str, Callable[[Spec, K8sOptions], list[Obj]]] = {
@@ -300,5 +344,5 @@ def to_yaml(objects: list[Obj]) -> str:
     return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-__all__ = ["FLAVORS", "K8sOptions", "manifests", "to_yaml", "run_name", "task_argv", "check_options",
+__all__ = ["FLAVORS", "K8sOptions", "command_argv", "manifests", "to_yaml", "run_name", "task_argv", "check_options",
            "network_policy", "LABEL_RUN", "LABEL_JOB"]
