@@ -31,6 +31,7 @@ from psworker import events
 from psworker.plan import Task, plan
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE
 from psworker.launcher.supervisor import Supervisor
 
 STEP_LINE = events.Step.regex                                # a worker's progress line (global step)
@@ -82,10 +83,10 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if spec is None:
             settings = {"train_dir": str(self.workdir / "train"), **dict(train or {})}
-            spec = write_spec(self.workdir / "cluster.yaml", num_ps=num_ps, num_workers=num_workers, **settings)
+            spec = write_spec(self.workdir / SPEC_FILE, num_ps=num_ps, num_workers=num_workers, **settings)
         self.spec_path = Path(spec)
         self.spec: ClusterSpec = load_spec(self.spec_path)
-        self.log_dir = self.workdir / "logs"
+        self.log_dir = self.workdir / LOG_SUBDIR
         self.log_dir.mkdir(parents=True, exist_ok=True)
         extra = dict(args or {})
         self._tasks: dict[str, Task] = {}

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
 
@@ -203,12 +204,12 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
     """
     from psworker.spec import load_spec
 
-    spec = load_spec(Path(run_dir) / "cluster.yaml")
+    spec = load_spec(Path(run_dir) / SPEC_FILE)
     names = [f"{j}:{i}" for j in spec.jobs() for i in range(len(spec.addresses(j)))]
     progress = Progress(names)
     now = time.time() if now is None else now
     for name in names:
-        log = Path(run_dir) / "logs" / f"{name.replace(':', '-')}.log"
+        log = Path(run_dir) / LOG_SUBDIR / f"{name.replace(':', '-')}.log"
         if not log.exists():
             progress.set_state(name, "not started")
             continue

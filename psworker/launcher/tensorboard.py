@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 
 from psworker.errors import TensorBoardError, UsageError
 from psworker.launcher.backends.base import die_with_parent
+from psworker.launcher.rundir import LOG_SUBDIR
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def start_detached(logdir: str, port: int = 0, *, timeout_secs: float = 60.0) ->
     `<logdir>/logs/tensorboard.log`.
     """
     port, url = _address(port)
-    log_path = os.path.join(logdir, "logs", "tensorboard.log")
+    log_path = os.path.join(logdir, LOG_SUBDIR, "tensorboard.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(command(logdir, port), stdin=subprocess.DEVNULL, stdout=out,
