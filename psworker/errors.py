@@ -160,7 +160,15 @@ class TensorBoardError(PsworkerError):
 
 
 class ExportExistsError(PsworkerError):
-    """The export directory of this global step exists already (exports are never overwritten)."""
+    """The export directory of this global step exists already (exports are never overwritten).
+
+    Attributes:
+        path: that directory, when it holds a finished export (None: the final move failed).
+    """
+
+    def __init__(self, message: str, *, path: "str | None" = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 __all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",

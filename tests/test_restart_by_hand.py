@@ -53,7 +53,11 @@ def test_async_a_chief_killed_while_the_others_finish_is_waited_for(make_cluster
     for name in ("worker:0", "worker:1"):
         log = cluster.log(name, current=True)
         assert int(re.search(ON_DISK.format(max_steps), log).group(1)) == final, log[-3000:]
-    assert "precision @ 1 = " in cluster.log("worker:0", current=True)
+    again = cluster.log("worker:0", current=True)
+    assert "precision @ 1 = " in again
+    # the export of that step exists already: the chief names it (a run's report reads the SavedModel's path here)
+    assert re.search(rf"exported \S+ \(global step {final}\) to \S+/export/{final}$", again, re.MULTILINE), \
+        again[-3000:]
     assert_processes_gone(cluster.pids)
 
 

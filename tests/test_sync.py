@@ -275,7 +275,8 @@ def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(make_cluster
     kill; it is also what the chief waits after it, so it sets this test's length."""
     timeout = 15
     cluster = make_cluster(train=dict(mode="sync", max_steps=100000, batch_size=16, log_every_steps=20,
-                                      step_timeout_secs=float(timeout)))
+                                      step_timeout_secs=float(timeout)),
+                           args={"ps:0": ["--rejoin_grace_secs", "2"]})   # worker:1 is not started again
     cluster.wait_for_log("worker:1", STEP_LINE, 180)
     address = cluster.spec.worker[1]
     cluster.kill("worker:1")

@@ -137,6 +137,9 @@ def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> 
         export.export_saved_model(model, checkpoint, os.path.join(config.train_dir, export.EXPORT_SUBDIR))
     except export.ExportExistsError as exc:   # a restarted chief that ends at the same step
         log.info("%s: %s", name, exc)
+        if exc.path:   # the run's report names the SavedModel from this line
+            step = export.checkpoint_global_step(checkpoint)
+            log.info("%s", events.Exported(checkpoint, step, exc.path).render())
     emit(evaluate.format_result(result), flush=True)   # last: the run's result line
 
 

@@ -71,7 +71,7 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
     step = checkpoint_global_step(checkpoint)
     final = os.path.join(export_base, str(step))
     if os.path.exists(final):
-        raise ExportExistsError(f"{final} exists already: exports are never overwritten")
+        raise ExportExistsError(f"{final} exists already: exports are never overwritten", path=final)
     os.makedirs(export_base, exist_ok=True)
     temp = os.path.join(export_base, f".{step}.tmp-{uuid.uuid4().hex[:8]}")
     try:
