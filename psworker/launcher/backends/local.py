@@ -13,7 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Callable, Iterator, Mapping, Optional, Sequence, TextIO
+from typing import Callable, ClassVar, Iterator, Mapping, Optional, Sequence, TextIO
 
 import psutil
 
