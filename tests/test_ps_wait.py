@@ -79,7 +79,8 @@ def test_a_chief_that_comes_back_is_waited_for_again(tmp_path):
     assert not step(wait, ports, {1}, 200.0)
 
 
-def test_a_vanished_chief_with_training_complete_on_disk_ends_the_wait(tmp_path):
+def test_a_vanished_chief_with_training_complete_on_disk_ends_the_wait(tmp_path, caplog):
+    caplog.set_level("INFO")
     wait, ports = make_wait(tmp_path, gone=300.0, complete=lambda s: 100)
     step(wait, ports, set(), 1.0)
     ports.up.discard("w0")
@@ -87,6 +88,7 @@ def test_a_vanished_chief_with_training_complete_on_disk_ends_the_wait(tmp_path)
     assert not step(wait, ports, {1}, 298.0)
     assert step(wait, ports, {1}, 2.0)
     assert wait.finished == 100
+    assert "ps:0: no chief for 300 s, and the latest checkpoint in" in caplog.text
 
 
 def test_a_non_chief_that_vanished_gets_the_rejoin_grace_then_counts_as_done(tmp_path, caplog):

@@ -237,7 +237,7 @@ class _PsWait:
                         self.workers[CHIEF], self.gone_timeout)
         if gone < self.gone_timeout:
             return False
-        return self._decide(self.gone_timeout, (
+        return self._decide("chief", self.gone_timeout, (
             f"{self.name}: the chief (worker:0 at {self.workers[CHIEF]}) went away without saying it was done (its "
             f"final checkpoint is outstanding) and did not come back within {self.gone_timeout:g} s "
             "(--workers_gone_timeout_secs), and the spec's train_dir does not show training complete; exiting"))
@@ -268,15 +268,17 @@ class _PsWait:
         else:
             why = (f"{self.name}: every worker went away without saying it was done and none came back within "
                    f"{self.gone_timeout:g} s (--workers_gone_timeout_secs); exiting")
-        return self._decide(limit, why)
+        return self._decide("worker", limit, why)
 
-    def _decide(self, waited: float, failure: str) -> bool:
-        """After a wait ran out: True when the train_dir shows training complete, else `PeerGone(failure)`."""
+    def _decide(self, absent: str, waited: float, failure: str) -> bool:
+        """After a wait for `absent` ("worker", "chief") ran out: True when the train_dir shows training complete,
+        else `PeerGone(failure)`."""
         step = self.complete(self.spec)
         if step is None:
             raise PeerGone(failure)
-        log.info("%s: no answer for %g s, and the latest checkpoint in %s is at global step %d (max_steps %d): "
-                 "training is complete", self.name, waited, self.spec.train.train_dir, step, self.spec.train.max_steps)
+        log.info("%s: no %s for %g s, and the latest checkpoint in %s is at global step %d (max_steps %d): "
+                 "training is complete", self.name, absent, waited, self.spec.train.train_dir, step,
+                 self.spec.train.max_steps)
         self.finished = step
         return True
 
