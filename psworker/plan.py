@@ -182,7 +182,9 @@ def layout(spec: CountSpec, hosts: Sequence[str],
         addresses[job], start = slots[start:start + n], start + n
     cluster = build_cluster(addresses["ps"], addresses["worker"], HOSTS_SOURCE, train=spec.train,
                             ps_path="cluster.ps", worker_path="cluster.worker")
-    return ClusterSpec(cluster.ps, cluster.worker, spec.train, spec.source)
+    single = {job: tuple(parse_address(a, f"cluster.{job}[{i}]", HOSTS_SOURCE) for i, a in enumerate(found))
+              for job, found in addresses.items() if job not in ("ps", "worker")}   # chief, evaluator
+    return ClusterSpec(cluster.ps, cluster.worker, spec.train, spec.source, **single)
 
 
 def task_of_rank(spec: CountSpec, rank: int) -> tuple[str, int]:

@@ -222,8 +222,10 @@ def _count_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, al
                         f"a task count ({cluster[counted[0]]}) needs hosts from a scheduler; this command needs "
                         f"'host:port' address lists (see `psworker plan SPEC --hosts ...`, `psworker k8s manifest`)")
     counts = []
-    for job in JOBS:
+    for job in ALL_JOBS:
         value, path = cluster.get(job), f"cluster.{job}"
+        if value is None and job not in JOBS:   # chief, evaluator: optional (TF2 ParameterServerStrategy)
+            continue
         if value is None:
             raise SpecError(source, path, "missing; give a number of tasks like the other jobs")
         if isinstance(value, bool) or not isinstance(value, int):
@@ -232,6 +234,8 @@ def _count_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, al
                                           f"an address list, not both")
         if value < 1:
             raise SpecError(source, path, f"must be >= 1, got {value}")
+        if job not in JOBS and value > 1:
+            raise SpecError(source, path, f"TensorFlow runs at most one {job} task, got {value}")
         counts.append((job, value))
     port = cluster.get(PORT_KEY, DEFAULT_PORT_BASE)
     if isinstance(port, bool) or not isinstance(port, int):

@@ -166,3 +166,26 @@ def test_a_classic_tf1_script_runs_as_srun_steps(slurm, monkeypatch, capsys, tmp
     assert checkpoint_step(checkpoints) >= 200
     assert not _leftovers(run_dir)
     assert not slurm.job_processes(), slurm.job_processes()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_tf2_parameter_server_strategy_script_runs_as_srun_steps(slurm, monkeypatch, capsys, tmp_path):
+    """`psworker slurm submit SPEC -- COMMAND` with a chief job: each srun step gets its task's TF_CONFIG; the chief
+    coordinates, the ps and workers serve until the chief's exit ends the job (TFJob's rule); nothing is left."""
+    script = Path(__file__).resolve().parent / "user_scripts" / "tf2_ps_strategy.py"
+    spec = tmp_path / "pss.yaml"
+    spec.write_text(yaml.safe_dump({"cluster": {"chief": 1, "ps": 1, "worker": 2}}))
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    run_dir = tmp_path / "run"
+    rc = main(["slurm", "submit", str(spec), "--run_dir", str(run_dir), "--overcommit", "--time", "0:10:00",
+               "--port_base", str(_port_base(4)), "--", sys.executable, str(script)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    job_id = out.strip().splitlines()[-1]
+    out = _wait_done(slurm, job_id, run_dir)
+    assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
+    assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 4, out[-4000:]
+    assert "[chief:0] chief done: w = 3.00, b = 1.00" in out, out[-4000:]
+    assert not _leftovers(run_dir)
+    assert not slurm.job_processes(), slurm.job_processes()

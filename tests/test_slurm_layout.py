@@ -48,6 +48,7 @@ ALLOCATIONS = [
     ({"ps": 1, "worker": 4}, "node[9-10]", "3,2", 8888),        # sorted as strings: node10 first
     ({"ps": 1, "worker": 5}, "b[1-2],a7", "1,3,2", 5000),       # uneven counts, unsorted list
     ({"ps": 2, "worker": 1}, "n[1-3]", "1(x3)", 8888),
+    ({"chief": 1, "ps": 1, "worker": 2}, "vm", "4", 5000),      # TF2 ParameterServerStrategy: chief first
 ]
 
 

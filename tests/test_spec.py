@@ -231,3 +231,13 @@ def test_light_modules_do_not_import_tensorflow():
     code = ("import sys, psworker, psworker.spec, psworker.interop, psworker.plan, psworker.cli; "
             "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0
+
+
+def test_a_count_spec_may_name_one_chief_and_one_evaluator(tmp_path):
+    """TF2 ParameterServerStrategy scripts under a scheduler: `chief: 1` is kept (it was dropped silently)."""
+    path = tmp_path / "pss.yaml"
+    path.write_text("cluster: {chief: 1, ps: 1, worker: 2, evaluator: 1}\n")
+    assert dict(load_spec(path, allow_counts=True).counts) == {"chief": 1, "ps": 1, "worker": 2, "evaluator": 1}
+    path.write_text("cluster: {chief: 2, ps: 1, worker: 2}\n")
+    with pytest.raises(SpecError, match=r"cluster\.chief: TensorFlow runs at most one chief task, got 2"):
+        load_spec(path, allow_counts=True)

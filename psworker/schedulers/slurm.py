@@ -177,7 +177,7 @@ def count_spec(spec: Union[ClusterSpec, CountSpec], port_base: Optional[int] = N
     """
     if isinstance(spec, CountSpec):
         return spec if port_base is None else dataclasses.replace(spec, port=port_base)
-    counts = tuple((job, len(spec.addresses(job))) for job in JOBS)
+    counts = tuple((job, len(spec.addresses(job))) for job in spec.jobs())
     return CountSpec(counts, DEFAULT_PORT_BASE if port_base is None else port_base, spec.train, spec.source)
 
 
@@ -199,7 +199,7 @@ def layout(spec: CountSpec, nodes: Sequence[str], tasks_per_node: Union[int, Seq
     """
     cluster = plan.layout(spec, nodes, check_allocation(spec, nodes, tasks_per_node))
     tasks: list[SlurmTask] = []
-    for job in sorted(JOBS):
+    for job in sorted(cluster.jobs()):   # chief, evaluator, ps, worker: the resolver's order
         for index, address in enumerate(cluster.addresses(job)):
             tasks.append(SlurmTask(job, index, address.host, address.port, len(tasks)))
     return tasks
