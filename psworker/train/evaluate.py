@@ -36,11 +36,7 @@ def evaluate_checkpoint(model, checkpoint: str, *, data_dir: Optional[str], batc
                                      tf.int32))
         count = tf.shape(labels)[0]
         global_step = v1.train.get_or_create_global_step()
-        if model.moving_average_decay:
-            variables = v1.train.ExponentialMovingAverage(model.moving_average_decay).variables_to_restore()
-        else:
-            variables = v1.global_variables()
-        saver = v1.train.Saver(variables)
+        saver = restore_saver(model)
         with v1.Session(graph=graph) as sess:
             saver.restore(sess, checkpoint)
             step = int(sess.run(global_step))
@@ -55,6 +51,17 @@ def evaluate_checkpoint(model, checkpoint: str, *, data_dir: Optional[str], batc
     if total == 0:
         raise TrainingFailed("the evaluation split is empty")
     return EvalResult(precision=correct / total, examples=total, global_step=step, checkpoint=checkpoint)
+
+
+def restore_saver(model):
+    """A `Saver` of the default graph's model that restores the moving averages where the model keeps them (the
+    tutorial evaluates and serves those), else the variables themselves."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    if model.moving_average_decay:
+        return v1.train.Saver(v1.train.ExponentialMovingAverage(model.moving_average_decay).variables_to_restore())
+    return v1.train.Saver(v1.global_variables())
 
 
 def format_result(result: EvalResult) -> str:

@@ -19,6 +19,7 @@ from typing import Optional
 
 from psworker import events
 from psworker.errors import ExportExistsError, TrainingFailed, UsageError
+from psworker.train.evaluate import restore_saver
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +113,7 @@ def _write(model, checkpoint: str, path: str) -> None:
         preprocessed = v1.placeholder(tf.float32, [None, *model.image_shape], name=PREPROCESSED_INPUT_NAME)
         signatures = {SIGNATURE_KEY: _signature(model, raw, preprocess=True),
                       PREPROCESSED_SIGNATURE_KEY: _signature(model, preprocessed, preprocess=False)}
-        if model.moving_average_decay:
-            variables = v1.train.ExponentialMovingAverage(model.moving_average_decay).variables_to_restore()
-        else:
-            variables = v1.global_variables()
-        saver = v1.train.Saver(variables)
+        saver = restore_saver(model)
         with v1.Session(graph=graph) as sess:
             try:
                 saver.restore(sess, checkpoint)
