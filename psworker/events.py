@@ -16,11 +16,11 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Optional, TypeVar, Union
+from typing import ClassVar, Iterator, Optional, Sequence, TypeVar, Union
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
            "Precision", "Exported", "Restart", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
-           "parse_line", "last", "current_attempt", "LogRecord", "log_time"]
+           "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"   # a task's log records (cli.main)
 
@@ -384,6 +384,59 @@ KINDS: tuple[type[Event], ...] = (Step, FirstStep, WorkerDone, FoundComplete, Ps
                                   Exported, Restart, NewRun, RemotePid, TaskError, Traceback)
 AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, Exported, Restart,
                  NewRun, RemotePid, TaskError, Traceback]
+
+
+# The stack-dump lines (psworker.stackdump reads the dump itself, Python's faulthandler format, around them).
+
+
+@dataclass(frozen=True)
+class StacksReady:
+    """A psworker task's first line: its handler is in place (so the launcher may send `SIGNAL`)."""
+
+    pid: int
+
+    regex: ClassVar[re.Pattern] = re.compile(r"^stacks: `kill -USR1 (?P<pid>\d+)` writes every thread's Python stack "
+                                             r"into this log$")
+
+    def render(self) -> str:
+        return f"stacks: `kill -USR1 {self.pid}` writes every thread's Python stack into this log"
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["StacksReady"]:
+        m = cls.regex.match(line.rstrip("\r\n"))
+        return None if m is None else cls(int(m["pid"]))
+
+
+@dataclass(frozen=True)
+class StacksRequested:
+    """The launcher's line in a task's log before the task's stacks: why and how they were asked for."""
+
+    task: str
+    why: str
+    how: str                        # `SIGUSR1`, `py-spy`
+    at: str
+
+    regex: ClassVar[re.Pattern] = re.compile(
+        r"^--- stacks of (?P<task>\S+) asked for by (?P<how>\S+) \((?P<why>.*)\) at (?P<at>\S+) ---[ \t]*$")
+
+    def render(self) -> str:
+        return f"--- stacks of {self.task} asked for by {self.how} ({self.why}) at {self.at} ---"
+
+    @classmethod
+    def now(cls, task: str, why: str, how: str) -> "StacksRequested":
+        return cls(task, why, how, datetime.datetime.now().isoformat(timespec="milliseconds"))
+
+    @classmethod
+    def parse(cls, line: str) -> Optional["StacksRequested"]:
+        m = cls.regex.match(line.rstrip("\r\n"))
+        return None if m is None else cls(m["task"], m["why"], m["how"], m["at"])
+
+    @classmethod
+    def finditer(cls, lines: Sequence[str]) -> Iterator["StacksRequested"]:
+        for line in lines:
+            found = cls.parse(line)
+            if found is not None:
+                yield found
 
 
 def parse_line(line: str) -> Optional[AnyEvent]:

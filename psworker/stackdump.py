@@ -1,4 +1,4 @@
-"""Python's stack dumps in a task's log, beside `psworker.events`: the launcher's request line (`Requested`) and
+"""Python's stack dumps in a task's log, between psworker's own lines (`Ready`, `Requested`: in `psworker.events`) and
 the dump itself in `faulthandler`'s format, which psworker's tasks write on `SIGNAL` and when a step times out,
 and into which the launcher turns py-spy's dump of a user's program. `parse_dumps` reads them back for the
 failure report (`innermost` frames of the main thread) and for the launcher's wait (`is_complete`).
@@ -17,12 +17,13 @@ one that ran the signal handler, the main thread unless it blocks the signal.
 
 from __future__ import annotations
 
-import datetime
 import json
 import re
 import signal
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Optional, Sequence
+from typing import Optional, Sequence
+
+from psworker.events import StacksReady as Ready, StacksRequested as Requested
 
 __all__ = ["SIGNAL", "Frame", "ThreadStack", "Dump", "Ready", "Requested", "is_dump_line", "parse_dumps", "last_dump",
            "from_py_spy"]
@@ -183,51 +184,3 @@ def from_py_spy(output: str, pid: int) -> Dump:
     return Dump(tuple(s for _, s in sorted(stacks, key=lambda pair: pair[0])))
 
 
-@dataclass(frozen=True)
-class Ready:
-    """A psworker task's first line: its handler is in place (so the launcher may send `SIGNAL`)."""
-
-    pid: int
-
-    regex: ClassVar[re.Pattern] = re.compile(r"^stacks: `kill -USR1 (?P<pid>\d+)` writes every thread's Python stack "
-                                             r"into this log$")
-
-    def render(self) -> str:
-        return f"stacks: `kill -USR1 {self.pid}` writes every thread's Python stack into this log"
-
-    @classmethod
-    def parse(cls, line: str) -> Optional["Ready"]:
-        m = cls.regex.match(line.rstrip("\r\n"))
-        return None if m is None else cls(int(m["pid"]))
-
-
-@dataclass(frozen=True)
-class Requested:
-    """The launcher's line in a task's log before the task's stacks: why and how they were asked for."""
-
-    task: str
-    why: str
-    how: str                        # `SIGUSR1`, `py-spy`
-    at: str
-
-    regex: ClassVar[re.Pattern] = re.compile(
-        r"^--- stacks of (?P<task>\S+) asked for by (?P<how>\S+) \((?P<why>.*)\) at (?P<at>\S+) ---[ \t]*$")
-
-    def render(self) -> str:
-        return f"--- stacks of {self.task} asked for by {self.how} ({self.why}) at {self.at} ---"
-
-    @classmethod
-    def now(cls, task: str, why: str, how: str) -> "Requested":
-        return cls(task, why, how, datetime.datetime.now().isoformat(timespec="milliseconds"))
-
-    @classmethod
-    def parse(cls, line: str) -> Optional["Requested"]:
-        m = cls.regex.match(line.rstrip("\r\n"))
-        return None if m is None else cls(m["task"], m["why"], m["how"], m["at"])
-
-    @classmethod
-    def finditer(cls, lines: Sequence[str]) -> Iterator["Requested"]:
-        for line in lines:
-            found = cls.parse(line)
-            if found is not None:
-                yield found

@@ -202,3 +202,11 @@ def test_log_records_parse_and_render_as_logging_writes_them():
     assert parsed.render() == line and events.log_time(line) == parsed.time
     assert events.LogRecord.parse(f"[worker:2] {line}") == parsed
     assert events.LogRecord.parse("step 1") is None
+
+
+def test_the_stack_dump_lines_render_and_parse_back():
+    ready = events.StacksReady(4242)
+    assert events.StacksReady.parse(ready.render()) == ready
+    asked = events.StacksRequested.now("worker:1", "stalled: no step line for 10 s", "SIGUSR1")
+    assert events.StacksRequested.parse(asked.render()) == asked
+    assert list(events.StacksRequested.finditer(["x", asked.render(), "y"])) == [asked]
