@@ -297,6 +297,19 @@ def checkpoint_step(train_dir: Union[str, os.PathLike]) -> int:
     return int(tf.train.load_checkpoint(path).get_tensor("global_step"))
 
 
+def processes_naming(marker: Union[str, os.PathLike]) -> list[psutil.Process]:
+    """Live (not zombie) processes whose command line contains `marker`, e.g. a run's directory: the tasks of that
+    run, however they were started (srun steps, ssh sessions), and no other run's."""
+    marker, found = str(marker), []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def assert_processes_gone(pids: Iterable[int], timeout: float = 10.0) -> None:
     """Fails unless every pid in `pids` is gone (zombies count as gone) within `timeout` seconds."""
     pids = list(pids)

@@ -10,12 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from psworker.cli import main
-from psworker.testing import checkpoint_step
+from psworker.testing import checkpoint_step, processes_naming
 
 
 JOB_TIMEOUT_SECS = 420        # TensorFlow's import in 3 tasks on a small, shared machine
@@ -64,20 +63,6 @@ def _wait_done(slurm, job_id: str, run_dir: Path) -> str:
     return out.read_text(errors="replace")
 
 
-def _leftovers(run_dir: Path) -> list[psutil.Process]:
-    """Live processes of this run: any whose command line names the run dir (our srun steps do: their task's
-    `--spec RUN_DIR/cluster.yaml`; other runs' srun steps share this machine)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        try:
-            if str(run_dir) in cmd and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_submitted_job_trains_and_reports(slurm, monkeypatch, capsys, tmp_path):
@@ -91,7 +76,7 @@ def test_submitted_job_trains_and_reports(slurm, monkeypatch, capsys, tmp_path):
     assert main(["slurm", "status", str(run_dir), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["global_step"] >= 200 and status["tasks"]["worker:0"]["state"] == "done", status
-    assert not _leftovers(run_dir)
+    assert not processes_naming(run_dir)
 
 
 @pytest.mark.slow
@@ -107,7 +92,7 @@ def test_injected_kill_is_restarted_as_a_new_step(slurm, monkeypatch, capsys, tm
     log = (run_dir / "logs" / "worker-1.log").read_text(errors="replace")
     assert "--- restart 1 (injected kill:worker:1@step=60)" in log
     assert checkpoint_step(run_dir) == 200
-    assert not _leftovers(run_dir)
+    assert not processes_naming(run_dir)
 
 
 @pytest.mark.slow
@@ -120,14 +105,14 @@ def test_scancel_mid_run_leaves_no_process(slurm, monkeypatch, capsys, tmp_path)
     assert main(["slurm", "status", job_id, "--json"]) == 0       # a job id: found through scontrol's WorkDir
     status = json.loads(capsys.readouterr().out)
     assert status["tasks"]["worker:0"]["state"] == "training", status
-    names = {a for p in _leftovers(run_dir) for a in p.cmdline() if a.startswith("--job-name=psworker-")}
+    names = {a for p in processes_naming(run_dir) for a in p.cmdline() if a.startswith("--job-name=psworker-")}
     assert names == {f"--job-name=psworker-{t}" for t in ("ps-0", "worker-0", "worker-1")}, names
     slurm.run(["scancel", job_id])
     slurm.wait_until(lambda: job_id not in slurm.jobs(), 60, f"job {job_id} gone after scancel")
     deadline = time.monotonic() + 30
-    while _leftovers(run_dir) and time.monotonic() < deadline:
+    while processes_naming(run_dir) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _leftovers(run_dir), _leftovers(run_dir)
+    assert not processes_naming(run_dir), processes_naming(run_dir)
     assert not slurm.job_processes(), slurm.job_processes()
 
 
@@ -164,7 +149,7 @@ def test_a_classic_tf1_script_runs_as_srun_steps(slurm, monkeypatch, capsys, tmp
     assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 3, out[-4000:]
     assert "[worker:0] worker 0 done" in out, out[-4000:]
     assert checkpoint_step(checkpoints) >= 200
-    assert not _leftovers(run_dir)
+    assert not processes_naming(run_dir)
     assert not slurm.job_processes(), slurm.job_processes()
 
 
@@ -187,5 +172,5 @@ def test_a_tf2_parameter_server_strategy_script_runs_as_srun_steps(slurm, monkey
     assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
     assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 4, out[-4000:]
     assert "[chief:0] chief done: w = 3.00, b = 1.00" in out, out[-4000:]
-    assert not _leftovers(run_dir)
+    assert not processes_naming(run_dir)
     assert not slurm.job_processes(), slurm.job_processes()

@@ -12,12 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from psworker import stackdump
-from psworker.testing import checkpoint_step
+from psworker.testing import checkpoint_step, processes_naming
 from tests.cluster_utils import run_launcher
 
 pytestmark = pytest.mark.slow
@@ -49,23 +48,11 @@ def _spec(tmp_path: Path, hosts=HOSTS, **train) -> Path:
     return path
 
 
-def _leftovers(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line names `marker` (the run's directory) on any 'host' (all are this one)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 def _wait_gone(marker: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
-    while _leftovers(marker) and time.monotonic() < deadline:
+    while processes_naming(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = _leftovers(marker)
+    left = processes_naming(marker)
     assert not left, f"still running {timeout:g} s after the launcher exited: {[p.cmdline() for p in left]}"
 
 
@@ -95,7 +82,7 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
     def interrupt_when_training(lines, proc) -> bool:
         if not any(re.match(r"\[worker:1\] step \d+", line) for line in lines):
             return False
-        seen["remote"] = [p.info["cmdline"] for p in _leftovers(marker) if p.info["cmdline"][0] != "ssh"]
+        seen["remote"] = [p.info["cmdline"] for p in processes_naming(marker) if p.info["cmdline"][0] != "ssh"]
         os.killpg(proc.pid, signal.SIGINT)          # what Ctrl-C in a terminal does
         return True
 

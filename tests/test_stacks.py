@@ -16,14 +16,13 @@ import sys
 import tempfile
 import threading
 
-import psutil
 import pytest
 
 from psworker import stackdump
 from psworker.launcher import stacks
 from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
-from psworker.testing import assert_processes_gone
+from psworker.testing import assert_processes_gone, processes_naming
 from tests.cluster_utils import REPO, run_launcher
 from tests.fake_tasks.fakes import HERE, FakeTask, fake, poll_until
 
@@ -330,16 +329,6 @@ def test_under_slurm_a_stalled_worker_is_asked_through_its_step(slurm, monkeypat
     out = _wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 137" in out, out[-4000:]
     _check_stalled_worker_report(out)
-    left = _processes_naming(str(run_dir))      # this run's only: other runs' sruns may share the machine
+    left = processes_naming(str(run_dir))      # this run's only: other runs' sruns may share the machine
     assert not left, [p.cmdline() for p in left]
 
-
-def _processes_naming(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return found
