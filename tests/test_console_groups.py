@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import random
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from psworker.launcher.output import GROUP_WINDOW_SECS
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, write_spec
 from tests.cluster_utils import run_launcher
-from tests.fake_tasks.fakes import HERE, poll_until
+from tests.fake_tasks.fakes import HERE, FakeTask, poll_until
 
 W3 = TaskTokens("worker", 3, "127.0.0.1", 42105, 22438)
 
@@ -194,27 +193,12 @@ def test_random_schedules_lose_nothing_delay_nothing_past_the_window_and_keep_ea
 # -- through the supervisor: real processes, real pipes, real log files -------------------------------------
 
 
-@dataclass(frozen=True)
-class ChorusTask:
-    """A task (what the supervisor reads from `psworker.plan.Task`) running tests/fake_tasks/chorus.py."""
-
-    job: str
-    index: int
-    address: str
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    is_chief: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.job}:{self.index}"
-
-
-def chorus(job: str, index: int, *args: str) -> ChorusTask:
+def chorus(job: str, index: int, *args: str) -> FakeTask:
     import sys
 
     address = f"127.0.0.1:{41000 + 100 * (job == 'ps') + index}"
-    return ChorusTask(job, index, address, (sys.executable, str(HERE / "chorus.py"), job, str(index), address, *args))
+    argv = (sys.executable, str(HERE / "chorus.py"), job, str(index), address, *args)
+    return FakeTask(job, index, argv, address=address)
 
 
 def same_lines(console_lines: list[str], log: Path, tokens: TaskTokens) -> None:

@@ -22,6 +22,7 @@ class FakeTask:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     is_chief: bool = False
+    address: str = ""             # host:port, for fakes that print their own (chorus.py)
 
     @property
     def name(self) -> str:
