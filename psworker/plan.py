@@ -100,7 +100,8 @@ def format_plan(spec: ClusterSpec, tasks: list[Task]) -> str:
         Multi-line text (no trailing newline).
     """
     t = spec.train
-    header = (f"cluster {spec.source or ''}: {len(spec.ps)} ps, {len(spec.worker)} workers; "
+    workers = f"{len(spec.worker)} workers" + (f" (elastic: {spec.elastic.describe()})" if spec.elastic else "")
+    header = (f"cluster {spec.source or ''}: {len(spec.ps)} ps, {workers}; "
               f"model {t.model}, mode {t.mode}, max_steps {t.max_steps}, batch_size {t.batch_size}")
     rows = [("TASK", "ADDRESS", "ROLE", "COMMAND")]
     rows += [(k.name, format_address(k.address), k.role, shlex.join(k.argv)) for k in tasks]
@@ -110,6 +111,10 @@ def format_plan(spec: ClusterSpec, tasks: list[Task]) -> str:
     if any(k.address.port == 0 for k in tasks):
         lines += ["", "ports shown as 'auto' are chosen when `psworker local` starts the cluster; tasks started "
                       "by hand (below) need fixed ports in the spec"]
+    if spec.elastic is not None and spec.elastic.start < spec.elastic.max:
+        lines += ["", f"`psworker local` starts worker:0-{spec.elastic.start - 1}; the others start when the run is "
+                      f"scaled up (`psworker scale RUN_DIR --workers N`, {spec.elastic.min} <= N <= "
+                      f"{spec.elastic.max}); their addresses are reserved from the start"]
     lines += ["", "equivalent shell launchers (one per host):"]
     lines += [f"  {k.name:<{widths[0]}}  {shell_equivalent(k)}" for k in tasks]
     return "\n".join(lines)
@@ -184,7 +189,7 @@ def layout(spec: CountSpec, hosts: Sequence[str],
                             ps_path="cluster.ps", worker_path="cluster.worker")
     single = {job: tuple(parse_address(a, f"cluster.{job}[{i}]", HOSTS_SOURCE) for i, a in enumerate(found))
               for job, found in addresses.items() if job not in ("ps", "worker")}   # chief, evaluator
-    return ClusterSpec(cluster.ps, cluster.worker, spec.train, spec.source, **single)
+    return ClusterSpec(cluster.ps, cluster.worker, spec.train, spec.source, elastic=spec.elastic, **single)
 
 
 def task_of_rank(spec: CountSpec, rank: int) -> tuple[str, int]:

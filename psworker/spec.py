@@ -27,6 +27,21 @@ ALL_JOBS = ("chief", "ps", "worker", "evaluator")
 DEFAULT_PORT_BASE = 2222      # `cluster.port` of a count spec: the first port on each host
 TOP_KEYS = ("cluster", "train")
 PORT_KEY = "port"
+ELASTIC_KEYS = ("addresses", "max", "min", "start")   # an elastic worker job (a mapping instead of a list)
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """An elastic worker job: between `min` and `max` workers run, `start` of them at launch. Every address up to
+    `max` is reserved from the start (every server's ClusterSpec holds them); worker 0, the chief, always runs."""
+
+    min: int
+    start: int
+    max: int
+
+    def describe(self) -> str:
+        """`min 1, start 2, max 4`."""
+        return f"min {self.min}, start {self.start}, max {self.max}"
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,7 @@ class ClusterSpec:
     source: Optional[str] = field(default=None, compare=False)
     chief: tuple[Address, ...] = ()
     evaluator: tuple[Address, ...] = ()
+    elastic: Optional[Elastic] = None          # None: a fixed worker job (every worker runs)
 
     def addresses(self, job: str) -> tuple[Address, ...]:
         return {"ps": self.ps, "worker": self.worker, "chief": self.chief, "evaluator": self.evaluator}[job]
@@ -64,6 +80,7 @@ class CountSpec:
     port: int = DEFAULT_PORT_BASE             # first port on each host, +1 per further task there
     train: TrainConfig = field(default_factory=TrainConfig)
     source: Optional[str] = field(default=None, compare=False)
+    elastic: Optional[Elastic] = None         # the worker count is then `elastic.max`
 
     def count(self, job: str) -> int:
         """The number of tasks of `job` (0 when the spec has no such job)."""
@@ -102,7 +119,7 @@ def _load_yaml(text: str, source: str) -> Any:
 
 def build_cluster(ps: Any, worker: Any, source: str, *, train: Optional[TrainConfig] = None,
                   ps_path: str = "cluster.ps", worker_path: str = "cluster.worker", chief: Any = None,
-                  evaluator: Any = None) -> ClusterSpec:
+                  evaluator: Any = None, elastic: Optional[Elastic] = None) -> ClusterSpec:
     """Builds and validates a ClusterSpec from raw address lists (strings or Addresses).
 
     Args:
@@ -113,6 +130,7 @@ def build_cluster(ps: Any, worker: Any, source: str, *, train: Optional[TrainCon
         ps_path: field path of the ps list in messages (`--ps_hosts` for flags).
         worker_path: field path of the worker list in messages.
         chief, evaluator: optional one-address lists (`psworker run` scripts only).
+        elastic: the worker job's range (its `max` is the number of worker addresses); None: a fixed job.
 
     Returns:
         The validated, frozen ClusterSpec.
@@ -131,7 +149,8 @@ def build_cluster(ps: Any, worker: Any, source: str, *, train: Optional[TrainCon
                                                           f"one {job} task")
     check_duplicates([(ps_path, ps_addrs), (worker_path, worker_addrs)]
                       + [(f"cluster.{j}", a) for j, a in extra.items()], source)
-    spec = ClusterSpec(ps=ps_addrs, worker=worker_addrs, train=train or TrainConfig(), source=source, **extra)
+    spec = ClusterSpec(ps=ps_addrs, worker=worker_addrs, train=train or TrainConfig(), source=source,
+                       elastic=elastic, **extra)
     check_cross_fields(spec)
     return spec
 
@@ -145,12 +164,43 @@ def _addresses_from(items: Any, path: str, source: str) -> tuple[Address, ...]:
 
 
 def check_cross_fields(spec: ClusterSpec) -> None:
-    """Checks the rules that span sections (replicas_to_aggregate vs. the number of workers).
+    """Checks the rules that span sections (replicas_to_aggregate vs. the number of workers, the elastic range).
 
     Raises:
         SpecError: a rule is broken.
     """
     check_train_rules(spec.train, spec.source or "spec", "train", len(spec.worker))
+    check_elastic(spec.elastic, spec.train, spec.source or "spec", len(spec.worker))
+
+
+def check_elastic(elastic: Optional[Elastic], train: TrainConfig, source: str, max_workers: int) -> None:
+    """The elastic range's rules: 1 <= min <= start <= max; between-graph replication only; in sync mode every
+    step's gradients must come from at most `min` workers (the others are backups).
+
+    Raises:
+        SpecError: naming `cluster.worker.<field>`.
+    """
+    if elastic is None:
+        return
+    path = "cluster.worker"
+    if elastic.max != max_workers:
+        raise SpecError(source, f"{path}.max", f"is {elastic.max}, but the job has {max_workers} worker addresses")
+    for name, value in (("min", elastic.min), ("start", elastic.start)):
+        if not 1 <= value <= elastic.max:
+            raise SpecError(source, f"{path}.{name}", f"{value} is not between 1 (worker 0, the chief, always runs) "
+                                                      f"and max ({elastic.max})")
+    if elastic.start < elastic.min:
+        raise SpecError(source, f"{path}.start", f"{elastic.start} is below min ({elastic.min})")
+    if train.replication == "in-graph":
+        raise SpecError(source, path, "an elastic worker job needs between-graph replication (train.replication): "
+                                      "the in-graph client drives a fixed set of workers")
+    r = train.replicas_to_aggregate
+    if train.mode == "sync" and (r or elastic.max) > elastic.min:
+        raise SpecError(source, f"{path}.min", (
+            f"in sync mode min ({elastic.min}) must be at least train.replicas_to_aggregate ({r}): each step needs "
+            f"that many workers' gradients" if r else
+            f"in sync mode an elastic job needs train.replicas_to_aggregate <= min ({elastic.min}); unset, every one "
+            f"of the {elastic.max} workers must push a gradient for each step"))
 
 
 def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], source: str, *,
@@ -203,10 +253,45 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
     if not isinstance(train, Mapping):
         raise SpecError(source, "train", f"expected a mapping of trainer settings, got {describe_value(train)}")
     config = train_from(TrainConfig(), train, source, "train", False, None)
-    if counted:
-        return _count_spec(cluster, config, source, allow_counts)
-    return build_cluster(cluster.get("ps"), cluster.get("worker"), source, train=config,
-                         chief=cluster.get("chief"), evaluator=cluster.get("evaluator"))
+    cluster, elastic = _elastic_worker(cluster, source)
+    if _counted_jobs(cluster):
+        return _count_spec(cluster, config, source, allow_counts, elastic)
+    workers = cluster.get("worker")
+    return build_cluster(cluster.get("ps"), workers, source, train=config, chief=cluster.get("chief"),
+                         evaluator=cluster.get("evaluator"),
+                         worker_path="cluster.worker.addresses" if elastic else "cluster.worker",
+                         elastic=_range(elastic, len(workers)) if elastic and isinstance(workers, list) else None)
+
+
+def _elastic_worker(cluster: Mapping[str, Any], source: str) -> tuple[Mapping[str, Any], Optional[dict]]:
+    """An elastic worker job (`worker: {addresses: [...], min: 1, start: 2}` or `{max: 8, min: 2, start: 4}`):
+    the cluster with `worker` as its addresses or its `max` count, and the range's raw numbers. A plain list or
+    count is a fixed job (None)."""
+    worker = cluster.get("worker")
+    if not isinstance(worker, Mapping):
+        return cluster, None
+    for key in worker:
+        if key not in ELASTIC_KEYS:
+            raise unknown_key(key, ELASTIC_KEYS, source, f"cluster.worker.{key}")
+    numbers = {key: worker.get(key) for key in ("max", "min", "start")}
+    for key, value in numbers.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise SpecError(source, f"cluster.worker.{key}", f"expected a number of workers, got "
+                                                             f"{describe_value(value)}")
+    addresses = worker.get("addresses")
+    if addresses is None and numbers["max"] is None:
+        raise SpecError(source, "cluster.worker", "an elastic worker job needs `addresses` (every address up to "
+                                                  "its max, `host:auto` locally) or, with task counts, `max`")
+    if addresses is not None and numbers["max"] is not None:
+        raise SpecError(source, "cluster.worker.max", "give either `addresses` (max is their number) or `max` "
+                                                      "(a count spec), not both")
+    return {**cluster, "worker": addresses if addresses is not None else numbers["max"]}, numbers
+
+
+def _range(numbers: dict, max_workers: int) -> Elastic:
+    """The Elastic range from `_elastic_worker`'s numbers: min defaults to 1, start to max."""
+    return Elastic(min=1 if numbers["min"] is None else numbers["min"],
+                   start=max_workers if numbers["start"] is None else numbers["start"], max=max_workers)
 
 
 def _counted_jobs(cluster: Mapping[str, Any]) -> list[str]:
@@ -214,7 +299,8 @@ def _counted_jobs(cluster: Mapping[str, Any]) -> list[str]:
     return [job for job in JOBS if isinstance(cluster.get(job), int) and not isinstance(cluster.get(job), bool)]
 
 
-def _count_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, allow: bool) -> CountSpec:
+def _count_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, allow: bool,
+                elastic: Optional[dict] = None) -> CountSpec:
     """Validates a cluster section of task counts (every job a count, optional base port)."""
     counted = _counted_jobs(cluster)
     if not allow:
@@ -243,8 +329,11 @@ def _count_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, al
                                                 f"cannot pick its own), got {describe_value(port)}")
     if not 1 <= port <= 65535:
         raise SpecError(source, "cluster.port", f"port {port} is out of range 1-65535")
-    check_train_rules(config, source, "train", dict(counts)["worker"])
-    return CountSpec(tuple(counts), port, config, source)
+    workers = dict(counts)["worker"]
+    check_train_rules(config, source, "train", workers)
+    limits = _range(elastic, workers) if elastic is not None else None
+    check_elastic(limits, config, source, workers)
+    return CountSpec(tuple(counts), port, config, source, limits)
 
 
 def load_spec(path: Any, *, allow_counts: bool = False) -> Any:
@@ -283,8 +372,10 @@ def dump_spec(spec: ClusterSpec) -> str:
         YAML text; automatic ports are written as `host:auto`, unset (None) train fields are omitted.
     """
     train = {k: v for k, v in dataclasses.asdict(spec.train).items() if v is not None}
-    data = {"cluster": {j: [format_address(a) for a in spec.addresses(j)] for j in spec.jobs()},
-            "train": train}
+    cluster: dict[str, Any] = {j: [format_address(a) for a in spec.addresses(j)] for j in spec.jobs()}
+    if spec.elastic is not None:
+        cluster["worker"] = {"addresses": cluster["worker"], "min": spec.elastic.min, "start": spec.elastic.start}
+    data = {"cluster": cluster, "train": train}
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
@@ -305,7 +396,8 @@ def with_addresses(spec: ClusterSpec, ps: Iterable[Any], worker: Iterable[Any], 
         SpecError: a new address is invalid or duplicated.
     """
     jobs = {j: list(extra.get(j, spec.addresses(j))) or None for j in SCRIPT_JOBS}
-    new = build_cluster(list(ps), list(worker), spec.source or "spec", train=spec.train, **jobs)
+    new = build_cluster(list(ps), list(worker), spec.source or "spec", train=spec.train, elastic=spec.elastic,
+                        **jobs)
     return dataclasses.replace(new, source=spec.source)
 
 
@@ -317,7 +409,7 @@ def has_auto_ports(spec: ClusterSpec) -> bool:
 __all__ = [
     "JOBS", "SCRIPT_JOBS", "ALL_JOBS", "MODES", "REPLICATIONS", "TRAIN_FIELDS", "TRAIN_TYPES", "AUTO_PORT",
     "DEFAULT_PORT_BASE",
-    "Address", "TrainConfig", "ClusterSpec", "CountSpec",
+    "Address", "TrainConfig", "ClusterSpec", "CountSpec", "Elastic", "check_elastic",
     "load_spec", "parse_spec", "parse_address", "format_address", "build_cluster", "merge_train",
     "check_cross_fields", "dump_spec", "with_addresses", "has_auto_ports",
 ]

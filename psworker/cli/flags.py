@@ -12,7 +12,7 @@ from psworker.launcher.backends.local import NETWORK_MODES
 
 if TYPE_CHECKING:
     from psworker.launcher.config import LaunchConfig
-from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, merge_train
+from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, check_elastic, merge_train
 from psworker.train_config import parse_setting, setting_doc
 
 T = TypeVar("T")
@@ -153,7 +153,11 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 
 def train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
-    return merge_train(spec.train, train_overrides(args), num_workers=len(spec.worker))
+    """The spec's train section with the task's flags applied, checked against the worker job (its elastic range
+    too: `--mode sync` may break it)."""
+    config = merge_train(spec.train, train_overrides(args), num_workers=len(spec.worker))
+    check_elastic(spec.elastic, config, "--flags", len(spec.worker))
+    return config
 
 
 def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec], backend: Any, *,

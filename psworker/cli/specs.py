@@ -28,7 +28,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         n = task_counts(spec)
         extra = "".join(f"{n[j]} {j}, " for j in ("chief", "evaluator") if n.get(j))
-        print(f"OK {path} ({extra}{n['ps']} ps, {n['worker']} workers)")
+        elastic = f"; elastic: {spec.elastic.describe()}" if spec.elastic else ""
+        print(f"OK {path} ({extra}{n['ps']} ps, {n['worker']} workers{elastic})")
     return EXIT_USAGE if failed else EXIT_OK
 
 
@@ -62,7 +63,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_tf_config(args: argparse.Namespace) -> int:
     """`psworker tf-config SPEC --job J --task_index I`: prints that task's TF_CONFIG JSON."""
     from psworker.interop import to_tf_config
-    print(json.dumps(to_tf_config(load_spec(args.spec), args.job, args.task_index)))
+    spec = load_spec(args.spec)
+    print(json.dumps(to_tf_config(spec, args.job, args.task_index)))
+    if spec.elastic is not None:
+        print(f"psworker: the worker job is elastic ({spec.elastic.describe()}): the cluster lists all "
+              f"{spec.elastic.max} reserved worker addresses", file=sys.stderr)
     return 0
 
 
