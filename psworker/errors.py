@@ -10,6 +10,7 @@ policy both read them: 1-127 are permanent, 128-255 are retryable):
 | 2 | EXIT_USAGE | bad spec, flags or TF_CONFIG | no |
 | 3 | EXIT_TRAINING_FAILED | training itself failed: NaN loss, bad data dir, unusable checkpoint | no |
 | 170 | EXIT_PEER_GONE | a peer went away or did not answer in time (ps down, chief gone, step timeout) | yes |
+| 171 | EXIT_PREEMPTED | an elastic job's worker got SIGTERM (a preemption), finished its step and left the job | yes |
 | 128+N | - | killed by signal N (130 SIGINT, 137 SIGKILL, 143 SIGTERM) | yes |
 """
 
@@ -23,6 +24,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TRAINING_FAILED = 3
 EXIT_PEER_GONE = 170
+EXIT_PREEMPTED = 171     # an elastic job's worker left on SIGTERM (a preemption); a worker scaled away exits 0
 
 
 class PsworkerError(Exception):
@@ -171,7 +173,7 @@ class ExportExistsError(PsworkerError):
         self.path = path
 
 
-__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE",
+__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED",
            "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
            "StoppedEarly",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
