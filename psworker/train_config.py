@@ -20,6 +20,7 @@ from psworker.models import registry as model_registry
 
 MODES = ("async", "sync")
 REPLICATIONS = ("between-graph", "in-graph")
+TRANSFER_DTYPES = ("float32", "bfloat16")   # psworker.train.transfer.DTYPES (TF-free here)
 DEFAULT_SAVE_CHECKPOINT_SECS = 60.0       # when neither save_checkpoint_steps nor save_checkpoint_secs is set
 
 
@@ -89,6 +90,13 @@ class TrainConfig:
                                    "off, different each run")
     scale_learning_rate: bool = _setting(True, "scale the learning rate linearly with the global batch, for "
                                                "models with a reference batch", metavar="{true,false}")
+    staged_vars: bool = _setting(False, "async: pull the next step's variables while this step computes (a "
+                                        "StagingArea per variable on the worker), at a staleness of one step: a "
+                                        "step's gradient lacks this worker's own previous update; not in sync mode",
+                                 metavar="{true,false}")
+    transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
+                                              "on the sending side; variables stay float32 on the ps)",
+                                   choices=lambda: TRANSFER_DTYPES)
 
 
 TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
@@ -194,10 +202,22 @@ def check_train_rules(config: TrainConfig, source: str, prefix: str,
         raise SpecError(source, _join(prefix, "save_checkpoint_secs"),
                         f"set either save_checkpoint_steps ({config.save_checkpoint_steps}) or "
                         f"save_checkpoint_secs ({config.save_checkpoint_secs:g}), not both")
+    _check_transfer_rules(config, source, prefix)
     r = config.replicas_to_aggregate
     if r is not None and num_workers is not None and not 1 <= r <= num_workers:
         raise SpecError(source, _join(prefix, "replicas_to_aggregate"),
                         f"{r} is not between 1 and the number of workers ({num_workers})")
+
+
+def _check_transfer_rules(config: TrainConfig, source: str, prefix: str) -> None:
+    """Staged variables: async between-graph only; a transfer dtype: between-graph only."""
+    if config.staged_vars and config.mode == "sync":
+        raise SpecError(source, _join(prefix, "staged_vars"),
+                        "staged variables are for async mode only (a sync step must compute on the weights of the "
+                        "step it belongs to); drop staged_vars or use mode async")
+    for name, on in (("staged_vars", config.staged_vars), ("transfer_dtype", config.transfer_dtype != "float32")):
+        if on and config.replication == "in-graph":
+            raise SpecError(source, _join(prefix, name), f"{name} is for between-graph replication only")
 
 
 def train_from(base: TrainConfig, values: Mapping[str, Any], source: str, prefix: str,
@@ -246,6 +266,6 @@ def merge_train(base: TrainConfig, overrides: Mapping[str, Any], source: str = "
     return train_from(base, given, source, path_prefix, True, num_workers)
 
 
-__all__ = ["MODES", "REPLICATIONS", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "parse_setting",
+__all__ = ["MODES", "REPLICATIONS", "TRANSFER_DTYPES", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "parse_setting",
            "TrainConfig", "TRAIN_FIELDS", "TRAIN_TYPES", "merge_train", "check_train_rules",
            "train_from"]

@@ -187,7 +187,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     """
     import tensorflow as tf
 
-    from psworker.train import devices
+    from psworker.train import devices, transfer
     from psworker.train.placement import GreedyByteStrategy, partitioned_variables
 
     v1 = tf.compat.v1
@@ -213,24 +213,56 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             ))
         opt = optimization(model, config, global_step, config.batch_size * config.num_devices, num_workers)
         lr, optimizer, ema = opt.learning_rate, opt.optimizer, opt.ema
+        pulls = transfer.Pulls(transfer.options_of(config), worker_device)
+        grads, loss = _gradients(model, optimizer, pulls, images, labels, config, worker_device)
+        sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
+        optimizer = sync or optimizer
+        apply_op = optimizer.apply_gradients(pulls.push(grads), global_step=global_step)
+        # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
+        train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls)
+        reset = SyncRestartReset(sync) if sync is not None else None
+    return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
+                      sync_reset=reset, inputs=(images, labels))
+
+
+def _gradients(model: Model, optimizer: Any, pulls: Any, images, labels, config: TrainConfig, worker_device: str):
+    """`(grads_and_vars, loss)` of one worker's batch: through `pulls` (the worker-side copies of the variables) when
+    staged variables or a transfer dtype are on, else straight from the variables."""
+    import contextlib
+
+    active = pulls.options.active
+    if active and config.mode == "sync" and pulls.options.staged:
+        raise ValueError("staged variables are for async mode only")
+    source = pulls if active else optimizer
+    with pulls.scope() if active else contextlib.nullcontext():
         if config.num_devices > 1:
             from psworker.train import towers
 
             grads, loss = towers.build_tower_gradients(
-                model, optimizer, images, labels, config.num_devices, device_prefix=worker_device
+                model, source, images, labels, config.num_devices, device_prefix=worker_device
             )
         else:
             logits = model.inference(images, training=True)
             loss = model.loss(logits, labels)
-            grads = optimizer.compute_gradients(loss)
-        sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
-        optimizer = sync or optimizer
-        apply_op = optimizer.apply_gradients(grads, global_step=global_step)
-        # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
-        train_op = finish_train_op(apply_op, None if sync else ema)
-        reset = SyncRestartReset(sync) if sync is not None else None
-    return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
-                      sync_reset=reset, inputs=(images, labels))
+            grads = source.compute_gradients(loss)
+    if active:
+        pulls.check_complete()
+        log.info("variables pulled %s%s", "staged (one step ahead), " if pulls.options.staged else "",
+                 f"as {pulls.options.dtype} on the wire" if pulls.options.dtype != "float32" else "in float32")
+    return grads, loss
+
+
+def _with_next_pull(train_op, pulls: Any):
+    """`train_op`, and with staged variables also the pull of the next step's values (and the first fill)."""
+    import tensorflow as tf
+
+    from psworker.train import transfer
+
+    fill = pulls.fill_op()
+    if fill is None:
+        return train_op
+    transfer.register_fill(fill)
+    return tf.group(train_op, *pulls.step_ops, name="train_op_and_next_pull")
 
 
 def _sync_optimizer(optimizer: Any, config: TrainConfig, num_workers: int, ema: Any) -> Any:

@@ -1,0 +1,186 @@
+"""How a worker's step moves the variables and gradients: staged variables (`--staged_vars`) and the transfer dtype
+(`--transfer_dtype`).
+
+Both replace the model's reads of its trainable variables: within `Pulls.scope()`, `get_variable` still makes the
+variable (on its ps, sharded as usual), but hands the model a tensor on this worker instead:
+
+- each variable (shard) is read once on its ps, cast there to the transfer dtype (so the wire carries that dtype),
+  and cast back to float32 on the worker;
+- with staging, that pull goes through a `StagingArea` on the worker (tf_cnn_benchmarks' `--staged_vars`): a step
+  computes with the values put there by the step before, while it pulls the values for the next one. The pull then
+  runs alongside the compute instead of before it, at a bounded staleness of one step: a step's gradient is taken
+  at weights that lack this worker's own previous update (other workers' updates are as stale as in plain async
+  mode). `fill_op` (run as part of the scaffold's local init, on every session creation) empties the areas and puts
+  the first values.
+
+`Pulls.compute_gradients` differentiates with respect to the worker-side tensors and pairs each gradient with its
+variable; `push` casts each gradient to the transfer dtype on the worker and back to float32 on the variable's ps.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class TransferOptions:
+    """What `Pulls` changes: staging, and the dtype on the wire (`float32`: none)."""
+
+    staged: bool = False
+    dtype: str = "float32"
+
+    @property
+    def active(self) -> bool:
+        return self.staged or self.dtype != "float32"
+
+
+def options_of(config) -> TransferOptions:
+    """The `TransferOptions` of a `TrainConfig`."""
+    return TransferOptions(staged=bool(config.staged_vars), dtype=config.transfer_dtype)
+
+
+class Pulls:
+    """Builds the worker-side tensors of the trainable variables (see the module docstring), and the matching
+    gradients and pushes. Build the model's inference within `scope()`; one instance per training graph."""
+
+    def __init__(self, options: TransferOptions, worker_device: str):
+        self.options = options
+        self._host = f"{worker_device}/device:CPU:0" if worker_device else "/device:CPU:0"
+        self._by_name: dict[str, Any] = {}     # variable name -> what the model got
+        self.pairs: list[tuple[Any, Any]] = []   # (worker-side tensor, variable or shard)
+        self._areas: list[tuple[Any, Any]] = []  # (StagingArea, the tensor it is filled from)
+        self._puts: list = []
+
+    def scope(self):
+        """A variable scope (the current one, reopened) whose trainable `get_variable`s go through `pull`."""
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        return v1.variable_scope(v1.get_variable_scope(), custom_getter=self._getter)
+
+    def _getter(self, getter, name, *args, **kwargs):
+        if name in self._by_name:
+            return self._by_name[name]
+        var = getter(name, *args, **kwargs)
+        if not kwargs.get("trainable", True):
+            return var
+        self._by_name[name] = self._pulled(var)
+        return self._by_name[name]
+
+    def _pulled(self, var):
+        import tensorflow as tf
+
+        shards = getattr(var, "_variable_list", None)
+        if shards is None:
+            return self._pull_one(var)
+        axes = [i for i, n in enumerate(var._get_partitions()) if n > 1]   # pylint: disable=protected-access
+        pieces = [self._pull_one(shard) for shard in shards]
+        with tf.compat.v1.device(self._host):
+            return tf.concat(pieces, axes[0] if axes else 0, name=f"{var.name}/pulled")
+
+    def _pull_one(self, var):
+        """`var` as a float32 tensor on this worker: read (and cast) on its ps, staged here, cast back."""
+        import tensorflow as tf
+        from tensorflow.python.ops import data_flow_ops   # StagingArea: no public tf.compat.v1 name
+
+        v1 = tf.compat.v1
+        wire = tf.as_dtype(self.options.dtype)
+        base = var.op.name
+        with v1.colocate_with(None, ignore_existing=True), v1.device(var.device):
+            sent = tf.identity(var.read_value(), name=f"{base}/pull")
+            if wire != tf.float32:
+                sent = tf.cast(sent, wire, name=f"{base}/pull_{self.options.dtype}")
+        with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
+            got = sent
+            if self.options.staged:
+                area = data_flow_ops.StagingArea([wire], shapes=[var.shape])
+                self._areas.append((area, sent))
+                got = area.get()[0]
+                with tf.control_dependencies([got]):   # after this step's get: the area holds one step's values
+                    self._puts.append(area.put([sent]))
+            if wire != tf.float32:
+                got = tf.cast(got, tf.float32, name=f"{base}/pulled_float32")
+            elif not self.options.staged:
+                got = tf.identity(got, name=f"{base}/pulled")
+        self.pairs.append((got, var))
+        return got
+
+    def compute_gradients(self, loss, var_list=None, **_):
+        """`[(gradient, variable)]` of `loss` for every variable pulled so far (an optimizer's signature, so that
+        `towers.build_tower_gradients` can take this object as its optimizer)."""
+        import tensorflow as tf
+
+        if var_list is not None:
+            raise ValueError("Pulls.compute_gradients takes every pulled variable")
+        grads = tf.gradients(loss, [t for t, _ in self.pairs])
+        return list(zip(grads, [v for _, v in self.pairs]))
+
+    def check_complete(self) -> None:
+        """Raises ValueError when a trainable variable did not go through `scope()` (it would get no gradient)."""
+        import tensorflow as tf
+
+        pulled = {id(v) for _, v in self.pairs}
+        missed = [v.op.name for v in tf.compat.v1.trainable_variables() if id(v) not in pulled]
+        if missed:
+            raise ValueError(f"--staged_vars/--transfer_dtype: trainable variables made outside the model's "
+                             f"get_variable calls: {', '.join(missed)}")
+
+    def push(self, grads_and_vars):
+        """The gradients as the ps receives them: cast to the transfer dtype on the worker, back on the ps."""
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        wire = tf.as_dtype(self.options.dtype)
+        if wire == tf.float32:
+            return list(grads_and_vars)
+        out = []
+        for grad, var in grads_and_vars:
+            if grad is None:
+                out.append((grad, var))
+                continue
+            base = var.op.name
+            with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
+                sent = tf.cast(grad, wire, name=f"{base}/push_{self.options.dtype}")
+            with v1.colocate_with(None, ignore_existing=True), v1.device(var.device):
+                out.append((tf.cast(sent, tf.float32, name=f"{base}/pushed_float32"), var))
+        return out
+
+    @property
+    def step_ops(self) -> list:
+        """What every step runs besides the train op: the puts of the next step's values (staged)."""
+        return list(self._puts)
+
+    def fill_op(self) -> Optional[Any]:
+        """Empties every staging area, then puts the current values: the first step's (None unless staged)."""
+        import tensorflow as tf
+
+        if not self._areas:
+            return None
+        fills = []
+        for area, sent in self._areas:
+            with tf.compat.v1.device(self._host):
+                with tf.control_dependencies([area.clear()]):
+                    fills.append(area.put([sent]))
+        return tf.group(*fills, name="psworker_staged_vars_fill")
+
+
+def register_fill(fill) -> None:
+    """Makes `fill` part of the scaffold's default local init op (run on every session creation, once the model is
+    ready on the ps, by the chief and the other workers alike)."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    key = v1.GraphKeys.LOCAL_INIT_OP
+    if v1.get_collection(key):
+        raise ValueError("a local init op is already registered; staged variables need their own")
+    with tf.control_dependencies([v1.train.Scaffold.default_local_init_op()]):
+        v1.add_to_collection(key, tf.group(fill, name="local_init_and_staged_fill"))
+
+
+__all__ = ["DTYPES", "TransferOptions", "options_of", "Pulls", "register_fill"]
