@@ -10,7 +10,7 @@ import sys
 from typing import Optional
 
 from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
-                                port_type, train_overrides)
+                                port_type, train_overrides, value_type)
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, load_spec, merge_train
 
@@ -33,7 +33,8 @@ def cmd_local(args: argparse.Namespace) -> int:
     from psworker.launcher.backends.local import LocalOptions
     from psworker.launcher.launch import launch
 
-    backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args), tensorboard_port=args.tensorboard)
+    backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args), tensorboard_port=args.tensorboard,
+                           ps_link_rate_bps=args.ps_link_rate)
     return launch(launch_config(args, _spec_with_train_flags(args), backend))
 
 
@@ -95,6 +96,11 @@ def local_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorboard", nargs="?", type=port_type(free_ok=True), const=0, default=None, metavar="PORT",
                    help="serve the run dir with TensorBoard on 127.0.0.1 while the run lasts and print its URL "
                         "(PORT default: a free one)")
+    from psworker.launcher.shaping import parse_rate
+    p.add_argument("--ps_link_rate", type=value_type(parse_rate, "rate"), default=None, metavar="RATE",
+                   help="rehearse a cluster whose ps hosts have this link: in the run's private network namespace "
+                        "each ps port is shaped to RATE per direction with tc, e.g. 100mbit, 1gbit, 10gbit "
+                        "(tc's units); the report gives the bytes each ps moved (docs/performance.md: picking RATE)")
 
 
 def run_flags(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,11 @@
 """`--ps_link_rate`: each ps task's port gets a link of its own on `lo`, like a full-duplex NIC per ps host.
 
 Inside a private network namespace, an HTB qdisc on `lo` gives every ps port two classes at RATE: traffic to the
-port (`match ip dport P`) and traffic from it (`match ip sport P`). Everything else goes to a fast default class.
+port (`match ip dport P`) and traffic from it (`match ip sport P`: the variables the workers pull). The gradients
+travel the other way on the *workers'* ports: TensorFlow's receiver pulls a tensor (RecvTensor), so a ps fetches
+each gradient from a worker's server. Traffic from the worker ports (`match ip sport W`) therefore goes to one
+pooled class at RATE x (number of ps), the ps links' inbound side taken together (ports alone cannot tell which
+ps pulled). Everything else goes to a fast default class.
 The pure part (parsing RATE as tc does, the tc argv lists, reading the class counters) is apart from the one
 function that runs tc, so benchmarks can shape their own namespaces the same way.
 """
@@ -14,13 +18,14 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
-__all__ = ["DEFAULT_CLASS", "FAST_RATE_BPS", "LinkShaping", "PortBytes", "class_bytes", "format_bytes",
+__all__ = ["DEFAULT_CLASS", "FAST_RATE_BPS", "LinkShaping", "PULLED_CLASS", "PortBytes", "class_bytes", "format_bytes",
            "format_rate", "install", "missing_tool", "parse_class_bytes", "parse_rate", "port_bytes",
-           "read_counters", "setup_argvs"]
+           "read_counters", "report_lines", "setup_argvs"]
 
 TC = "tc"
 HANDLE = "1:"
 DEFAULT_CLASS = "1:1"
+PULLED_CLASS = "1:2"                    # sport of any worker port: gradients the ps tasks pull, all ps together
 FAST_RATE_BPS = 100_000_000_000         # the unshaped default class: far above what loopback carries
 _FIRST_MINOR = 0x10                     # ps i: to-port class 1:(0x10+2i), from-port class 1:(0x11+2i)
 _MIN_BURST_BYTES = 2 * 65536            # above loopback's largest (GSO) packet, or HTB stalls on it
@@ -67,17 +72,21 @@ def format_bytes(n: int) -> str:
 
 @dataclass(frozen=True)
 class LinkShaping:
-    """Each port in `ports` (one per ps task, in index order) limited to `rate_bps` per direction on `dev`."""
+    """Each port in `ports` (one per ps task, in index order) limited to `rate_bps` per direction on `dev`; what
+    leaves `worker_ports` (the gradients the ps pull) to `rate_bps` x len(ports), pooled."""
 
     rate_bps: int
     ports: tuple[int, ...]
+    worker_ports: tuple[int, ...] = ()
     dev: str = "lo"
 
     def __post_init__(self) -> None:
         if self.rate_bps < MIN_RATE_BPS:
             raise ValueError(f"rate_bps must be at least {MIN_RATE_BPS}, got {self.rate_bps}")
-        if len(set(self.ports)) != len(self.ports) or not all(0 < p < 65536 for p in self.ports):
-            raise ValueError(f"ports must be distinct TCP ports, got {self.ports}")
+        every = self.ports + self.worker_ports
+        if not self.ports or len(set(every)) != len(every) or not all(0 < p < 65536 for p in every):
+            raise ValueError(f"ports must be distinct TCP ports, at least one ps; got ps {self.ports}, workers "
+                             f"{self.worker_ports}")
 
     def classes(self, index: int) -> tuple[str, str]:
         """The classids of ps `index`: (to its port, from its port)."""
@@ -87,8 +96,10 @@ class LinkShaping:
     def describe(self) -> str:
         """One line for the start banner."""
         ports = ", ".join(f"ps:{i} port {p}" for i, p in enumerate(self.ports))
+        pulled = (f"; gradients pulled from the workers' ports pooled at "
+                  f"{format_rate(self.rate_bps * len(self.ports))}" if self.worker_ports else "")
         return (f"each ps link shaped to {format_rate(self.rate_bps)} per direction on {self.dev} (tc htb: "
-                f"{ports}; other traffic unshaped)")
+                f"{ports}{pulled}; other traffic unshaped)")
 
 
 def _class_argv(dev: str, classid: str, bps: int) -> list[str]:
@@ -112,6 +123,9 @@ def setup_argvs(shaping: LinkShaping) -> list[list[str]]:
         to_port, from_port = shaping.classes(i)
         argvs += [_class_argv(dev, to_port, shaping.rate_bps), _class_argv(dev, from_port, shaping.rate_bps),
                   _filter_argv(dev, "dport", port, to_port), _filter_argv(dev, "sport", port, from_port)]
+    if shaping.worker_ports:
+        argvs.append(_class_argv(dev, PULLED_CLASS, shaping.rate_bps * len(shaping.ports)))
+        argvs += [_filter_argv(dev, "sport", port, PULLED_CLASS) for port in shaping.worker_ports]
     return argvs
 
 
@@ -132,15 +146,24 @@ class PortBytes:
 
 
 def port_bytes(shaping: LinkShaping, counters: Mapping[str, int]) -> list[PortBytes]:
-    """Per ps (index order), the bytes its two classes sent, from `parse_class_bytes`'s counters."""
-    return [PortBytes(*(counters.get(c, 0) for c in shaping.classes(i))) for i in range(len(shaping.ports))]
+    """Per ps (index order), the bytes its two classes sent, from `parse_class_bytes`'s counters. With one ps,
+    `to_ps` includes what it pulled from the workers' ports (the pooled class is all its own)."""
+    pulled = counters.get(PULLED_CLASS, 0) if len(shaping.ports) == 1 else 0
+    out = [PortBytes(*(counters.get(c, 0) for c in shaping.classes(i))) for i in range(len(shaping.ports))]
+    return [PortBytes(b.to_ps + pulled, b.from_ps) for b in out]
 
 
 def report_lines(shaping: LinkShaping, counters: Mapping[str, int]) -> list[str]:
-    """One line per ps for the final report: bytes each way through its shaped link."""
-    return [f"ps:{i} link ({format_rate(shaping.rate_bps)}): {format_bytes(b.to_ps)} to it, "
-            f"{format_bytes(b.from_ps)} from it"
-            for i, b in enumerate(port_bytes(shaping, counters))]
+    """The final report's lines: bytes each way through each ps link (and, with several ps, the gradients they
+    pulled from the workers, together)."""
+    rate = format_rate(shaping.rate_bps)
+    lines = [f"ps:{i} link ({rate} each way): {format_bytes(b.to_ps)} to it, {format_bytes(b.from_ps)} from it"
+             for i, b in enumerate(port_bytes(shaping, counters))]
+    if len(shaping.ports) > 1 and shaping.worker_ports:
+        lines.append(f"ps links ({len(shaping.ports)} x {rate} pooled): "
+                     f"{format_bytes(counters.get(PULLED_CLASS, 0))} of gradients pulled from the workers, "
+                     "in addition to the 'to it' above")
+    return lines
 
 
 # -- running tc (the only side effects) ----------------------------------------------------------------------------
@@ -150,7 +173,7 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 def missing_tool() -> Optional[str]:
     """None if `tc` is on PATH, else what is missing, in words."""
-    return None if shutil.which(TC) else "the 'tc' command (iproute2) is not on PATH"
+    return None if shutil.which(TC) else "the 'tc' command (iproute2) on PATH"
 
 
 def _tc(argv: Sequence[str], run: Runner) -> str:

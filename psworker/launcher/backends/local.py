@@ -13,7 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator, Mapping, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Optional, Sequence, TextIO
 
 import psutil
 
@@ -22,6 +22,9 @@ from psworker.launcher.backends.base import Backend, popen_task
 from psworker.launcher.ports import pick_free_ports
 from psworker.plan import Task
 from psworker.spec import Address, ClusterSpec, format_address, with_addresses
+
+if TYPE_CHECKING:
+    from psworker.launcher.shaping import LinkShaping
 
 __all__ = ["LOCAL_HOST", "LocalBackend", "LocalOptions", "NETWORK_MODES", "resolve_local_spec"]
 
@@ -42,10 +45,14 @@ class LocalOptions:
     reexec_argv: Optional[tuple[str, ...]] = None   # the psworker command line, to re-execute in a namespace;
                                                     # None: called in-process (never re-executed)
     tensorboard_port: Optional[int] = None       # serve the run dir on 127.0.0.1 (0: a free port); None: no
+    ps_link_rate_bps: Optional[int] = None       # shape each ps port's link to this, per direction (shaping.py)
 
     def __post_init__(self) -> None:
         if self.network not in NETWORK_MODES:
             raise ValueError(f"network must be one of {', '.join(NETWORK_MODES)}, got {self.network!r}")
+        if self.ps_link_rate_bps is not None and self.network == "host":
+            raise UsageError("--ps_link_rate shapes the links inside the run's private network namespace; it "
+                             "cannot be used with --network host")
 
 
 def resolve_local_spec(spec: ClusterSpec, train_dir: str | os.PathLike) -> ClusterSpec:
@@ -76,11 +83,30 @@ def resolve_local_spec(spec: ClusterSpec, train_dir: str | os.PathLike) -> Clust
     return dataclasses.replace(resolved, train=dataclasses.replace(spec.train, train_dir=str(train_dir)))
 
 
-def isolate_network(mode: str, argv: Optional[Sequence[str]]) -> None:
+def _check_shaping_possible(argv: Optional[Sequence[str]]) -> None:
+    """`--ps_link_rate` needs tc and a private network namespace (where this process is root): refuses (exit 2)
+    naming what is missing."""
+    from psworker.launcher import netns, shaping
+
+    missing = shaping.missing_tool()
+    if missing is None and not (netns.inside() and netns.interfaces() == ["lo"]):
+        if argv is None:
+            missing = "a private network namespace (psworker.cli.main called in-process cannot re-execute in one)"
+        elif not netns.available():
+            missing = ("a private network namespace (needs Linux, util-linux 'unshare' and unprivileged user "
+                       "namespaces)")
+    if missing is not None:
+        raise UsageError(f"--ps_link_rate: cannot shape the ps links here: missing {missing}")
+
+
+def isolate_network(mode: str, argv: Optional[Sequence[str]], shaped: bool = False) -> None:
     """`--network`: runs the local cluster in a private network namespace (loopback only) where possible, by
-    re-executing `psworker ARGV` there (this process is replaced); else warns, or refuses under `isolated`."""
+    re-executing `psworker ARGV` there (this process is replaced); else warns, or refuses under `isolated` or
+    when `shaped` (`--ps_link_rate`, which needs the namespace and tc)."""
     from psworker.launcher import netns
 
+    if shaped:
+        _check_shaping_possible(argv)
     if netns.inside() and netns.interfaces() == ["lo"]:
         netns.bring_up_loopback()
         logger.info("network: private namespace, interfaces %s: the cluster's ports are unreachable from outside",
@@ -153,6 +179,7 @@ class LocalBackend(Backend):
         super().__init__(options, python=python)
         self._popen = popen
         self._strays: list[psutil.Process] = []    # what the tasks had started when the teardown began
+        self._shaping: Optional["LinkShaping"] = None   # `--ps_link_rate`, once installed
 
     def place(self, spec: ClusterSpec, run_dir: Path) -> ClusterSpec:
         return resolve_local_spec(spec, run_dir)
@@ -173,15 +200,45 @@ class LocalBackend(Backend):
         try:
             argv = opts.reexec_argv   # the re-executed launcher takes the run dir chosen here
             isolate_network(opts.network, None if argv is None else [*argv[:1], "--train_dir", str(run_dir),
-                                                                      *argv[1:]])
+                                                                      *argv[1:]], opts.ps_link_rate_bps is not None)
             yield
         finally:
             if pid is not None:
                 tensorboard.stop_pid(int(pid))
+            self._report_link_bytes(console)
+
+    def prepare(self, spec: ClusterSpec, text: str) -> None:
+        """`--ps_link_rate`: a shaped link per ps port on `lo` (we are root in the run's own namespace here)."""
+        from psworker.launcher import shaping
+
+        if self.options.ps_link_rate_bps is None:
+            return
+        link = shaping.LinkShaping(self.options.ps_link_rate_bps, tuple(a.port for a in spec.addresses("ps")),
+                                   tuple(a.port for job in spec.jobs() if job != "ps" for a in spec.addresses(job)))
+        try:
+            shaping.install(link)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+            raise UsageError(f"--ps_link_rate: cannot shape the ps links: {e}") from None
+        self._shaping = link
+
+    def _report_link_bytes(self, console: TextIO) -> None:
+        """The bytes each ps link carried, from the tc class counters (after the run's report)."""
+        from psworker.launcher import shaping
+
+        if self._shaping is None:
+            return
+        try:
+            counters = shaping.read_counters(self._shaping.dev)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+            logger.warning("--ps_link_rate: could not read the tc counters: %s", e)
+            return
+        for line in shaping.report_lines(self._shaping, counters):
+            print(f"psworker: {line}", file=console, flush=True)
 
     def banner(self, tasks: Sequence[Task], log_dir: Path) -> str:
         where = ", ".join(f"{t.name}={t.address}" for t in tasks)
-        return f"starting {len(tasks)} tasks on {LOCAL_HOST} ({where}); logs in {log_dir}"
+        shaped = f"; {self._shaping.describe()}" if self._shaping is not None else ""
+        return f"starting {len(tasks)} tasks on {LOCAL_HOST} ({where}){shaped}; logs in {log_dir}"
 
     def start(self, task: Task, env: Mapping[str, str]) -> subprocess.Popen:
         return popen_task(self._popen, task.argv, env)
