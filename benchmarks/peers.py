@@ -19,8 +19,19 @@ issue #9 ("psworker ema@worker"), and without moving averages (`Cifar10Model.mov
     python benchmarks/peers.py                               # everything, defaults
     python benchmarks/peers.py --models mlp --shapes 0,1 --steps 300 --repeat 1   # a smoke test
 
+Shapes are worker counts (1 ps each; 0: in-process) or PSxW (`2x2`: 2 ps + 2 workers; PSS then gets a
+MinSizePartitioner). `--ps_link_rate 100mbit,1gbit` runs every shape once per rate, each ps port shaped per
+direction on both sides (`psworker local --ps_link_rate`; pss_peer.py --ps_link_rate, the same tc classes in its own
+namespace); `none` in the list is unshaped. Besides examples/s it reports CPU-seconds per 1,000 examples: the user +
+system time of every process of the run (launcher or coordinator, ps, workers: all reaped, so
+getrusage(RUSAGE_CHILDREN) holds them), start-up included, over every example the run trained (warm-up included).
+
+    python benchmarks/peers.py --models cnn --variants psworker,pss --shapes 1x1,1x2,2x2 \
+        --ps_link_rate 100mbit,1gbit --steps 120 --repeat 3                           # issue 19's table
+
 Runs are interleaved (each repeat runs every variant once), and the median over --repeat is reported. Prints a
-table (examples/s; each side vs its own in-process; psworker vs pss) and last a JSON line with every number.
+table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
+with every number.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import datetime
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -81,6 +93,7 @@ def _last_json(stdout: str, what: str) -> dict:
 def _run(argv: list[str], env: dict, timeout: float, what: str, cwd: Optional[Path] = None
          ) -> subprocess.CompletedProcess:
     """Runs `argv` in its own session; on timeout: SIGTERM, STOP_GRACE_S, then SIGKILL to its whole group."""
+    before = _children_cpu()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -94,9 +107,41 @@ def _run(argv: list[str], env: dict, timeout: float, what: str, cwd: Optional[Pa
             proc.communicate(timeout=STOP_GRACE_S)
         raise RuntimeError(f"{what}: no result within {timeout:.0f} s (--timeout); it was stopped") from None
     done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    done.cpu_s = _children_cpu() - before   # the whole tree: every process of the run was reaped by its parent
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed with exit code {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
     return done
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def parse_shape(token: str) -> tuple[int, int]:
+    """`0` (in-process), `2` (1 ps + 2 workers) or `2x4` (2 ps + 4 workers) -> (ps, workers)."""
+    ps, _, workers = token.strip().rpartition("x")
+    shape = (int(ps) if ps else (1 if int(workers) else 0), int(workers))
+    if shape[1] < 0 or (shape[1] and shape[0] < 1):
+        raise ValueError(f"bad shape {token!r}")
+    return shape
+
+
+def shape_name(shape: tuple[int, int]) -> str:
+    return "in-process" if shape[1] == 0 else f"{shape[0]}ps+{shape[1]}w"
+
+
+LINK_LINE = re.compile(r"^psworker: ps:(\d+) link \(\S+ each way\): ([0-9.]+) (MB|kB) to it, ([0-9.]+) (MB|kB) from it",
+                       re.MULTILINE)
+POOLED_LINE = re.compile(r"^psworker: ps links \(.*pooled\): ([0-9.]+) (MB|kB) of gradients", re.MULTILINE)
+
+
+def link_bytes(stdout: str) -> dict:
+    """The bytes each shaped ps link carried, from `psworker local --ps_link_rate`'s report."""
+    scale = {"MB": 1e6, "kB": 1e3}
+    links = [[float(m[2]) * scale[m[3]], float(m[4]) * scale[m[5]]] for m in LINK_LINE.finditer(stdout)]
+    pooled = POOLED_LINE.search(stdout)
+    return {"link_bytes": links, "pulled_bytes": float(pooled[1]) * scale[pooled[2]] if pooled else 0} if links else {}
 
 
 # --------------------------------------------------------------------------------------------- psworker side
@@ -119,11 +164,13 @@ def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, 
 
 
 def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, site_dir: Path, tag: str,
-                 mode: str = "async", env: Optional[dict] = None) -> dict:
+                 mode: str = "async", env: Optional[dict] = None, num_ps: int = 1, rate: Optional[str] = None
+                 ) -> dict:
     """One run; `examples_per_sec` counts one batch per global step (sync: times the workers aggregated).
-    `env` replaces the environment `ema` selects (benchmarks/compare.py runs other checkouts)."""
+    `env` replaces the environment `ema` selects (benchmarks/compare.py runs other checkouts); `rate`: each ps
+    link shaped (`--ps_link_rate`)."""
     env = _env(ema, site_dir) if env is None else env
-    what = f"psworker {model} {workers}w ema={ema} {mode}"
+    what = f"psworker {model} {num_ps}ps+{workers}w ema={ema} {mode}{f' at {rate}' if rate else ''}"
     if workers == 0:
         steps = args.steps * args.inprocess_factor
         done = _run([sys.executable, str(Path(__file__).resolve()), "_psworker_in_process", "--model", model,
@@ -132,21 +179,22 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
         result = _last_json(done.stdout, what)
         if model == "cnn" and result["ema"] == (ema == "off"):
             raise RuntimeError(f"{what}: the moving-average switch did not take effect")
-        return {"examples_per_sec": result["examples_per_sec"]}
+        return {"examples_per_sec": result["examples_per_sec"],
+                "cpu_s_per_1000": 1000 * done.cpu_s / (steps * args.batch_size)}
     import yaml
 
     steps = args.steps if model == "cnn" else args.steps * args.mlp_factor
     log_every = max(1, steps // (args.intervals * workers))   # lines count each worker's local steps
     spec = workdir / f"{tag}.yaml"
     spec.write_text(yaml.safe_dump({
-        "cluster": {"ps": ["localhost:auto"], "worker": ["localhost:auto"] * workers},
+        "cluster": {"ps": ["localhost:auto"] * num_ps, "worker": ["localhost:auto"] * workers},
         "train": {"model": PSWORKER_MODEL[model], "mode": mode, "max_steps": steps,
                   "batch_size": args.batch_size, "learning_rate": args.learning_rate, "log_every_steps": log_every,
                   "data_dir": args.data_dir if model == "cnn" else None},
     }, sort_keys=False))
     started = time.monotonic()
-    done = _run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag)],
-                env, args.timeout, what, cwd=workdir)
+    done = _run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag)]
+                + (["--ps_link_rate", rate] if rate else []), env, args.timeout, what, cwd=workdir)
     per_worker: dict[str, list[float]] = {}
     for worker, rate in RATE_LINE.findall(done.stdout):
         per_worker.setdefault(worker, []).append(float(rate))
@@ -154,7 +202,8 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
     warmup = warmup_steps(steps)
     return {"examples_per_sec": steady_rate(workdir / tag, workers, warmup, what) * args.batch_size,
             "from_first_step": global_rate(workdir / tag / "logs", workers, what) * args.batch_size,
-            "progress_lines_sum": sum(steady.values()), "wall_s": time.monotonic() - started}
+            "progress_lines_sum": sum(steady.values()), "wall_s": time.monotonic() - started,
+            "cpu_s_per_1000": 1000 * done.cpu_s / (steps * args.batch_size), **link_bytes(done.stdout)}
 
 
 def warmup_steps(steps: int) -> int:
@@ -211,22 +260,26 @@ def global_rate(log_dir: Path, workers: int, what: str) -> float:
 
 # --------------------------------------------------------------------------------------------- pss side
 
-def pss_run(model: str, workers: int, *, ema: bool, args) -> dict:
-    what = f"pss {model} {workers}w{' +ema' if ema else ''}"
+def pss_run(model: str, workers: int, *, ema: bool, args, num_ps: int = 1, rate: Optional[str] = None) -> dict:
+    what = f"pss {model} {num_ps}ps+{workers}w{' +ema' if ema else ''}{f' at {rate}' if rate else ''}"
     steps = args.steps if model == "cnn" else args.steps * args.mlp_factor
     if workers == 0:
         steps *= args.inprocess_factor
-    argv = [sys.executable, str(HERE / "pss_peer.py"), "--model", model, "--workers", str(workers),
-            "--steps", str(steps), "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
-            "--warmup", str(warmup_steps(steps)), "--data_dir", args.data_dir] + (["--ema"] if ema else [])
+    argv = [sys.executable, str(HERE / "pss_peer.py"), "--model", model, "--workers", str(workers), "--ps",
+            str(num_ps), "--steps", str(steps), "--batch_size", str(args.batch_size), "--learning_rate",
+            str(args.learning_rate), "--warmup", str(warmup_steps(steps)), "--data_dir", args.data_dir]
+    argv += (["--ema"] if ema else []) + (["--ps_link_rate", rate] if rate else [])
     done = _run(argv, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), args.timeout, what)
-    return {"examples_per_sec": _last_json(done.stdout, what)["examples_per_sec"]}
+    result = _last_json(done.stdout, what)
+    examples = (steps + warmup_steps(steps)) * args.batch_size
+    return {"examples_per_sec": result["examples_per_sec"], "cpu_s_per_1000": 1000 * done.cpu_s / examples,
+            **{k: result[k] for k in ("link_bytes", "pulled_bytes") if k in result}}
 
 
 # --------------------------------------------------------------------------------------------- table
 
-def variants(models: list[str], pss_ema: bool) -> list[tuple[str, str, dict]]:
-    """(model, variant name, options) in table order."""
+def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None) -> list[tuple[str, str, dict]]:
+    """(model, variant name, options) in table order; `only`: just these names."""
     out = []
     for m in models:
         out.append((m, "psworker", {"side": "psworker", "ema": "shipped"}))
@@ -236,41 +289,116 @@ def variants(models: list[str], pss_ema: bool) -> list[tuple[str, str, dict]]:
         out.append((m, "pss", {"side": "pss", "ema": False}))
         if m == "cnn" and pss_ema:
             out.append((m, "pss +ema", {"side": "pss", "ema": True}))
-    return out
+    return [v for v in out if only is None or v[1] in only]
 
 
-def print_table(results: dict, models: list[str], shapes: list[int], args) -> dict:
-    shape_name = {0: "in-process", 1: "1ps+1w", 2: "1ps+2w"}
+def _ratio_rows(model: str, args) -> list[tuple[str, str]]:
+    pairs = [("psworker", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"),
+                                      ("psworker", "psworker ema@worker")] if model == "cnn" else [])
+    if model == "cnn" and args.pss_ema:
+        pairs += [("psworker", "pss +ema"), ("psworker ema@worker", "pss +ema")]
+    names = [name for m, name, _ in variants([model], args.pss_ema, args.variants)]
+    return [(a, b) for a, b in pairs if a in names and b in names]
+
+
+def print_table(results: dict, cpu: dict, models: list[str], columns: list[tuple], args) -> dict:
+    """`columns`: (rate or None, shape); cells: examples/s (x own in-process, where it ran at that rate)."""
+    label = {c: (f"{c[0]} " if c[0] else "") + shape_name(c[1]) for c in columns}
     ratios: dict = {}
     print(f"\npsworker vs TF2 ParameterServerStrategy: batch {args.batch_size} per worker, async, "
-          f"{os.cpu_count()} CPUs, median of {args.repeat}; examples/s (x own in-process)")
+          f"{os.cpu_count()} CPUs, median of {args.repeat}; examples/s (x own in-process); rate: each ps link, "
+          "each way")
     print("NOTE: all processes share this machine's CPUs; absolute numbers are noisy, compare ratios.")
-    head = f"{'model':<5} {'side':<26}" + "".join(f"{shape_name[s]:>20}" for s in shapes)
-    print(head)
-    for model, name, _ in variants(models, args.pss_ema):
-        row = results[model][name]
-        base = row.get(0)
-        cells = []
-        for s in shapes:
-            v = row[s]
-            cells.append(f"{v:.0f}" + (f" ({v / base:.2f}x)" if base and s else ""))
-            if base and s and v == v:
-                ratios[f"{model}/{name}/{shape_name[s]}/vs_in_process"] = v / base
-        print(f"{model:<5} {name:<26}" + "".join(f"{c:>20}" for c in cells))
+    print(f"{'model':<5} {'side':<26}" + "".join(f"{label[c]:>22}" for c in columns))
+    for model, name, _ in variants(models, args.pss_ema, args.variants):
+        row, cells = results[model][name], []
+        for c in columns:
+            v, base = row[c], row.get((c[0], (0, 0)))
+            cells.append(f"{v:.0f}" + (f" ({v / base:.2f}x)" if base and c[1][1] else ""))
+            if base and c[1][1] and v == v:
+                ratios[f"{model}/{name}/{label[c]}/vs_in_process"] = v / base
+        print(f"{model:<5} {name:<26}" + "".join(f"{x:>22}" for x in cells))
     for model in models:
-        pairs = [("psworker", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"),
-                                          ("psworker", "psworker ema@worker")]
-                                          if model == "cnn" else [])
-        if model == "cnn" and args.pss_ema:
-            pairs += [("psworker", "pss +ema"), ("psworker ema@worker", "pss +ema")]
-        for a, b in pairs:
+        for a, b in _ratio_rows(model, args):
             cells = []
-            for s in shapes:
-                r = results[model][a][s] / results[model][b][s]
-                ratios[f"{model}/{a} over {b}/{shape_name[s]}"] = r
+            for c in columns:
+                r = results[model][a][c] / results[model][b][c]
+                ratios[f"{model}/{a} over {b}/{label[c]}"] = r
                 cells.append(f"{r:.2f}x")
-            print(f"{model:<5} {(a + ' / ' + b):<26}" + "".join(f"{c:>20}" for c in cells))
+            print(f"{model:<5} {(a + ' / ' + b):<26}" + "".join(f"{x:>22}" for x in cells))
+    print("CPU-seconds per 1,000 examples, every process of the run (start-up included):")
+    for model, name, _ in variants(models, args.pss_ema, args.variants):
+        print(f"{model:<5} {name:<26}" + "".join(f"{cpu[model][name][c]:>22.1f}" for c in columns))
     return ratios
+
+
+def run_one(model: str, column: tuple, name: str, opt: dict, args, workdir: Path, site_dir: Path, tag: str
+            ) -> dict:
+    rate, (num_ps, workers) = column
+    if opt["side"] == "psworker":
+        return psworker_run(model, workers, ema=opt["ema"], args=args, workdir=workdir, site_dir=site_dir, tag=tag,
+                            num_ps=num_ps, rate=rate)
+    return pss_run(model, workers, ema=opt["ema"], args=args, num_ps=num_ps, rate=rate)
+
+
+def measure(models: list[str], columns: list[tuple], args, workdir: Path, site_dir: Path
+            ) -> tuple[dict, list[str]]:
+    """Every (model, column, variant) --repeat times, interleaved: samples[model][variant][column] = [results]."""
+    samples: dict = {m: {name: {c: [] for c in columns} for mm, name, _ in variants(models, args.pss_ema,
+                                                                                   args.variants) if mm == m}
+                     for m in models}
+    n, errors = 0, []
+    for r in range(args.repeat):
+        for model in models:
+            for column in columns:
+                for mm, name, opt in variants([model], args.pss_ema, args.variants):
+                    n += 1
+                    tag = f"r{r}-{model}-{column[0] or 'free'}-{shape_name(column[1])}-{name.replace(' ', '')}-{n}"
+                    try:
+                        out = run_one(model, column, name, opt, args, workdir, site_dir, tag)
+                    except RuntimeError as exc:   # one failed run must not lose the others' numbers
+                        errors.append(f"{tag}: {exc}")
+                        print(f"[{time.strftime('%H:%M:%S')}] FAILED {tag}: {str(exc)[:2000]}", flush=True)
+                        continue
+                    samples[model][name][column].append(out)
+                    links = " ".join(f"{a / 1e6:.0f}/{b / 1e6:.0f}" for a, b in out.get("link_bytes", []))
+                    print(f"[{time.strftime('%H:%M:%S')}] {model} {name} {column[0] or ''} {shape_name(column[1])}: "
+                          f"{out['examples_per_sec']:.0f} examples/s, {out['cpu_s_per_1000']:.1f} CPU-s/1000"
+                          + (f", MB to/from each ps {links} + pulled {out['pulled_bytes'] / 1e6:.0f}"
+                             if links else ""), flush=True)
+    return samples, errors
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp")
+    p.add_argument("--shapes", default="0,1,2",
+                   help="comma-separated: workers with 1 ps (0 = in-process), or PSxW, e.g. 0,1x1,2x2")
+    p.add_argument("--variants", default=None, help="only these sides, comma-separated (e.g. psworker,pss)")
+    p.add_argument("--ps_link_rate", default="none",
+                   help="comma-separated rates per ps link and direction (tc units, none: unshaped), e.g. "
+                        "100mbit,1gbit; every shape runs at each")
+    p.add_argument("--steps", type=int, default=200, help="CNN global steps per cluster run")
+    p.add_argument("--mlp_factor", type=int, default=10, help="MLP runs --steps times this")
+    p.add_argument("--inprocess_factor", type=int, default=1, help="in-process runs this many times more steps")
+    p.add_argument("--intervals", type=int, default=5, help="psworker progress lines per worker and run")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--learning_rate", type=float, default=0.1)
+    p.add_argument("--repeat", type=int, default=1, help="runs of every variant (interleaved); median reported")
+    p.add_argument("--pss_ema", action="store_true", help="also run the PSS CNN with moving averages")
+    p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    args = p.parse_args(argv)
+    args.models_list = [m for m in args.models.split(",") if m]
+    try:
+        args.shapes_list = [parse_shape(t) for t in args.shapes.split(",") if t]
+    except ValueError:
+        p.error(f"--shapes: {args.shapes!r}: worker counts or PSxW, e.g. 0,1,2x2")
+    args.rates = [None if r == "none" else r for r in args.ps_link_rate.split(",") if r]
+    args.variants = None if args.variants is None else [v.strip() for v in args.variants.split(",")]
+    if set(args.models_list) - {"cnn", "mlp"}:
+        p.error("--models takes cnn,mlp")
+    return args
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -285,25 +413,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         a = p.parse_args(argv[1:])
         psworker_in_process(a.model, a.steps, a.batch_size, a.data_dir, a.learning_rate)
         return 0
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp")
-    p.add_argument("--shapes", default="0,1,2", help="workers per cluster, comma-separated; 0 = in-process")
-    p.add_argument("--steps", type=int, default=200, help="CNN global steps per cluster run")
-    p.add_argument("--mlp_factor", type=int, default=10, help="MLP runs --steps times this")
-    p.add_argument("--inprocess_factor", type=int, default=1, help="in-process runs this many times more steps")
-    p.add_argument("--intervals", type=int, default=5, help="psworker progress lines per worker and run")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--learning_rate", type=float, default=0.1)
-    p.add_argument("--repeat", type=int, default=1, help="runs of every variant (interleaved); median reported")
-    p.add_argument("--pss_ema", action="store_true", help="also run the PSS CNN with moving averages")
-    p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
-    args = p.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
-    shapes = [int(s) for s in args.shapes.split(",") if s]
-    if set(models) - {"cnn", "mlp"} or set(shapes) - {0, 1, 2}:
-        p.error("--models takes cnn,mlp; --shapes takes 0,1,2")
-
+    args = _parse_args(argv)
+    models = args.models_list
+    columns = [(rate, shape) for rate in args.rates for shape in args.shapes_list]
     with tempfile.TemporaryDirectory(prefix="psworker-peers-") as tmp:
         workdir = Path(tmp)
         site_dir = workdir / "site"
@@ -314,39 +426,23 @@ def main(argv: Optional[list[str]] = None) -> int:
             _run([sys.executable, "-m", "psworker", "data", "cifar10-synthetic", "--data_dir", args.data_dir],
                  _env("shipped", site_dir), 300, "writing synthetic CIFAR-10")
         args.data_dir = os.path.abspath(args.data_dir)
-        samples: dict = {m: {name: {s: [] for s in shapes} for mm, name, _ in variants(models, args.pss_ema)
-                             if mm == m} for m in models}
-        n = 0
-        errors: list[str] = []
-        for r in range(args.repeat):
-            for model in models:
-                for s in shapes:
-                    for mm, name, opt in variants(models, args.pss_ema):
-                        if mm != model:
-                            continue
-                        n += 1
-                        tag = f"r{r}-{model}-{s}-{name.replace(' ', '')}-{n}"
-                        try:
-                            if opt["side"] == "psworker":
-                                out = psworker_run(model, s, ema=opt["ema"], args=args, workdir=workdir,
-                                                   site_dir=site_dir, tag=tag)
-                            else:
-                                out = pss_run(model, s, ema=opt["ema"], args=args)
-                        except RuntimeError as exc:   # one failed run must not lose the others' numbers
-                            errors.append(f"{tag}: {exc}")
-                            print(f"[{time.strftime('%H:%M:%S')}] FAILED {tag}: {str(exc)[:2000]}", flush=True)
-                            continue
-                        samples[model][name][s].append(out["examples_per_sec"])
-                        print(f"[{time.strftime('%H:%M:%S')}] {model} {name} {s}w: "
-                              f"{out['examples_per_sec']:.0f} examples/s"
-                              + (f" (from the first step: {out['from_first_step']:.0f})"
-                                 if "from_first_step" in out else ""), flush=True)
+        samples, errors = measure(models, columns, args, workdir, site_dir)
     nan = float("nan")
-    results = {m: {name: {s: statistics.median(v) if v else nan for s, v in row.items()}
-                   for name, row in rows.items()} for m, rows in samples.items()}
-    ratios = print_table(results, models, shapes, args)
+
+    def med(key: str) -> dict:
+        return {m: {name: {c: statistics.median([o[key] for o in v]) if v else nan for c, v in row.items()}
+                    for name, row in rows.items()} for m, rows in samples.items()}
+
+    results, cpu = med("examples_per_sec"), med("cpu_s_per_1000")
+    ratios = print_table(results, cpu, models, columns, args)
+    key = {c: f"{c[0] or 'unshaped'} {shape_name(c[1])}" for c in columns}
+    flat = {m: {name: {key[c]: v for c, v in row.items()} for name, row in rows.items()} for m, rows in samples.items()}
     print(json.dumps({"batch_size": args.batch_size, "steps": args.steps, "mlp_factor": args.mlp_factor,
-                      "repeat": args.repeat, "cpus": os.cpu_count(), "samples": samples, "median": results,
+                      "repeat": args.repeat, "cpus": os.cpu_count(), "samples": flat,
+                      "median": {m: {n: {key[c]: v for c, v in r.items()} for n, r in rows.items()}
+                                 for m, rows in results.items()},
+                      "cpu_s_per_1000": {m: {n: {key[c]: v for c, v in r.items()} for n, r in rows.items()}
+                                         for m, rows in cpu.items()},
                       "ratios": ratios, "errors": errors}, sort_keys=True))
     return 1 if errors else 0
 

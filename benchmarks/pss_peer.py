@@ -17,6 +17,13 @@ The models are psworker's, rebuilt with `tf.Variable` + `tf.nn` (no Keras):
     python benchmarks/pss_peer.py --model cnn --workers 1 --steps 200 --data_dir D   # 1 ps + 1 worker
     python benchmarks/pss_peer.py --model mlp --workers 0 --steps 2000                 # in-process baseline
 
+    python benchmarks/pss_peer.py --model cnn --ps 2 --workers 2 --ps_link_rate 100mbit --data_dir D
+
+--ps N > 1 gives the strategy a `MinSizePartitioner` (256 KiB shards, at most N), its best. --ps_link_rate RATE
+runs the whole peer in a private network namespace (`unshare --net --map-root-user`) with each ps port shaped as
+`psworker local --ps_link_rate` shapes it (psworker/launcher/shaping.py: the one import from psworker); the JSON
+then has the bytes each ps link carried.
+
 Prints one line, and last a JSON line: {"examples_per_sec": ..., "steps_per_sec": ..., ...}.
 """
 
@@ -75,9 +82,17 @@ def wait_listening(port: int, timeout_s: float) -> None:
     raise TimeoutError(f"no server listening on 127.0.0.1:{port} after {timeout_s:.0f} s")
 
 
-def start_servers(num_ps: int, num_workers: int) -> tuple[dict, list[subprocess.Popen]]:
-    """Starts the ps and worker servers as subprocesses; returns the cluster dict and the processes."""
+def start_servers(num_ps: int, num_workers: int, link_rate_bps: Optional[int] = None
+                  ) -> tuple[dict, list[subprocess.Popen], object]:
+    """Starts the ps and worker servers as subprocesses; returns the cluster dict, the processes and the link
+    shaping installed on their ports (None: unshaped)."""
     ports = free_ports(num_ps + num_workers)
+    link = None
+    if link_rate_bps is not None:
+        from psworker.launcher import shaping
+
+        link = shaping.LinkShaping(link_rate_bps, tuple(ports[:num_ps]), tuple(ports[num_ps:]))
+        shaping.install(link)
     cluster = {"ps": [f"localhost:{p}" for p in ports[:num_ps]],
                "worker": [f"localhost:{p}" for p in ports[num_ps:]]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
@@ -93,7 +108,7 @@ def start_servers(num_ps: int, num_workers: int) -> tuple[dict, list[subprocess.
     except BaseException:
         stop_servers(procs)
         raise
-    return cluster, procs
+    return cluster, procs, link
 
 
 def stop_servers(procs: list[subprocess.Popen]) -> None:
@@ -231,12 +246,11 @@ class Net:
         """One SGD step: gradients on the worker, `v -= lr * g` on the variable's ps, step += 1, then the EMAs."""
         import tensorflow as tf
 
-        names = list(self.params)
+        shards = [s for v in self.params.values() for s in getattr(v, "variables", [v])]   # ShardedVariable
         with tf.GradientTape() as tape:
             loss = self.loss(images, labels)
-        grads = tape.gradient(loss, [self.params[n] for n in names])
-        for n, g in zip(names, grads):
-            v = self.params[n]
+        grads = tape.gradient(loss, shards)
+        for v, g in zip(shards, grads):
             with tf.device(v.device):
                 v.assign_sub(learning_rate * g)
         step = self.global_step.assign_add(1)
@@ -282,15 +296,18 @@ def run_in_process(args) -> float:
     return time.perf_counter() - started
 
 
-def run_cluster(args) -> float:
-    """Seconds for `args.steps` steps scheduled by a ClusterCoordinator on 1 ps + `args.workers` workers."""
+def run_cluster(args) -> tuple[float, dict]:
+    """Seconds for `args.steps` steps scheduled by a ClusterCoordinator on `args.ps` ps + `args.workers` workers,
+    and what else the JSON line reports (the bytes each shaped ps link carried)."""
     import tensorflow as tf
 
-    cluster, procs = start_servers(1, args.workers)
+    cluster, procs, link = start_servers(args.ps, args.workers, args.ps_link_rate)
     try:
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(cluster), rpc_layer="grpc")
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        partitioner = (tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=256 << 10, max_shards=args.ps) if args.ps > 1 else None)
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         with strategy.scope():
             net = Net(args.model, args.ema)
@@ -313,9 +330,35 @@ def run_cluster(args) -> float:
         for _ in range(args.steps):
             coordinator.schedule(step, args=(it,))
         coordinator.join()
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        return seconds, _link_bytes(link)
     finally:
         stop_servers(procs)
+
+
+def _link_bytes(link) -> dict:
+    """{"link_bytes": [[to ps i, from ps i], ...], "pulled_bytes": gradients pulled from the workers} or {}."""
+    if link is None:
+        return {}
+    from psworker.launcher import shaping
+
+    counters = shaping.read_counters(link.dev)
+    return {"link_bytes": [[b.to_ps, b.from_ps] for b in shaping.port_bytes(link, counters)],
+            "pulled_bytes": counters.get(shaping.PULLED_CLASS, 0)}
+
+
+def isolate(argv: list[str]) -> None:
+    """--ps_link_rate: re-executes this script in a private network namespace (once), and sets `lo` up there."""
+    from psworker.launcher import netns, shaping
+
+    if not netns.inside():
+        missing = shaping.missing_tool() or (None if netns.available() else "a private network namespace")
+        if missing:
+            raise SystemExit(f"pss_peer.py --ps_link_rate: missing {missing}")
+        env = dict(os.environ, **{netns.ENV_MARK: "1"})
+        sys.stdout.flush()
+        os.execvpe(netns.UNSHARE[0], [*netns.UNSHARE, "--", sys.executable, os.path.abspath(__file__), *argv], env)
+    netns.bring_up_loopback()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -332,6 +375,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("cnn", "mlp"), default="mlp")
     p.add_argument("--workers", type=int, default=1, help="0: in-process baseline, no servers")
+    p.add_argument("--ps", type=int, default=1, help="ps tasks (> 1: a MinSizePartitioner shards the variables)")
+    p.add_argument("--ps_link_rate", default=None, metavar="RATE",
+                   help="shape each ps port to RATE per direction (tc units: 100mbit, 1gbit) in a private namespace")
     p.add_argument("--steps", type=int, default=200, help="timed steps (global steps in a cluster)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--batch_size", type=int, default=64, help="per step (per worker)")
@@ -339,14 +385,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--ema", action="store_true", help="also update moving averages of the weights on the ps")
     p.add_argument("--data_dir", help="CIFAR-10 records (cnn)")
     args = p.parse_args(argv)
+    if args.ps_link_rate is not None:
+        from psworker.launcher.shaping import parse_rate
+
+        try:
+            args.ps_link_rate = parse_rate(args.ps_link_rate)
+        except ValueError as e:
+            p.error(f"argument --ps_link_rate: {e}")
+        isolate(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # SIGTERM (a caller's timeout) unwinds through run_cluster's `finally`, which stops the server processes.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    seconds = run_cluster(args) if args.workers else run_in_process(args)
-    result = {"side": "pss", "model": args.model, "workers": args.workers, "ema": args.ema, "steps": args.steps,
-              "batch_size": args.batch_size, "seconds": seconds, "steps_per_sec": args.steps / seconds,
-              "examples_per_sec": args.steps * args.batch_size / seconds}
-    shape = f"1 ps + {args.workers} worker(s)" if args.workers else "in-process"
+    seconds, extra = run_cluster(args) if args.workers else (run_in_process(args), {})
+    result = {"side": "pss", "model": args.model, "ps": args.ps, "workers": args.workers, "ema": args.ema,
+              "steps": args.steps, "warmup": args.warmup, "batch_size": args.batch_size, "seconds": seconds,
+              "steps_per_sec": args.steps / seconds, "examples_per_sec": args.steps * args.batch_size / seconds,
+              **extra}
+    shape = f"{args.ps} ps + {args.workers} worker(s)" if args.workers else "in-process"
     print(f"pss {args.model} {shape}: {result['examples_per_sec']:.1f} examples/s "
           f"({result['steps_per_sec']:.1f} steps/s)")
     print(json.dumps(result, sort_keys=True), flush=True)
