@@ -116,6 +116,15 @@ class AlreadyComplete(PsworkerError):
         self.global_step = global_step
 
 
+class LeftJob(PsworkerError):
+    """An elastic job's worker left it on a signal: scaled away (SIGUSR2, exits 0) or preempted (SIGTERM, exits
+    `EXIT_PREEMPTED`). Not a failure of the job."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class StoppedEarly(PsworkerError):
     """The training loop ended before the global step reached `--max_steps` (the chief closed the sync queue)."""
 
@@ -173,7 +182,7 @@ class ExportExistsError(PsworkerError):
         self.path = path
 
 
-__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED",
+__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob",
            "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
            "StoppedEarly",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",

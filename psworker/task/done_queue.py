@@ -21,6 +21,23 @@ QUEUE_RUN_SECS = 5.0          # one run on a task's own done queue (its size, or
 READER_STALL_SECS = 10.0      # the done-queue reader has not answered this long: said in the log (once per stall)
 DONE_QUEUE_PREFIX = "psworker_done_"
 
+# What a token says about its sender, an elastic job's membership included: a token is `base + worker index`.
+DONE, JOINED, LEFT = "done", "joined", "left"
+_TOKEN_BASE = {DONE: 0, JOINED: 1 << 20, LEFT: 2 << 20}
+
+
+def encode(kind: str, index: int) -> int:
+    """The token of worker `index` saying `kind` (DONE's token is the index itself, as before elastic jobs)."""
+    return _TOKEN_BASE[kind] + index
+
+
+def decode(token: int) -> tuple[str, int]:
+    """`(kind, worker index)` of a token."""
+    for kind, base in sorted(_TOKEN_BASE.items(), key=lambda kv: -kv[1]):
+        if token >= base:
+            return kind, token - base
+    raise ValueError(f"not a done-queue token: {token}")
+
 
 def done_queue(job: str, index: int, num_workers: int):
     """The FIFO queue on task `job:index` into which finished tasks put their index (shared by name)."""
@@ -34,8 +51,9 @@ def done_queue(job: str, index: int, num_workers: int):
 
 
 def send_done(target: str, sender: int, receivers: Iterable[tuple[str, int]], num_workers: int, *,
-              timeout_secs: float = SEND_DONE_SECS) -> None:
-    """From worker `sender`'s session at `target`: puts its index into each receiver's done queue.
+              timeout_secs: float = SEND_DONE_SECS, kind: str = DONE) -> None:
+    """From worker `sender`'s session at `target`: puts its `kind` token (by default: done) into each receiver's
+    done queue.
 
     A receiver that cannot be reached is logged, not fatal: it watches the sender's port as well.
     """
@@ -44,7 +62,8 @@ def send_done(target: str, sender: int, receivers: Iterable[tuple[str, int]], nu
     receivers = list(receivers)
     graph = tf.Graph()
     with graph.as_default():
-        enqueues = [done_queue(job, i, num_workers).enqueue(tf.constant(sender, tf.int32)) for job, i in receivers]
+        token = tf.constant(encode(kind, sender), tf.int32)
+        enqueues = [done_queue(job, i, num_workers).enqueue(token) for job, i in receivers]
     filters = sorted({f"/job:{job}/task:{i}" for job, i in receivers} | {f"/job:worker/task:{sender}"})
     config = tf.compat.v1.ConfigProto(device_filters=filters)
     options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
@@ -53,13 +72,15 @@ def send_done(target: str, sender: int, receivers: Iterable[tuple[str, int]], nu
             try:
                 sess.run(op, options=options)
             except tf.errors.OpError as exc:
-                log.warning("worker:%d could not tell %s:%d that it is done: %s", sender, job, i,
-                            exc.message.splitlines()[0])
+                log.warning("worker:%d could not tell %s:%d that it is %s: %s", sender, job, i,
+                            "done" if kind == DONE else f"{kind} the job", exc.message.splitlines()[0])
 
 
-def signal_done(target: str, spec: ClusterSpec, worker: int, *, timeout_secs: float = SEND_DONE_SECS) -> None:
-    """Tells every ps that worker `worker` is done."""
-    send_done(target, worker, [("ps", p) for p in range(len(spec.ps))], len(spec.worker), timeout_secs=timeout_secs)
+def signal_done(target: str, spec: ClusterSpec, worker: int, *, timeout_secs: float = SEND_DONE_SECS,
+                kind: str = DONE) -> None:
+    """Tells every ps that worker `worker` is done (or, in an elastic job, has `JOINED` or `LEFT` it)."""
+    send_done(target, worker, [("ps", p) for p in range(len(spec.ps))], len(spec.worker), timeout_secs=timeout_secs,
+              kind=kind)
 
 
 class DoneReader:
@@ -130,4 +151,4 @@ class DoneReader:
                 self._stop.wait(POLL_SECS)
 
 
-__all__ = ["done_queue", "send_done", "signal_done", "DoneReader", "SEND_DONE_SECS", "SEND_DONE_AFTER_FAILURE_SECS"]
+__all__ = ["DONE", "JOINED", "LEFT", "encode", "decode", "done_queue", "send_done", "signal_done", "DoneReader", "SEND_DONE_SECS", "SEND_DONE_AFTER_FAILURE_SECS"]

@@ -16,7 +16,7 @@ import sys
 import time
 
 from psworker import events, stackdump
-from psworker.errors import EXIT_OK, UsageError
+from psworker.errors import EXIT_OK, LeftJob, UsageError
 from psworker.spec import ClusterSpec, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -102,11 +102,26 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     is done.
 
     Returns:
-        EXIT_OK once training (and, for the chief, the final evaluation) is done and the ps tasks were told.
+        EXIT_OK once training (and, for the chief, the final evaluation) is done and the ps tasks were told; an
+        elastic job's worker that left on a signal: `LeftJob`'s code (0 scaled away, `EXIT_PREEMPTED` preempted).
     """
+    dump_stacks_on_signal()
+    name = f"worker:{index}"
+    membership = None
+    if spec.elastic is not None and index != 0:   # from the start: a leave signal must never kill it
+        from psworker.task.leave import Membership
+        membership = Membership(spec, index)
+        membership.signals.install()
+    try:
+        return _worker(spec, index, config, allow_public_bind, membership)
+    except LeftJob as left:   # an elastic job's worker, scaled away or preempted: not an error
+        log.info("%s", left)
+        return left.exit_code
+
+
+def _worker(spec: ClusterSpec, index: int, config: TrainConfig, allow_public_bind: bool, membership) -> int:
     from psworker.task import server as srv
 
-    dump_stacks_on_signal()
     name = f"worker:{index}"
     srv.check_bind_safety(spec.worker[index], allow_public=allow_public_bind)
     if index == 0 and config.train_dir is None:
@@ -120,7 +135,7 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     from psworker.train.ingraph import CLIENT_INDEX
 
     if config.replication != "in-graph":
-        runner.run(server, spec, index, config, runner.between_graph(spec, index, config))
+        runner.run(server, spec, index, config, runner.between_graph(spec, index, config, membership))
     elif index == CLIENT_INDEX:
         if config.mode == "sync" or config.replicas_to_aggregate:
             log.warning("%s: in-graph replication is synchronous by construction; mode=%s and replicas_to_aggregate "

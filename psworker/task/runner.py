@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from psworker import events
-from psworker.errors import AlreadyComplete, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
+from psworker.errors import AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
 from psworker.task import done_queue, shutdown
+from psworker.task.leave import Membership
 from psworker.task.peers import SyncPeerWatch
 from psworker.train import graph
 from psworker.train.graph import SYNC_INIT_TOKENS, TrainGraph
@@ -52,6 +53,7 @@ class Replication:
         peers: the sync between-graph chief: `{index: "host:port"}` of the other workers, watched while
             training (`SyncPeerWatch`); None otherwise.
         needed: sync: the workers each step needs gradients from.
+        membership: an elastic job's non-chief worker: tells the ps tasks when it joins and leaves.
     """
 
     build: Callable[[Model, TrainConfig], TrainGraph]
@@ -65,6 +67,7 @@ class Replication:
     workers: int = 1   # the most the global step advances per step of this runner (async: one per worker)
     peers: Optional[dict] = None
     needed: int = 0
+    membership: Optional[Membership] = None   # an elastic job's non-chief: joins, and leaves on a signal
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
         os.makedirs(config.train_dir, exist_ok=True)
     try:
         result = _train(server.target, config, model, replication, index, name, emit)
+    except LeftJob:
+        replication.membership.tell_left(server.target)
+        raise
     except AlreadyComplete as exc:   # the ps tasks are gone and the train_dir says training ended
         log.info("%s", exc)
         if replication.is_chief:
@@ -208,15 +214,20 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
         with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
+            if replication.membership is not None:
+                replication.membership.join(target)
             try:
                 with StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs) as watchdog, \
                         _peer_watch(replication, config, name) as peers:
-                    _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message, peers)
+                    _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message, peers,
+                               leave=replication.membership.signals if replication.membership else None)
             except v1.train.NanLossDuringTrainingError:
                 raise TrainingFailed(f"{name}: the loss became NaN (lower --learning_rate?)") from None
             finally:
                 creator.abandon_on_close()
             log.info("%s: last step done (%d local steps)", name, progress.local_steps)
+    if replication.membership is not None and replication.membership.signals.reason is not None:
+        raise replication.membership.signals.left()
     final = progress.final_global_step if progress.final_global_step is not None else progress.last_global_step
     if final < config.max_steps:
         why = ("the chief closed the sync token queue (did it fail or stop early?)" if tg.sync_optimizer is not None
@@ -268,9 +279,9 @@ def _peer_watch(replication: Replication, config: TrainConfig, name: str):
 
 
 def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str,
-               peers: Optional[SyncPeerWatch] = None) -> None:
+               peers: Optional[SyncPeerWatch] = None, leave=None) -> None:
     """One `train_op` per step, each bounded by `--step_timeout_secs`, and (sync) while enough workers are up;
-    returns when the session says stop."""
+    returns when the session says stop, or after the step in which a leave signal came (`leave.reason`)."""
     import tensorflow as tf
 
     steady = tf.compat.v1.RunOptions(timeout_in_ms=int(config.step_timeout_secs * 1000))
@@ -278,7 +289,7 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
     first = tf.compat.v1.RunOptions(
         timeout_in_ms=int((config.step_timeout_secs + config.startup_timeout_secs) * 1000))
     seen_session = -1
-    while not sess.should_stop():
+    while not sess.should_stop() and (leave is None or leave.reason is None):
         session_now = creator.sessions_created
         watchdog.step_started()
         try:
@@ -322,8 +333,10 @@ def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
     return [ChiefCheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)], **every)]
 
 
-def between_graph(spec: ClusterSpec, index: int, config: TrainConfig) -> Replication:
-    """What the runner needs to train worker `index` of a between-graph cluster ."""
+def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership: Optional[Membership] = None
+                  ) -> Replication:
+    """What the runner needs to train worker `index` of a between-graph cluster (`membership`: an elastic job's
+    non-chief worker's)."""
     name = f"worker:{index}"
     if config.mode == "sync":
         needed = config.replicas_to_aggregate or len(spec.worker)
@@ -348,6 +361,7 @@ def between_graph(spec: ClusterSpec, index: int, config: TrainConfig) -> Replica
         session_config=srv.session_config("worker", index), wait_for=srv.task_addresses(spec, ("ps",)),
         hint=hint, timeout_message=timeout, workers=len(spec.worker),
         peers=peers, needed=config.replicas_to_aggregate or len(spec.worker),
+        membership=membership,
     )
 
 

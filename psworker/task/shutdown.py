@@ -14,7 +14,7 @@ import time
 from typing import Callable, Iterable, Optional, TypeVar
 
 from psworker.errors import PeerGone
-from psworker.task.done_queue import READER_STALL_SECS, SEND_DONE_SECS, DoneReader, send_done
+from psworker.task.done_queue import DONE, JOINED, READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
 from psworker.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -123,11 +123,13 @@ class GoneWatch:
 
 
 def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], num_workers: int, *,
-                     on_idle: Callable[[set[int]], Optional[bool]], reader: Optional[DoneReader] = None) -> set[int]:
+                     on_idle: Callable[[set[int]], Optional[bool]], reader: Optional[DoneReader] = None,
+                     on_member: Optional[Callable[[str, int], None]] = None) -> set[int]:
     """Takes tokens from this task's done queue until every one of `senders` is done; returns them.
 
     `on_idle(done)` runs whenever no token came for `POLL_SECS`: it may add senders that went away to `done`,
     return True to stop waiting, or raise. It runs on this thread, which never waits in TensorFlow (`DoneReader`).
+    `on_member(kind, sender)` gets an elastic job's `JOINED` and `LEFT` tokens.
     """
     expected = set(senders)
     own = reader is None
@@ -138,8 +140,8 @@ def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], 
     stall_logged = False
     try:
         while not expected <= done:
-            sender = reader.get(timeout=POLL_SECS)
-            if sender is None:
+            token = reader.get(timeout=POLL_SECS)
+            if token is None:
                 stalled = reader.stalled_for()
                 if stalled >= READER_STALL_SECS and not stall_logged:
                     stall_logged = True
@@ -149,6 +151,11 @@ def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], 
                     stall_logged = False
                 if on_idle(done):
                     break
+                continue
+            kind, sender = decode(token)
+            if kind != DONE:
+                if on_member is not None:
+                    on_member(kind, sender)
                 continue
             if sender in expected and sender not in done:
                 done.add(sender)
@@ -200,6 +207,10 @@ class _PsWait:
     that vanished is waited for (`gone_timeout_secs`, counted from the end of training at the earliest). Before
     any token, the wait ends when every worker has been down for `gone_timeout_secs` (never seen: at least the
     spec's `startup_timeout_secs`). Either wait ends in `complete(spec)`: training complete, or `PeerGone`.
+
+    In an elastic job these rules apply to the members only (`members`): the chief, and every worker that joined
+    (its `JOINED` token) and has not left since (`LEFT`). A worker that never joined, or was scaled away, holds
+    nothing up.
     """
 
     def __init__(self, spec: ClusterSpec, name: str, *, gone_timeout_secs: Optional[float], rejoin_grace_secs: float,
@@ -212,17 +223,42 @@ class _PsWait:
         self.finished: Optional[int] = None   # the checkpoint's step, once training is known complete that way
         self.over_at: Optional[float] = None  # when the first done token came
         self.warned = False
+        self.joined: set[int] = set()
+        self.left: set[int] = set()
+
+    def members(self) -> set[int]:
+        """The workers whose end this ps waits for: every worker, or in an elastic job the chief and every worker
+        that joined and has not left."""
+        if self.spec.elastic is None:
+            return set(self.workers)
+        return {CHIEF} | (self.joined - self.left)
+
+    def on_member(self, kind: str, index: int) -> None:
+        """An elastic job's membership token: worker `index` has `JOINED` or left."""
+        if index not in self.workers:
+            log.warning("%s: a %s token from worker:%d, which the spec does not have; ignored", self.name, kind, index)
+            return
+        if kind == JOINED:
+            self.joined.add(index)
+            self.left.discard(index)
+        else:
+            self.left.add(index)
+        log.info("%s: worker:%d %s the job (members now: %s)", self.name, index, kind,
+                 ", ".join(f"worker:{i}" for i in sorted(self.members())))
 
     def __call__(self, done: set[int]) -> bool:
         self.watch.update()
+        members = self.members()
         if not done:
-            return self._all_gone()
+            return self._all_gone(members)
         if self.over_at is None:
             self.over_at = self.clock()
-        for i in set(self.workers) - done - {CHIEF}:
+        for i in sorted(members - done - {CHIEF}):
             if self.watch.gone_for(i) >= self.grace:
                 done.add(i)
                 log.info("%s: worker:%d has gone away after training ended; counting it as done", self.name, i)
+        if self.spec.elastic is not None and members <= done:   # a fixed job's loop ends by itself then
+            return True
         return CHIEF not in done and self._chief_gone()
 
     def _chief_gone(self) -> bool:
@@ -242,12 +278,12 @@ class _PsWait:
             f"final checkpoint is outstanding) and did not come back within {self.gone_timeout:g} s "
             "(--workers_gone_timeout_secs), and the spec's train_dir does not show training complete; exiting"))
 
-    def _all_gone(self) -> bool:
-        gone = self.watch.all_gone_for()
+    def _all_gone(self, members: set[int]) -> bool:
+        gone = min(self.watch.gone_for(i) for i in members)
         if not self.gone_timeout or not gone:
             self.warned = False
             return False
-        never = sorted(set(self.workers) - self.watch.seen)
+        never = sorted(members - self.watch.seen)
         # a worker not seen yet may still be starting: give it what a worker gives its ps (the spec's setting)
         limit = max(self.gone_timeout, self.spec.train.startup_timeout_secs) if never else self.gone_timeout
         names = ", ".join(f"worker:{i}" for i in never)
@@ -300,7 +336,8 @@ def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
     """
     wait = _PsWait(spec, f"ps:{index}", gone_timeout_secs=gone_timeout_secs, rejoin_grace_secs=rejoin_grace_secs,
                    complete=complete)
-    serve_until_done(target, "ps", index, wait.workers, len(wait.workers), on_idle=wait, reader=reader)
+    serve_until_done(target, "ps", index, wait.workers, len(wait.workers), on_idle=wait, reader=reader,
+                     on_member=wait.on_member)
     if wait.finished is not None:
         return PS_COMPLETE
     if wait_for_exit:
