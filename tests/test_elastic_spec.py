@@ -94,3 +94,15 @@ def test_validate_plan_and_tf_config_show_the_range_and_a_bad_range_exits_2(tmp_
     tfc = psworker("tf-config", str(good), "--job", "worker", "--task_index", "2", cwd=tmp_path)
     assert tfc.returncode == 0 and len(json.loads(tfc.stdout)["cluster"]["worker"]) == 3
     assert "elastic (min 1, start 2, max 3)" in tfc.stderr
+
+
+def test_kubernetes_manifests_refuse_an_elastic_job_with_a_reason(tmp_path):
+    spec = tmp_path / "elastic.yaml"
+    spec.write_text('cluster:\n  ps: 1\n  worker: {max: 4, min: 2, start: 2}\n')
+    out = psworker("k8s", "manifest", str(spec), "--image", "psworker:test", cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert "elastic worker job (min 2, start 2, max 4) is not supported on Kubernetes yet" in out.stderr
+    assert "Traceback" not in out.stderr
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text('cluster:\n  ps: 1\n  worker: 4\n')
+    assert psworker("k8s", "manifest", str(fixed), "--image", "psworker:test", cwd=tmp_path).returncode == 0

@@ -328,6 +328,12 @@ def manifests(spec: Spec, options: K8sOptions) -> list[Obj]:
         UsageError: bad options, or a job psworker cannot run on Kubernetes yet.
     """
     check_options(options)
+    if spec.elastic is not None:
+        raise UsageError(
+            f"{spec.source or 'the spec'}: cluster.worker: an elastic worker job ({spec.elastic.describe()}) is not "
+            "supported on Kubernetes yet: the manifests run a fixed set of worker pods, and none of the flavors can "
+            "start a reserved worker later or tell a pod it is scaled away rather than failed. Give a fixed "
+            "`worker: N`, or run the elastic job with `psworker local`, `ssh` or `slurm`")
     return FLAVORS[options.flavor](spec, options)
 
 
