@@ -205,7 +205,8 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
                         "global step for this long (default: off)")
     p.add_argument("--inject", action="append", type=value_type(parse_fault, "fault"), default=[], metavar="FAULT",
                    help="inject a fault, repeatable: kill:worker:1@step=300, kill:ps:0@time=20, "
-                        "stop:worker:1@step=200,for=10, exit:worker:0@step=100,code=143")
+                        "stop:worker:1@step=200,for=10, exit:worker:0@step=100,code=143, "
+                        "preempt:worker:2@step=300 (SIGTERM; an elastic job's worker leaves and exits 171)")
     if network:
         p.add_argument("--network", choices=NETWORK_MODES, default="auto",
                        help="isolated: run the cluster in a private network namespace where only loopback exists "

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from psworker.cli import k8s, launchers, outputs, slurm, specs, tasks
+from psworker.cli import k8s, launchers, outputs, scale, slurm, specs, tasks
 from psworker.cli.flags import add_cluster_flags, add_train_flags
 
 __all__ = ["COMMANDS", "Command", "build_parser"]
@@ -46,6 +46,10 @@ COMMANDS = (
             takes_command=True),
     Command("status", launchers.cmd_status, "show the status of a run from its run directory (started by any "
                                             "backend)", (launchers.status_flags,)),
+    Command("scale", scale.cmd_scale, "change the number of workers of a running elastic job",
+            (scale.scale_flags,), description="Asks the launcher of RUN_DIR (through files in it) to run N workers: "
+            "the lowest reserved workers start, or the highest running ones (never worker 0) finish their step, "
+            "leave and exit 0. Waits for the launcher's answer."),
     Command("data", outputs.cmd_data, "download or write a data set", (outputs.data_flags,)),
     Command("eval", outputs.cmd_eval, "evaluate checkpoints from a train_dir", (outputs.eval_flags,)),
     Command("export", outputs.cmd_export,

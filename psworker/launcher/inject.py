@@ -4,6 +4,8 @@
     kill:ps:0@time=20               the same, 20 s after the launcher started the tasks
     stop:worker:1@step=200,for=10   SIGSTOP, then SIGCONT 10 s later (a straggler)
     exit:worker:0@step=100,code=143 end the task (SIGKILL) and judge it as if it had exited with code 143
+    preempt:worker:2@step=300       SIGTERM, as a cloud, Slurm or Kubernetes preemption sends it (in an elastic
+                                    job the worker finishes its step, leaves and exits 171, EXIT_PREEMPTED)
 
 The global step is the largest one seen in the workers' step lines (`psworker.launcher.progress`). Each
 fault fires once; one whose task is not running when due (e.g. waiting to restart) fires when it runs again.
@@ -19,7 +21,7 @@ from psworker.errors import UsageError
 
 __all__ = ["Fault", "check_fault_tasks", "parse_fault"]
 
-ACTIONS = ("kill", "stop", "exit")
+ACTIONS = ("kill", "stop", "exit", "preempt")
 _FORM = "ACTION:JOB:INDEX@step=N|time=SECS[,for=SECS][,code=N]"
 
 

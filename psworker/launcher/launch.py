@@ -81,18 +81,21 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
     from psworker.launcher import stacks
     from psworker.launcher.console import for_console
     from psworker.launcher.output import GROUP_WINDOW_SECS
+    from psworker.launcher.scaling import ScaleInbox
     from psworker.launcher.status import live_view
 
     # A worker being restarted near the end gets as long to come back as the ps wait for it (`with_rejoin_grace`).
     success = dataclasses.replace(config.success, worker_exit_grace_secs=config.success.worker_exit_grace_secs
                                   + config.policy.rejoin_secs())
+    elastic = getattr(config.spec, "elastic", None)
     with live_view(config, tasks, console) as (view_console, attach):
         sup = Supervisor(tasks, log_dir, console=view_console, console_filter=None if config.verbose else for_console,
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=config.faults,
                          stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs, success=success,
-                         stacks=stacks.for_run(own_tasks=not config.command, local=processes.LOCAL_PIDS))
+                         stacks=stacks.for_run(own_tasks=not config.command, local=processes.LOCAL_PIDS),
+                         elastic=elastic, scale_inbox=ScaleInbox(log_dir.parent) if elastic else None)
         attach(sup.progress)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
         with signals as caught, sup:
@@ -146,6 +149,10 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     log_dir = run_dir / LOG_SUBDIR
     print(f"psworker: {backend.banner(tasks, log_dir)}"
           + ("" if config.command else " (TensorFlow's import takes a few seconds)"), file=console, flush=True)
+    if getattr(spec, "elastic", None) is not None:
+        e = spec.elastic
+        print(f"psworker: elastic workers ({e.describe()}): worker:0-{e.start - 1} start now, the others are reserved; "
+              f"psworker scale {run_dir} --workers N changes the count", file=console, flush=True)
     started = time.monotonic()
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
                                install_signal_handlers=install_signal_handlers)

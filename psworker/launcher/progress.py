@@ -51,6 +51,17 @@ class Progress:
     def __init__(self, names: list[str]) -> None:
         self._lock = threading.Lock()
         self._tasks = {n: TaskProgress(n) for n in names}
+        self._workers: Optional[tuple[int, int]] = None
+
+    def set_workers(self, running: int, target: int) -> None:
+        """An elastic job's worker count: how many run, and how many should."""
+        with self._lock:
+            self._workers = (running, target)
+
+    def workers(self) -> Optional[tuple[int, int]]:
+        """(running, target) of an elastic job's workers; None for a fixed job."""
+        with self._lock:
+            return self._workers
 
     def feed(self, name: str, line: str, now: Optional[float] = None) -> Optional[int]:
         """Records one output line of task `name`; returns its step if it tells one."""

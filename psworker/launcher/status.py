@@ -35,6 +35,7 @@ class RunStatus:
     max_steps: Optional[int]
     steps_per_sec: Optional[float]
     now: float
+    workers: Optional[tuple[int, int]] = None    # an elastic job's (running, target) worker counts
 
     @property
     def examples_per_sec(self) -> Optional[float]:
@@ -55,6 +56,7 @@ class RunStatus:
 
     def as_dict(self) -> dict[str, Any]:
         return {"global_step": self.global_step, "max_steps": self.max_steps, "steps_per_sec": self.steps_per_sec,
+                "workers": None if self.workers is None else {"running": self.workers[0], "target": self.workers[1]},
                 "examples_per_sec": self.examples_per_sec, "loss": self.loss, "eta_secs": self.eta_secs,
                 "tasks": {n: {**dataclasses.asdict(t), "silent_secs": round(self.now - t.last_output_at, 1)}
                           for n, t in self.tasks.items()}}
@@ -83,11 +85,17 @@ def _eta(secs: Optional[float]) -> str:
         f"{int(secs) // 60}:{int(secs) % 60:02d}"
 
 
+def _workers(s: RunStatus) -> str:
+    """`workers 2 (target 4)` for an elastic job, else empty."""
+    return "" if s.workers is None else f"workers {s.workers[0]} (target {s.workers[1]})"
+
+
 def plain_line(s: RunStatus) -> str:
     """One line for logs and pipes."""
     of = f"/{s.max_steps}" if s.max_steps else ""
+    workers = f"{_workers(s)}, " if s.workers else ""
     tasks = ", ".join(f"{n} {t.state}" + (f" @{t.step}" if t.step is not None else "") for n, t in s.tasks.items())
-    return (f"psworker: status: step {s.global_step}{of}, {_num(s.examples_per_sec, '.0f')} examples/s, "
+    return (f"psworker: status: step {s.global_step}{of}, {workers}{_num(s.examples_per_sec, '.0f')} examples/s, "
             f"loss {_num(s.loss, '.3f')}, eta {_eta(s.eta_secs)}; {tasks}")
 
 
@@ -97,7 +105,7 @@ def render(s: RunStatus, silent_after_secs: float = 60.0) -> Group:
     of = f"/{s.max_steps}" if s.max_steps else ""
     bar = ProgressBar(total=s.max_steps or None, completed=s.global_step, width=30)
     head.add_row(f"step {s.global_step}{of}", bar, f"eta {_eta(s.eta_secs)}",
-                 f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}")
+                 f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}", _workers(s))
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for col in ("task", "state", "last step", "restarts", "silent"):
         table.add_column(col)
@@ -136,7 +144,7 @@ def live_view(config: Any, tasks: Sequence[Any], console: TextIO) -> Iterator[tu
         if progress is None:
             return None
         now, step = time.time(), progress.global_step()
-        return RunStatus(progress.snapshot(), step, max_steps, rate(now, step), now)
+        return RunStatus(progress.snapshot(), step, max_steps, rate(now, step), now, progress.workers())
 
     isatty = getattr(console, "isatty", lambda: False)()
     if config.live is None and isatty or config.live:
@@ -225,4 +233,19 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
         if state == "running":
             state = "running" if progress.snapshot()[name].step is None else "training"
         progress.set_state(name, state)
-    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now)
+    workers = _members_into(progress, run_dir) if spec.elastic is not None else None
+    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now, workers)
+
+
+def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:
+    """An elastic job's membership from the launcher's state file into `progress` (workers that are reserved,
+    leaving or left say so); returns (running, target), None without a state file."""
+    from psworker.launcher.scaling import read_state
+
+    members = (read_state(run_dir) or {}).get("members")
+    if not isinstance(members, dict):
+        return None
+    for state in ("reserved", "leaving", "left"):
+        for index in members.get(state, ()):
+            progress.set_state(f"worker:{index}", state)
+    return int(members.get("workers", 0)), int(members.get("target", 0))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 from psworker import events, stackdump
 from psworker.launcher import watch
+from psworker.launcher.elastic import ElasticWorkers
 from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
@@ -22,8 +23,10 @@ from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
+from psworker.launcher.scaling import ScaleInbox
 from psworker.launcher.slot import SERVER_JOBS, Slot, TaskLike
 from psworker.launcher.stacks import StackAsker
+from psworker.spec import Elastic
 
 __all__ = ["Supervisor", "SERVER_JOBS"]
 
@@ -72,6 +75,8 @@ class Supervisor:
         done_jobs: Optional[frozenset[str]] = None,
         success: SuccessPolicy = SuccessPolicy(ALL_WORKERS),
         stacks: Optional[StackAsker] = None,
+        elastic: Optional[Elastic] = None,
+        scale_inbox: Optional[ScaleInbox] = None,
     ) -> None:
         """Args:
             tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
@@ -90,6 +95,9 @@ class Supervisor:
             success: when the run has succeeded, and how long the other `done_jobs` tasks then get (default: all).
             stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
                 (`psworker.launcher.stacks`); None: not asked.
+            elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
+                (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
+            scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scaling`).
         """
         names = _distinct_names(tasks)
         self._log_dir = Path(log_dir)
@@ -103,6 +111,14 @@ class Supervisor:
         self._stacks = stacks
         self._done_jobs = done_jobs if done_jobs is not None else frozenset(t.job for t in tasks) - SERVER_JOBS
         self.progress = Progress(names)
+        self._init_run_state(names, success)
+        self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
+                                    self.progress, window_secs=console_window_secs)
+        self._elastic = None if elastic is None else ElasticWorkers(
+            elastic, self._slots, self._backend, self.progress, lambda slot: self._spawn(slot, marker=None),
+            scale_inbox)
+
+    def _init_run_state(self, names: list[str], success: SuccessPolicy) -> None:
         self._lock = threading.RLock()
         self._started = False
         self._started_time = 0.0
@@ -112,8 +128,6 @@ class Supervisor:
         # When the run succeeded, until when the other workers and then the servers may exit by themselves, and why.
         self._done_at, self._workers_until, self._servers_until, self._done_reason = None, 0.0, None, ""
         self._stop_request: Optional[str] = None
-        self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
-                                    self.progress, window_secs=console_window_secs)
 
     # -- introspection ------------------------------------------------------------------------------------
 
@@ -152,10 +166,13 @@ class Supervisor:
             self._log_dir.mkdir(parents=True, exist_ok=True)
             try:
                 for slot in self._slots.values():
-                    self._spawn(slot, marker=None)
+                    if self._elastic is None or self._elastic.starts_at_launch(slot):
+                        self._spawn(slot, marker=None)
             except BaseException:
                 self.stop("a task could not be started")
                 raise
+            if self._elastic is not None:
+                self._elastic.launched()
 
     def poll(self) -> Optional[RunResult]:
         """Applies the run policy to what has exited, injects due faults, restarts tasks whose backoff is
@@ -174,6 +191,8 @@ class Supervisor:
                 if slot.restart_at is not None and now >= slot.restart_at and self._may_restart(slot, now):
                     slot.restart_at = None
                     self._restart(slot, slot.restart_cause)
+            if self._elastic is not None:
+                self._elastic.poll(training_over=self._done_at is not None)
             return self._decide(now)
 
     def wait(self, timeout: Optional[float] = None) -> RunResult:
@@ -226,6 +245,23 @@ class Supervisor:
             self.stop(f"launcher error: {exc_type.__name__}")
 
     # -- fault injection and restarts by hand ---------------------------------------------------------------
+
+    def scale(self, workers: int) -> str:
+        """Sets an elastic job's worker count: the lowest reserved workers start, or the highest running ones (never
+        worker 0) are asked to leave. Returns the console line.
+
+        Raises:
+            ValueError: the job is not elastic, `workers` is outside min..max, or training is over.
+        """
+        with self._lock:
+            if self._elastic is None:
+                raise ValueError("the job is not elastic")
+            return self._elastic.scale(workers, "by hand", training_over=self._done_at is not None)
+
+    def members(self) -> Optional[dict]:
+        """An elastic job's membership (`Membership.summary()`: running, target, and each state's indices)."""
+        with self._lock:
+            return None if self._elastic is None else self._elastic.members.summary()
 
     def kill_task(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Sends `sig` to task `name` and its children. Its exit then goes through the run policy at the next
@@ -332,12 +368,15 @@ class Supervisor:
             if slot.popen is None or slot.running or slot.judged:
                 continue
             slot.judged = True
-            reason = None if over else self._judge(slot, done)
+            member = self._member_exit(slot, over or done)
+            if member == "":
+                continue
+            reason = member or (None if over else self._judge(slot, done))
             if reason is None:
                 self.progress.set_state(slot.name, "done" if slot.returncode == 0 else "exited")
                 continue
-            policy = self._restart_policy
-            if policy is not None and policy(slot.name, slot.returncode, slot.restarts):
+            if member is None and self._would_restart(slot):
+                policy = self._restart_policy
                 delay = policy.delay(slot.restarts) if hasattr(policy, "delay") else 0.0
                 slot.restart_cause = slot.cause or describe_returncode(slot.returncode)
                 slot.restart_at = now + delay
@@ -351,12 +390,25 @@ class Supervisor:
             return self._finish(False, f"{self._failure.name} failed")
         return self._drain(slots, now) if done else None
 
+    def _would_restart(self, slot: Slot) -> bool:
+        policy = self._restart_policy
+        return policy is not None and policy(slot.name, slot.returncode, slot.restarts)
+
+    def _member_exit(self, slot: Slot, over: bool) -> Optional[str]:
+        """An elastic job's worker exit through membership first (`ElasticWorkers.exited`): None to judge it as
+        usual, "" when it left, else why the run fails."""
+        if self._elastic is None or slot.task.job != "worker":
+            return None
+        return self._elastic.exited(slot, restarting=not over and self._would_restart(slot), training_over=over)
+
     def _succeeded(self, slots: list[Slot]) -> bool:
-        """Whether the success policy holds: the deciding task, else every `done_jobs` task, has exited 0."""
+        """Whether the success policy holds: the deciding task, else every `done_jobs` task, has exited 0 (in an
+        elastic job, every worker that joined and did not leave)."""
         deciding = self._slots.get(self._deciding) if self._deciding else None
         if deciding is not None:
             return deciding.returncode == 0
-        return all(s.returncode == 0 for s in slots if s.task.job in self._done_jobs)
+        counted = [s for s in slots if self._elastic is None or self._elastic.counts_for_success(s)]
+        return all(s.returncode == 0 for s in counted if s.task.job in self._done_jobs)
 
     def _drain(self, slots: list[Slot], now: float) -> Optional[RunResult]:
         """After success: the other `done_jobs` tasks get the worker grace to exit by themselves, then the others
@@ -443,6 +495,8 @@ class Supervisor:
                                   _innermost_frames(s.log_path) if s.stopped or s.name == failed else ())
                  for s in self._slots.values() if s.popen is not None}
         self._result = RunResult(ok, exits, self._failure, reason)
+        if self._elastic is not None:
+            self._elastic.finish("succeeded" if ok else f"failed: {reason}")
         if self._output.errors:
             logger.error("%d error(s) while copying task output; the first: %r",
                          len(self._output.errors), self._output.errors[0][1])

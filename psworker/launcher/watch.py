@@ -48,7 +48,7 @@ def fire_faults(slots: Mapping[str, Slot], faults: list[Fault], backend: Process
             continue
         slot.cause = f"injected {fault.text}"
         slot.forced_code = fault.code
-        backend.signal(slot.popen, signal.SIGKILL)
+        backend.signal(slot.popen, signal.SIGTERM if fault.action == "preempt" else signal.SIGKILL)
 
 
 def kill_stalled(slots: Iterable[Slot], backend: ProcessBackend, progress: Progress, timeout_secs: float,

@@ -178,7 +178,8 @@ def count_spec(spec: Union[ClusterSpec, CountSpec], port_base: Optional[int] = N
     if isinstance(spec, CountSpec):
         return spec if port_base is None else dataclasses.replace(spec, port=port_base)
     counts = tuple((job, len(spec.addresses(job))) for job in spec.jobs())
-    return CountSpec(counts, DEFAULT_PORT_BASE if port_base is None else port_base, spec.train, spec.source)
+    return CountSpec(counts, DEFAULT_PORT_BASE if port_base is None else port_base, spec.train, spec.source,
+                     elastic=spec.elastic)
 
 
 def layout(spec: CountSpec, nodes: Sequence[str], tasks_per_node: Union[int, Sequence[int]]) -> list[SlurmTask]:

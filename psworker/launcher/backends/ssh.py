@@ -5,8 +5,9 @@ start runs `ssh -tt HOST 'cd DIR && exec env K=V ... sh -c ... ARGV'` locally (i
 launcher); poll is local ssh's exit status (the task's, or 255 when ssh failed or the task was killed by a
 signal); output is ssh's stdout with the terminal's `\\r` removed. Every host is checked (in parallel) before
 anything starts, and gets the run's cluster.yaml in its remote dir. The hard end closes the local ssh (the remote
-task gets SIGHUP); other signals go through `ssh HOST kill -SIG PID`, the pid being the first line the remote
-wrapper prints (not copied to the log).
+task gets SIGHUP); other signals (SIGTERM, SIGUSR2 to an elastic worker, SIGSTOP, SIGCONT, SIGUSR1) go through
+`ssh HOST kill -SIG PID`, the pid being the first line the remote wrapper prints (not copied to the log). A worker
+started late (an elastic job scaled up) is one more such connection.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ class SshBackend(Backend):
             name = signal.Signals(sig).name.removeprefix("SIG")
             if self._await(self._remote_kill(proc, f'kill -{name} "$1"'), SSH_COMMAND_TIMEOUT_SECS):
                 return
-            if sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGUSR1):   # SIGUSR1: a request for its stacks
+            # SIGUSR1: a request for its stacks; SIGUSR2: an elastic worker asked to leave (never end it instead)
+            if sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2):
                 logger.warning("could not send %s to the remote task of ssh pid %d", name, proc.pid)
                 return
         with contextlib.suppress(ProcessLookupError):

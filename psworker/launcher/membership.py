@@ -1,0 +1,89 @@
+"""Who is in an elastic worker job (`psworker.spec.Elastic`), as plain data: each worker index is reserved
+(never started, or back in reserve after it left), running (started; also while waiting to be restarted),
+leaving (asked to leave, not yet exited), left (exited after being asked to, or preempted and not restarted) or
+done (exited by itself: training is over for it). Pure functions move it between states; the supervisor applies
+what they decide (start these, ask those to leave).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from psworker.spec import Elastic
+
+__all__ = ["DONE", "LEAVING", "LEFT", "Membership", "RESERVED", "RUNNING", "initial", "reconcile", "request"]
+
+RESERVED, RUNNING, LEAVING, LEFT, DONE = "reserved", "running", "leaving", "left", "done"
+CHIEF = 0                     # worker 0 is never asked to leave
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The worker job's membership: one state per worker index, and how many should run (`target`)."""
+
+    elastic: Elastic
+    target: int
+    states: tuple[str, ...]
+
+    def indices(self, *states: str) -> tuple[int, ...]:
+        """The worker indices in any of `states`, ascending."""
+        return tuple(i for i, s in enumerate(self.states) if s in states)
+
+    @property
+    def running(self) -> int:
+        return len(self.indices(RUNNING))
+
+    def with_state(self, index: int, state: str) -> "Membership":
+        """This membership with worker `index` in `state`."""
+        states = list(self.states)
+        states[index] = state
+        return dataclasses.replace(self, states=tuple(states))
+
+    def with_target(self, target: int) -> "Membership":
+        return dataclasses.replace(self, target=target)
+
+    def summary(self) -> dict:
+        """What `psworker status` and the run dir's state file show: `workers` (how many run), `target`, the range,
+        and the indices in each state."""
+        return {"workers": self.running, "target": self.target, "min": self.elastic.min, "max": self.elastic.max,
+                **{state: list(self.indices(state)) for state in (RUNNING, LEAVING, LEFT, RESERVED, DONE)}}
+
+
+def initial(elastic: Elastic) -> Membership:
+    """At launch: workers 0..start-1 running, the others reserved."""
+    states = tuple(RUNNING if i < elastic.start else RESERVED for i in range(elastic.max))
+    return Membership(elastic, elastic.start, states)
+
+
+def out_of_range(elastic: Elastic, workers: int) -> Optional[str]:
+    """Why `workers` is no valid target (names the range), or None."""
+    if elastic.min <= workers <= elastic.max:
+        return None
+    return f"--workers {workers} is outside the job's elastic range {elastic.min}..{elastic.max} (min..max)"
+
+
+def request(m: Membership, workers: int) -> Membership:
+    """The membership with a new target.
+
+    Raises:
+        ValueError: `workers` outside min..max (the message names the range).
+    """
+    why = out_of_range(m.elastic, workers)
+    if why:
+        raise ValueError(why)
+    return m.with_target(workers)
+
+
+def reconcile(m: Membership) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What moves the running count towards the target: (indices to start: the lowest reserved or left ones,
+    indices to ask to leave: the highest running ones, never worker 0). A worker still leaving cannot start again
+    until it has left: then a later call starts it. Once a worker is done, training is over: none starts."""
+    if m.running < m.target and not m.indices(DONE):
+        free = m.indices(RESERVED, LEFT)
+        return free[:m.target - m.running], ()
+    if m.running > m.target:
+        candidates = [i for i in m.indices(RUNNING) if i != CHIEF]
+        return (), tuple(reversed(candidates))[:m.running - m.target]
+    return (), ()

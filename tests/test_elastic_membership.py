@@ -1,0 +1,237 @@
+"""Elastic membership without processes (`psworker.launcher.membership`), then the supervisor's membership with
+fake workers (tests/fake_tasks/elastic_worker.py: SIGUSR2 -> exit 0, SIGTERM -> exit 171) and the run-dir
+protocol of `psworker scale` (`psworker.launcher.scaling`) against a real supervisor."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests.fake_tasks.fakes import fake, kill_quietly, poll_until, task_state, wait_for
+from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
+from psworker.launcher import membership as ms
+from psworker.launcher.inject import parse_fault
+from psworker.launcher.policy import RestartPolicy
+from psworker.launcher.scaling import STATE_FILE, ScaleInbox, read_state, request_scale
+from psworker.launcher.supervisor import Supervisor
+from psworker.spec import Elastic
+
+E = Elastic(min=1, start=2, max=4)
+
+
+# -- membership, pure --------------------------------------------------------------------------------------
+
+def test_launch_starts_start_workers_and_reserves_the_rest():
+    m = ms.initial(E)
+    assert m.indices(ms.RUNNING) == (0, 1) and m.indices(ms.RESERVED) == (2, 3)
+    assert (m.running, m.target) == (2, 2)
+    assert ms.reconcile(m) == ((), ())
+
+
+def test_scale_up_starts_the_lowest_free_and_down_asks_the_highest_never_worker_0():
+    m = ms.request(ms.initial(E), 4)
+    assert ms.reconcile(m) == ((2, 3), ())
+    m = ms.initial(E).with_state(2, ms.RUNNING).with_state(3, ms.RUNNING)
+    assert ms.reconcile(ms.request(m, 1)) == ((), (3, 2, 1))
+    one = ms.initial(Elastic(min=1, start=1, max=2))
+    assert ms.reconcile(ms.request(one, 1)) == ((), ())
+
+
+def test_a_worker_that_left_starts_again_but_not_while_leaving():
+    m = ms.initial(E).with_state(1, ms.LEAVING).with_target(2)
+    assert ms.reconcile(m) == ((2,), ())              # worker 1 is still leaving: the next free one joins
+    m = ms.initial(E).with_state(1, ms.LEFT).with_target(2)
+    assert ms.reconcile(m) == ((1,), ())
+
+
+def test_once_a_worker_is_done_nobody_joins():
+    m = ms.initial(E).with_state(1, ms.DONE).with_target(3)
+    assert ms.reconcile(m) == ((), ())
+
+
+@pytest.mark.parametrize("workers", [0, 5])
+def test_a_target_outside_the_range_names_the_range(workers):
+    with pytest.raises(ValueError, match=r"outside the job's elastic range 1\.\.4"):
+        ms.request(ms.initial(E), workers)
+
+
+# -- the supervisor's membership, with fake workers ----------------------------------------------------------
+
+@pytest.fixture
+def elastic_run(tmp_path):
+    """Builds a supervisor of one fake ps and `max` fake elastic workers (worker 0 holds at step 3, the others step
+    on, until the test lets them finish: touch `go`); stops whatever is left at teardown."""
+    made: list[Supervisor] = []
+    go = tmp_path / "go"
+
+    def make(elastic: Elastic, **kwargs) -> Supervisor:
+        tasks = [fake("ps", 0, "sleep_forever")]
+        tasks += [fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)]
+        tasks += [fake("worker", i, "elastic_worker", "--until", go, "--to", 100000) for i in range(1, elastic.max)]
+        kwargs.setdefault("console", io.StringIO())
+        sup = Supervisor(tasks, tmp_path / "logs", grace_period_secs=2.0, ps_exit_grace_secs=0.5, elastic=elastic,
+                         **kwargs)
+        made.append(sup)
+        return sup
+
+    make.go = go
+    yield make
+    for sup in made:
+        if sup.result is None:
+            pids = list(sup.pids().values())
+            sup.stop("test teardown")
+            kill_quietly(pids)
+
+
+def stepping(sup: Supervisor, *names: str) -> None:
+    for name in names:
+        poll_until(sup, lambda: sup.progress.snapshot()[name].step is not None, 30, f"{name}'s first step line")
+
+
+def test_scale_up_and_down_by_hand(elastic_run, caplog):
+    caplog.set_level(logging.INFO, logger="psworker.launcher")
+    sup = elastic_run(E)
+    with sup:
+        assert sorted(sup.pids()) == ["ps:0", "worker:0", "worker:1"]
+        assert task_state(sup, "worker:3") == "reserved"
+        stepping(sup, "worker:0", "worker:1")
+        assert sup.scale(4) == "scale 2 -> 4 workers (by hand)"
+        stepping(sup, "worker:2", "worker:3")
+        poll_until(sup, lambda: "worker:3 joined at global step" in caplog.text, 30, "worker:3's join line")
+        assert sup.members()["workers"] == 4
+        sup.scale(1)
+        poll_until(sup, lambda: sup.members()["left"] == [1, 2, 3], 30, "workers 1-3 to leave")
+        assert sup.progress.workers() == (1, 1)
+        for i in (1, 2, 3):
+            assert f"worker:{i} left (scaled away)" in caplog.text
+            assert "leaving after step" in sup.log_path(f"worker:{i}").read_text()
+        elastic_run.go.touch()
+        result = sup.wait(60)
+    assert result.ok, result.reason
+    assert {n: e.returncode for n, e in result.exits.items() if n.startswith("worker")} == {
+        "worker:0": 0, "worker:1": 0, "worker:2": 0, "worker:3": 0}
+    assert result.failure is None and not any(e.restarts for e in result.exits.values())
+
+
+def test_reserved_and_left_workers_do_not_hold_up_all_workers_success(elastic_run):
+    from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
+
+    sup = elastic_run(Elastic(min=1, start=2, max=3), success=SuccessPolicy(ALL_WORKERS, 5.0))
+    with sup:
+        stepping(sup, "worker:1")
+        sup.scale(1)
+        poll_until(sup, lambda: sup.members()["left"] == [1], 30, "worker 1 to leave")
+        elastic_run.go.touch()
+        result = sup.wait(60)
+    assert result.ok, result.reason
+    assert "worker:2" not in result.exits               # never started
+
+
+def test_a_preempted_worker_leaves_and_the_run_goes_on_until_below_min(elastic_run, caplog):
+    faults = (parse_fault("preempt:worker:2@step=5"), parse_fault("preempt:worker:1@step=40"))
+    sup = elastic_run(Elastic(min=2, start=3, max=3), faults=faults)
+    with sup:
+        poll_until(sup, lambda: sup.members()["left"] == [2], 30, "worker:2 to be preempted")
+        assert sup.result is None and sup.members()["target"] == 2
+        result = sup.wait(60)
+    assert not result.ok
+    assert result.failure.name == "worker:1" and result.failure.returncode == EXIT_PREEMPTED
+    assert "preempted (exit 171)" in result.failure.reason and "min of 2" in result.failure.reason
+    assert result.exits["worker:2"].returncode == EXIT_PREEMPTED
+
+
+def test_a_preempted_worker_comes_back_with_restarts(elastic_run):
+    sup = elastic_run(Elastic(min=1, start=2, max=2), faults=(parse_fault("preempt:worker:1@step=5"),),
+                      restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0.1, seed=1))
+    with sup:
+        poll_until(sup, lambda: "step 1," in sup.log_path("worker:1").read_text().partition("--- restart 1")[2],
+                   30, "worker:1's steps after its restart")
+        assert sup.members()["workers"] == 2
+        elastic_run.go.touch()
+        result = sup.wait(60)
+    assert result.ok, result.reason
+    assert "injected preempt:worker:1@step=5" in result.exits["worker:1"].restart_causes[0]
+
+
+def test_preempt_in_a_fixed_job_is_a_failure_as_before(tmp_path):
+    tasks = [fake("ps", 0, "sleep_forever"), fake("worker", 0, "elastic_worker", "--to", 100000)]
+    with Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), grace_period_secs=2.0,
+                    faults=(parse_fault("preempt:worker:0@step=3"),)) as sup:
+        result = sup.wait(60)
+    assert not result.ok and result.failure.name == "worker:0"
+    assert "injected preempt:worker:0@step=3" in result.failure.reason
+
+
+# -- psworker scale through the run dir -----------------------------------------------------------------------
+
+def write_run(run_dir, elastic: bool = True) -> None:
+    worker = ({"addresses": [f"127.0.0.1:{2300 + i}" for i in range(4)], "min": 1, "start": 2} if elastic
+              else ["127.0.0.1:2300", "127.0.0.1:2301"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "cluster.yaml").write_text(json.dumps({"cluster": {"ps": ["127.0.0.1:2299"], "worker": worker},
+                                                      "train": {"mode": "async"}}))
+
+
+def test_psworker_scale_reaches_the_running_supervisor(elastic_run, tmp_path):
+    write_run(tmp_path)
+    sup = elastic_run(E, scale_inbox=ScaleInbox(tmp_path))
+    answers: list = []
+    with sup:
+        stepping(sup, "worker:1")
+        asker = threading.Thread(target=lambda: answers.append(request_scale(tmp_path, 3, 30)))
+        asker.start()
+        poll_until(sup, lambda: answers, 40, "the launcher's answer")
+        asker.join()
+        assert answers == ["scale 2 -> 3 workers (request 1)"]
+        stepping(sup, "worker:2")
+        assert read_state(tmp_path)["members"]["workers"] == 3
+        elastic_run.go.touch()
+        assert sup.wait(60).ok
+    assert read_state(tmp_path)["finished"] == "succeeded"
+    with pytest.raises(UsageError, match=r"cannot scale: the run has finished \(succeeded\)"):
+        request_scale(tmp_path, 2, 5)
+
+
+def test_psworker_scale_refuses_bad_requests_with_exit_2(tmp_path):
+    cli = [sys.executable, "-m", "psworker", "scale"]
+
+    def scale(run_dir, workers):
+        done = subprocess.run([*cli, str(run_dir), "--workers", str(workers)], capture_output=True, text=True,
+                              timeout=60)
+        return done.returncode, done.stderr
+
+    code, err = scale(tmp_path / "nothing", 2)
+    assert code == 2 and "not a run directory" in err
+    write_run(tmp_path / "fixed", elastic=False)
+    code, err = scale(tmp_path / "fixed", 2)
+    assert code == 2 and "not elastic" in err
+    write_run(tmp_path / "run")
+    code, err = scale(tmp_path / "run", 5)
+    assert code == 2 and "outside the job's elastic range 1..4" in err
+    code, err = scale(tmp_path / "run", 0)
+    assert code == 2 and "must be at least 1" in err
+    code, err = scale(tmp_path / "run", 3)
+    assert code == 2 and "no launcher runs this job" in err
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    ScaleInbox(tmp_path / "run").publish({"workers": 2})
+    state = json.loads((tmp_path / "run" / STATE_FILE).read_text())
+    (tmp_path / "run" / STATE_FILE).write_text(json.dumps({**state, "pid": gone.pid}))
+    code, err = scale(tmp_path / "run", 3)
+    assert code == 2 and f"its launcher (pid {gone.pid} on" in err and "is gone" in err
+
+
+def test_a_request_nobody_answers_times_out_and_is_withdrawn(tmp_path):
+    write_run(tmp_path)
+    ScaleInbox(tmp_path).publish({"workers": 2})       # this process plays a launcher that never reads
+    with pytest.raises(PsworkerError, match=r"did not answer request 1 within 0.5 s; the request was withdrawn"):
+        request_scale(tmp_path, 3, 0.5)
+    assert not (tmp_path / "scale" / "1.request").exists()
