@@ -106,3 +106,57 @@ def test_a_non_chief_that_vanished_gets_the_rejoin_grace_then_counts_as_done(tmp
 
 def test_the_default_rejoin_grace_covers_a_restart_by_hand():
     assert shutdown.VANISHED_GRACE_SECS >= 30.0
+
+
+def make_elastic_wait(tmp_path, n: int = 4, **kwargs):
+    """`make_wait` over an elastic job of `n` workers (min 1, start 2)."""
+    import dataclasses
+
+    from psworker.spec import Elastic
+
+    wait, ports = make_wait(tmp_path, n, **kwargs)
+    wait.spec = dataclasses.replace(wait.spec, elastic=Elastic(min=1, start=2, max=n))
+    return wait, ports
+
+
+def test_elastic_only_members_hold_the_ps_and_a_worker_that_left_does_not(tmp_path, caplog):
+    """The chief plus the workers that joined and have not left: neither a worker never started (worker:3) nor one
+    scaled away (worker:1) keeps the ps waiting, and a worker that left and came back is a member again."""
+    caplog.set_level("INFO")
+    wait, ports = make_elastic_wait(tmp_path, grace=30.0)
+    ports.up -= {"w2", "w3"}
+    for kind, index in (("joined", 1), ("joined", 2), ("left", 1), ("left", 2), ("joined", 2)):
+        wait.on_member(kind, index)
+    assert wait.members() == {0, 2}
+    assert "ps:0: worker:2 joined the job (members now: worker:0, worker:2)" in caplog.text
+    ports.up.discard("w1")                       # worker:1 has exited after leaving
+    assert not step(wait, ports, {0}, 1.0)       # the chief is done; worker:2, a member, still trains
+    assert step(wait, ports, {0, 2}, 0.1)        # every member is done: no rejoin grace for anyone
+    assert "has gone away" not in caplog.text
+
+
+def test_elastic_members_that_all_vanished_still_end_the_ps_with_an_error(tmp_path):
+    wait, ports = make_elastic_wait(tmp_path, gone=300.0)
+    wait.on_member("joined", 1)
+    step(wait, ports, set(), 1.0)
+    ports.up -= {"w0", "w1"}                     # the chief and worker:1 crash; never-joined workers don't count
+    assert not step(wait, ports, set(), 0.0)     # seen down from now on
+    assert not step(wait, ports, set(), 299.0)
+    with pytest.raises(PeerGone, match="every worker went away without saying it was done"):
+        step(wait, ports, set(), 2.0)
+
+
+def test_a_token_from_a_worker_the_spec_lacks_is_ignored(tmp_path, caplog):
+    wait, _ = make_elastic_wait(tmp_path)
+    wait.on_member("joined", 9)
+    assert wait.members() == {0}
+    assert "a joined token from worker:9, which the spec does not have; ignored" in caplog.text
+
+
+def test_tokens_round_trip_and_done_tokens_are_the_bare_index():
+    from psworker.task import done_queue as dq
+
+    assert dq.encode(dq.DONE, 5) == 5
+    for kind in (dq.DONE, dq.JOINED, dq.LEFT):
+        for index in (0, 1, 999):
+            assert dq.decode(dq.encode(kind, index)) == (kind, index)
