@@ -124,13 +124,13 @@ def test_greedy_strategy_counts_slots_on_their_variables_ps():
 def test_step_traffic_of_cifar10_counts_every_crossing_read_and_gradient():
     """Per worker step: every variable pulled once (the weight decay shares the matmuls' read of local3/local4: before
     issue #9 it read them again, 8.1 MB in all, as profile_step measured) and the global step, one gradient per
-    variable pushed (4.27 MB); the averages cross nothing."""
+    variable pushed (4.27 MB) and the learning rate to each ps; the averages cross nothing."""
     from psworker.train.report import placement_report
 
     params = 1_068_298
     for num_ps in (1, 2):
         traffic = placement_report("cifar10", num_ps).traffic
-        assert sum(traffic.push) == params * 4
+        assert sum(traffic.push) == params * 4 + 4 * num_ps
         assert sum(traffic.pull) == params * 4 + 8   # + the global step (the learning rate)
         assert all(p > 0 for p in traffic.pull) and all(p > 0 for p in traffic.push)
 

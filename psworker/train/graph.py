@@ -35,6 +35,7 @@ class TrainGraph:
     sync_optimizer: object   # None unless between-graph sync mode
     sync_reset: object = None   # a SyncRestartReset in sync mode (the chief runs it when it restarts on a live ps)
     inputs: object = None       # this worker's input batch (the session's input warm-up fetches one)
+    pulls: object = None        # a transfer.Pulls when staged variables or a transfer dtype are on
 
 
 SYNC_RESET_RUN_SECS = 10.0   # one run of the sync reset (a take of what an accumulator holds cannot wait long)
@@ -222,7 +223,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls)
         reset = SyncRestartReset(sync) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
-                      sync_reset=reset, inputs=(images, labels))
+                      sync_reset=reset, inputs=(images, labels), pulls=pulls if pulls.options.active else None)
 
 
 def _gradients(model: Model, optimizer: Any, pulls: Any, images, labels, config: TrainConfig, worker_device: str):

@@ -27,30 +27,67 @@ class StepTraffic:
 
 
 def step_traffic(graph, num_ps: int) -> StepTraffic:
-    """Reads `StepTraffic` off a between-graph training graph (variables on `/job:ps/task:i`, compute on a worker)."""
+    """Reads `StepTraffic` off a between-graph training graph (variables on `/job:ps/task:i`, compute on a worker):
+    every tensor that one op produces on a ps and another consumes on the worker (a pull), or the other way (a
+    push), counted once per tensor and destination, as TF's graph partitioning sends it. An op without a device of
+    its own runs where its resource input lives (a `ReadVariableOp` on its variable's ps), or with the op it is
+    colocated with; staged pulls and `--transfer_dtype` casts are counted in the dtype that crosses."""
+    pull, push = [0] * num_ps, [0] * num_ps
+    where = _Devices(graph)
+    for op in graph.get_operations():
+        dst = where.of(op)
+        for tensor in op.inputs:
+            if tensor.dtype.base_dtype.name == "resource":
+                continue
+            src = where.of(tensor.op)
+            src_ps, dst_ps = _ps_of(src), _ps_of(dst)
+            if src_ps is not None and dst_ps is None and _on_worker(dst) and where.first(tensor, dst):
+                pull[src_ps] += _nbytes(tensor)
+            elif dst_ps is not None and src_ps is None and _on_worker(src) and where.first(tensor, dst):
+                push[dst_ps] += _nbytes(tensor)
+    return StepTraffic(tuple(pull), tuple(push))
+
+
+class _Devices:
+    """Where each op of a graph runs, as far as the graph says (see `step_traffic`)."""
+
+    def __init__(self, graph):
+        self._graph = graph
+        self._memo: dict[str, str] = {}
+        self._sent: set = set()
+
+    def of(self, op) -> str:
+        if op.name not in self._memo:
+            self._memo[op.name] = ""   # a cycle (a loop's back edge) resolves to no device
+            self._memo[op.name] = self._find(op)
+        return self._memo[op.name]
+
+    def _find(self, op) -> str:
+        if op.device:
+            return op.device
+        for tensor in op.inputs:
+            if tensor.dtype.base_dtype.name == "resource":
+                return self.of(tensor.op)
+        for group in op.colocation_groups():
+            name = group.decode()[len("loc:@"):]
+            if name != op.name:
+                return self.of(self._graph.get_operation_by_name(name))
+        return ""
+
+    def first(self, tensor, dst: str) -> bool:
+        """True once per (tensor, destination device)."""
+        key = (tensor.name, dst)
+        if key in self._sent:
+            return False
+        self._sent.add(key)
+        return True
+
+
+def _ps_of(device: str):
     import tensorflow as tf
 
-    def ps_of(device: str):
-        spec = tf.DeviceSpec.from_string(device or "")
-        return spec.task if spec.job == "ps" and spec.task is not None else None
-
-    pull, push = [0] * num_ps, [0] * num_ps
-    variables = {}
-    for op in graph.get_operations():
-        if op.type in ("VarHandleOp", "VariableV2") and ps_of(op.device) is not None:
-            variables[op.name] = op
-    for op in graph.get_operations():
-        if op.type != "ReadVariableOp" or not op.inputs or op.inputs[0].op.name not in variables:
-            continue
-        if any(_on_worker(c.device) for c in op.outputs[0].consumers()):   # crosses to the worker once per step
-            pull[ps_of(op.inputs[0].op.device)] += _nbytes(op.outputs[0])
-    for op in graph.get_operations():
-        if op.type.startswith("ResourceApply") and op.inputs and op.inputs[0].op.name in variables:
-            shape = tf.TensorShape(op.inputs[0].op.get_attr("shape"))
-            grads = [t for t in op.inputs[1:] if _on_worker(t.op.device) and t.shape == shape]
-            if grads:   # the gradient: computed on the worker, applied on the ps
-                push[ps_of(op.inputs[0].op.device)] += _nbytes(grads[0])
-    return StepTraffic(tuple(pull), tuple(push))
+    spec = tf.DeviceSpec.from_string(device or "")
+    return spec.task if spec.job == "ps" and spec.task is not None else None
 
 
 def _on_worker(device: str) -> bool:

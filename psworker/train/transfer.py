@@ -54,7 +54,7 @@ class Pulls:
         self._host = f"{worker_device}/device:CPU:0" if worker_device else "/device:CPU:0"
         self._by_name: dict[str, Any] = {}     # variable name -> what the model got
         self.pairs: list[tuple[Any, Any]] = []   # (worker-side tensor, variable or shard)
-        self._areas: list[tuple[Any, Any]] = []  # (StagingArea, the tensor it is filled from)
+        self._areas: list[tuple[Any, Any, Any]] = []  # (StagingArea, the tensor it is filled from, variable)
         self._puts: list = []
 
     def scope(self):
@@ -100,7 +100,7 @@ class Pulls:
             got = sent
             if self.options.staged:
                 area = data_flow_ops.StagingArea([wire], shapes=[var.shape])
-                self._areas.append((area, sent))
+                self._areas.append((area, sent, var))
                 got = area.get()[0]
                 with tf.control_dependencies([got]):   # after this step's get: the area holds one step's values
                     self._puts.append(area.put([sent]))
@@ -152,6 +152,11 @@ class Pulls:
         return out
 
     @property
+    def areas(self) -> list[tuple[Any, Any]]:
+        """`(StagingArea, variable or shard)` of every staged variable."""
+        return [(area, var) for area, _, var in self._areas]
+
+    @property
     def step_ops(self) -> list:
         """What every step runs besides the train op: the puts of the next step's values (staged)."""
         return list(self._puts)
@@ -163,7 +168,7 @@ class Pulls:
         if not self._areas:
             return None
         fills = []
-        for area, sent in self._areas:
+        for area, sent, _ in self._areas:
             with tf.compat.v1.device(self._host):
                 with tf.control_dependencies([area.clear()]):
                     fills.append(area.put([sent]))

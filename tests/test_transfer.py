@@ -1,0 +1,135 @@
+"""Staged variables (`--staged_vars`) and the transfer dtype (`--transfer_dtype bfloat16`): the rules, the graph's
+wire, the one-step staleness in one process, and a real cluster trained through both (its ps link's tc counters)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from psworker.errors import SpecError
+from psworker.spec import TrainConfig, merge_train
+from tests.cluster_utils import REPO, run_launcher, task_env
+
+PRECISION = re.compile(r"precision @ 1 = ([0-9.]+)")
+LINK = re.compile(r"ps:0 link \([^)]*\): ([0-9.]+) (MB|kB) to it, ([0-9.]+) (MB|kB) from it")
+
+
+def test_staged_vars_are_refused_in_sync_mode_and_in_graph():
+    with pytest.raises(SpecError, match=r"--staged_vars: staged variables are for async mode only"):
+        merge_train(TrainConfig(mode="sync"), {"staged_vars": "true"})
+    with pytest.raises(SpecError, match=r"--transfer_dtype: transfer_dtype is for between-graph"):
+        merge_train(TrainConfig(replication="in-graph"), {"transfer_dtype": "bfloat16"})
+    with pytest.raises(SpecError, match=r"--transfer_dtype: 'float16' is not one of float32, bfloat16"):
+        merge_train(TrainConfig(), {"transfer_dtype": "float16"})
+    config = merge_train(TrainConfig(mode="sync"), {"transfer_dtype": "bfloat16"})   # a dtype is fine in sync
+    assert (config.mode, config.transfer_dtype, config.staged_vars) == ("sync", "bfloat16", False)
+
+
+def test_the_command_line_refuses_staged_vars_in_sync_mode_with_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "psworker", "local", str(REPO / "cluster_specs" / "local-sync.yaml"),
+                           "--staged_vars", "true", "--train_dir", str(tmp_path / "t")],
+                          capture_output=True, text=True, env=task_env(), cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "--staged_vars: staged variables are for async mode only" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "t").exists()
+
+
+def _mlp_graph(**train):
+    import tensorflow as tf
+
+    from psworker import models
+    from psworker.train.graph import build_train_graph
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tg = build_train_graph(models.get("mlp"), TrainConfig(model="mlp", **train),
+                               cluster={"ps": ["h:1"], "worker": ["h:2"]}, task_index=0)
+    return graph, tg
+
+
+def test_bfloat16_halves_what_crosses_and_every_crossing_tensor_is_bfloat16():
+    """Read off the between-graph graph: float32 crosses as the variables' bytes (+ the learning rate pushed: the
+    MLP's is constant, so no global step is pulled); bfloat16 as half of them, and every non-scalar tensor between ps and worker is bfloat16."""
+    from psworker.train import traffic
+
+    graph32, _ = _mlp_graph()
+    graph16, tg16 = _mlp_graph(transfer_dtype="bfloat16", staged_vars=True)
+    params = sum(int(np.prod(v.shape)) for v in graph32.get_collection("trainable_variables"))
+    assert traffic.step_traffic(graph32, 1) == traffic.StepTraffic(pull=(4 * params,), push=(4 * params + 4,))
+    assert traffic.step_traffic(graph16, 1) == traffic.StepTraffic(pull=(2 * params,), push=(2 * params + 4,))
+    crossing = [t for op in _step_ops(tg16.train_op) for t in op.inputs
+                if t.shape.rank and _job(t.op) != _job(op) and "resource" not in t.dtype.name]
+    assert crossing and {t.dtype.name for t in crossing} == {"bfloat16"}, crossing
+    assert len(tg16.pulls.areas) == len(graph16.get_collection("trainable_variables"))
+
+
+def _step_ops(train_op) -> list:
+    """The ops a step runs: the train op and everything it depends on."""
+    seen, todo = {}, [train_op]
+    while todo:
+        op = todo.pop()
+        if op.name not in seen:
+            seen[op.name] = op
+            todo += [t.op for t in op.inputs] + list(op.control_inputs)
+    return list(seen.values())
+
+
+def _job(op) -> str:
+    device = op.device or next((t.op.device for t in op.inputs if t.dtype.name == "resource"), "")
+    return "ps" if "/job:ps" in device else "worker"
+
+
+def test_staged_steps_compute_on_values_at_most_one_update_old():
+    """In one process: after the fill the area holds the initial weights; after each step it holds one set of
+    values (never two), equal to the variable before that step's update or after it: a step's gradient lacks at
+    most one update. Training still lowers the loss."""
+    import tensorflow as tf
+
+    from psworker import models
+    from psworker.train.graph import build_train_graph
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        v1.set_random_seed(1)
+        tg = build_train_graph(models.get("mlp"), TrainConfig(model="mlp", staged_vars=True, seed=1),
+                               cluster=None, task_index=0)
+        area, var = tg.pulls.areas[0]
+        peek, size = area.peek(0)[0], area.size()
+        with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator()) as sess:
+            raw = sess._tf_sess()   # pylint: disable=protected-access  (reads without running hooks)
+            assert raw.run(size) == 1
+            np.testing.assert_array_equal(raw.run(peek), raw.run(var))
+            losses = []
+            for _ in range(30):
+                before = raw.run(var)
+                _, loss = sess.run([tg.train_op, tg.loss])
+                losses.append(loss)
+                after, staged = raw.run([var, peek])
+                assert raw.run(size) == 1
+                assert np.array_equal(staged, before) or np.array_equal(staged, after)
+                assert not np.array_equal(before, after)
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+
+
+@pytest.mark.slow
+def test_a_cluster_trains_staged_in_bfloat16_to_float32s_precision_on_half_the_wire(tmp_path):
+    """1 ps + 2 workers on the digits, the same seed and steps, float32 then staged + bfloat16; the ps link's tc
+    counters (psworker local --ps_link_rate) give the bytes that crossed it each way."""
+    seen = {}
+    for name, flags in (("float32", []), ("staged-bf16", ["--staged_vars", "true", "--transfer_dtype", "bfloat16"])):
+        run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / name),
+                            "--max_steps", "400", "--seed", "1", "--ps_link_rate", "10gbit", *flags],
+                           cwd=tmp_path, timeout=400)
+        assert run.returncode == 0, run.output[-4000:]
+        link = LINK.search(run.output)
+        assert link, run.output[-2000:]
+        to_ps, from_ps = (float(link.group(i)) * (1e6 if link.group(i + 1) == "MB" else 1e3) for i in (1, 3))
+        seen[name] = (float(PRECISION.search(run.output).group(1)), to_ps, from_ps)
+    (p32, to32, from32), (p16, to16, from16) = seen["float32"], seen["staged-bf16"]
+    assert p32 >= 0.9 and p16 >= p32 - 0.04, seen
+    assert 0.4 < from16 / from32 < 0.6 and 0.4 < to16 / to32 < 0.6, seen
