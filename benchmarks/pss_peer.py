@@ -42,7 +42,7 @@ from typing import Optional
 WEIGHT_DECAY = 0.004
 EMA_DECAY = 0.9999
 DIGITS_TEST_FRACTION = 0.2
-SERVER_START_TIMEOUT_S = 60.0
+SERVER_START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 5.0
 
 
@@ -221,7 +221,10 @@ class Net:
     def loss(self, images, labels):
         import tensorflow as tf
 
-        p = self.params
+        # One read per variable and step: each read of a remote variable crosses the network again (the weight
+        # decay and the layer would read local3/local4 twice).
+        p = {k: tf.concat([tf.identity(s) for s in v.variables], axis=0) if hasattr(v, "variables")
+             else tf.identity(v) for k, v in self.params.items()}
         if self.kind == "mlp":
             x = tf.nn.relu(tf.matmul(images, p["hidden1/weights"]) + p["hidden1/biases"])
             logits = tf.matmul(x, p["softmax/weights"]) + p["softmax/biases"]
