@@ -217,7 +217,7 @@ def test_psworker_scale_refuses_bad_requests_with_exit_2(tmp_path):
     code, err = scale(tmp_path / "run", 5)
     assert code == 2 and "outside the job's elastic range 1..4" in err
     code, err = scale(tmp_path / "run", 0)
-    assert code == 2 and "must be at least 1" in err
+    assert code == 2 and "--workers 0 is outside the job's elastic range 1..4" in err
     code, err = scale(tmp_path / "run", 3)
     assert code == 2 and "no launcher runs this job" in err
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

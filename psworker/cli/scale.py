@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 from psworker.cli.flags import positive_float
-from psworker.errors import UsageError
 
 __all__ = ["cmd_scale", "scale_flags"]
 
@@ -15,8 +14,6 @@ def cmd_scale(args: argparse.Namespace) -> int:
     """Sends the request, waits for the launcher's answer and prints it."""
     from psworker.launcher.scaling import request_scale
 
-    if args.workers < 1:
-        raise UsageError(f"--workers: {args.workers} must be at least 1")
     print(f"psworker: {request_scale(args.run_dir, args.workers, args.timeout_secs)}", flush=True)
     return 0
 

@@ -1,0 +1,144 @@
+"""Elastic jobs under the real launcher (`psworker local`) over real TensorFlow tasks (the MLP on digits), scaled
+with the real `psworker scale` command: async 2 -> 4 -> 1 workers, and sync scaled down to min and up again with a
+preempted worker that comes back (--max_restarts). Each change is driven by the console's lines and the ps's log;
+workers are held (SIGSTOP) while others join or leave, so that training cannot end before a change is seen, however
+fast or slow the machine is.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from psworker.testing import assert_processes_gone, checkpoint_step
+from tests.cluster_utils import task_env
+from tests.test_real_launcher import TIMEOUT_SECS, Launcher
+
+pytestmark = pytest.mark.slow
+
+STEP = re.compile(r"\[(worker:\d)\] step (\d+), loss = ")
+
+
+def write_spec(path: Path, workers: int, elastic: dict, **train) -> str:
+    doc = {"cluster": {"ps": ["127.0.0.1:auto"], "worker": {"addresses": ["127.0.0.1:auto"] * workers, **elastic}},
+           "train": {"model": "mlp", "batch_size": 32, "log_every_steps": 20, **train}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def scale(run_dir: Path, workers: int) -> tuple[int, str]:
+    """`psworker scale RUN_DIR --workers N`: (exit status, output)."""
+    done = subprocess.run([sys.executable, "-m", "psworker", "scale", str(run_dir), "--workers", str(workers)],
+                          capture_output=True, text=True, env=task_env(), timeout=TIMEOUT_SECS)
+    return done.returncode, done.stdout + done.stderr
+
+
+def signal_tasks(run: Launcher, sig: int, *names: str) -> None:
+    pids = run.task_pids()
+    for name in names:
+        psutil.Process(pids[name]).send_signal(sig)
+
+
+def steps(run: Launcher) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for m in filter(None, map(STEP.search, run.snapshot())):
+        found.setdefault(m.group(1), []).append(int(m.group(2)))
+    return found
+
+
+def wait_log(run: Launcher, path: Path, pattern: str, count: int, what: str) -> None:
+    run.wait_until(lambda: path.exists() and len(re.findall(pattern, path.read_text(errors="replace"), re.M)) >= count,
+                   what)
+
+
+def joined(ps_log: Path) -> int:
+    """How often the ps has logged that worker:2 joined."""
+    return len(re.findall(r"worker:2 joined the job", ps_log.read_text(errors="replace")))
+
+
+def finish(run: Launcher, names: list[str]) -> None:
+    """The launcher exits 0 with every task of `names` having exited 0 by itself (none stopped), nothing left."""
+    assert run.proc.wait(TIMEOUT_SECS) == 0, run.tail()
+    run.pids.update(run._descendants())
+    for name in names:
+        assert run.find(rf"^psworker: {name} \(pid \d+\) exited: exit code 0$"), (name, run.tail())
+    assert not run.find(r"^psworker: (warning: )?stopping "), run.tail()
+    assert_processes_gone(run.pids)
+
+
+def test_async_job_scaled_2_to_4_to_1(tmp_path):
+    max_steps, train_dir = 3000, tmp_path / "train"
+    spec = write_spec(tmp_path / "async.yaml", 4, {"min": 1, "start": 2}, mode="async", max_steps=max_steps)
+    run = Launcher([spec, "--train_dir", str(train_dir)], tmp_path)
+    try:
+        run.wait_for(r"^\[worker:1\] step \d+", "a step line of worker:1")
+        signal_tasks(run, signal.SIGSTOP, "worker:0", "worker:1")      # the joiners train alone
+        code, out = scale(train_dir, 5)
+        assert code == 2 and "--workers 5 is outside the job's elastic range 1..4 (min..max)" in out, out
+        code, out = scale(train_dir, 0)
+        assert code == 2 and "--workers 0 is outside the job's elastic range 1..4" in out, out
+        before = max(max(s) for s in steps(run).values())
+        assert scale(train_dir, 4) == (0, "psworker: scale 2 -> 4 workers (request 1)\n")
+        joined = [int(run.wait_for(rf"^psworker: {w} joined at global step (\d+)$", f"{w} joining")[1].group(1))
+                  for w in ("worker:2", "worker:3")]
+        assert min(joined) >= before, (joined, before)                  # no rollback: they go on from the ps
+        signal_tasks(run, signal.SIGSTOP, "worker:2", "worker:3")
+
+        assert scale(train_dir, 1) == (0, "psworker: scale 4 -> 1 workers (request 2)\n")
+        signal_tasks(run, signal.SIGCONT, "worker:1", "worker:2", "worker:3")   # each ends its step and leaves
+        for w in ("worker:1", "worker:2", "worker:3"):
+            run.wait_for(rf"^psworker: {w} left \(scaled away\)$", f"{w} leaving")
+        signal_tasks(run, signal.SIGCONT, "worker:0")
+        finish(run, ["ps:0", "worker:0", "worker:1", "worker:2", "worker:3"])
+    finally:
+        run.close()
+    for name, seen in steps(run).items():
+        assert seen == sorted(seen), f"{name}'s global step went back: {seen}"
+    assert checkpoint_step(train_dir) >= max_steps
+    assert "every worker is done; exiting" in (train_dir / "logs" / "ps-0.log").read_text()
+    code, out = scale(train_dir, 2)
+    assert code == 2 and "cannot scale: the run has finished (succeeded)" in out, out
+
+
+def test_sync_job_scaled_to_min_and_back_with_a_preempted_worker_restarted(tmp_path):
+    max_steps, train_dir = 3000, tmp_path / "train"
+    spec = write_spec(tmp_path / "sync.yaml", 3, {"min": 2, "start": 3}, mode="sync", replicas_to_aggregate=2,
+                      max_steps=max_steps)
+    ps_log = train_dir / "logs" / "ps-0.log"
+    run = Launcher([spec, "--train_dir", str(train_dir), "--inject", "preempt:worker:2@step=40", "--max_restarts", "1",
+                    "--restart_backoff_secs", "1"], tmp_path)
+    try:
+        # Preempted: it ends its step, leaves (exit 171) and comes back at the same address after the backoff.
+        # (Under load it may not have joined yet: then it leaves at once.) The others are held while it comes back.
+        run.wait_for(r"^psworker: worker:2 \(pid \d+\) exited: injected preempt:worker:2@step=40$", "the preemption")
+        signal_tasks(run, signal.SIGSTOP, "worker:0", "worker:1")
+        joins = joined(ps_log)
+        at, _ = run.wait_for(r"^psworker: warning: restarting worker:2 \(restart 1: injected preempt:worker:2@step=40\)",
+                             "worker:2's restart")
+        wait_log(run, ps_log, r"worker:2 joined the job", joins + 1, "worker:2 joining again")
+        signal_tasks(run, signal.SIGCONT, "worker:0", "worker:1")
+        run.wait_for(r"^\[worker:2\] step \d+", "a step line of worker:2 after its restart", after=at)
+
+        code, out = scale(train_dir, 1)
+        assert code == 2 and "--workers 1 is outside the job's elastic range 2..3 (min..max)" in out, out
+        assert scale(train_dir, 2) == (0, "psworker: scale 3 -> 2 workers (request 1)\n")
+        run.wait_for(r"^psworker: worker:2 left \(scaled away\)$", "worker:2 leaving")
+        signal_tasks(run, signal.SIGSTOP, "worker:0", "worker:1")
+        joins = joined(ps_log)
+        assert scale(train_dir, 3) == (0, "psworker: scale 2 -> 3 workers (request 2)\n")
+        wait_log(run, ps_log, r"worker:2 joined the job", joins + 1, "worker:2 joining once more")
+        signal_tasks(run, signal.SIGCONT, "worker:0", "worker:1")
+        run.wait_for(r"^psworker: worker:2 joined at global step \d+$", "worker:2's step after it joined again")
+        finish(run, ["ps:0", "worker:0", "worker:1", "worker:2"])
+    finally:
+        run.close()
+    assert checkpoint_step(train_dir) == max_steps
+    for name, seen in steps(run).items():
+        assert seen == sorted(seen), f"{name}'s global step went back: {seen}"
