@@ -1,0 +1,155 @@
+"""Throughput of one elastic run per phase (issue 18): the MLP on digits, async, scaled 1 -> 2 -> 4 workers.
+
+Not a test: run it by hand, e.g.
+
+    python benchmarks/elastic.py --phase_secs 20 --repeat 3
+
+Each repeat is one `psworker local` run of an elastic spec (1 ps; workers min 1, start 1, max 4) that is scaled
+with `psworker scale` once the current phase has been measured. A phase starts when its last joining worker's
+`psworker: worker:N joined at global step S` line appears on the console, plus --settle_secs, and lasts
+--phase_secs; its rate is the rise of the largest global step seen in the workers' step lines (each timestamped as
+read) between the window's first and last line, divided by the time between them. The run is then ended with SIGINT. Printed: one table row per phase
+(median over the repeats, and each repeat's value), the speed-up against 1 worker, then a JSON line of every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PHASES = (1, 2, 4)
+STEP = re.compile(r"^\[worker:\d+\] step (\d+), loss = ")
+JOINED = re.compile(r"^psworker: worker:(\d+) joined at global step \d+$")
+
+
+class Console:
+    """`psworker local`'s console, read in a thread: (time.monotonic(), line) pairs."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, pattern: re.Pattern, count: int, timeout: float) -> float:
+        """The time of the `count`-th line matching `pattern`; fails after `timeout` s or if the run ends."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hits = [t for t, line in list(self.lines) if pattern.search(line)]
+            if len(hits) >= count:
+                return hits[count - 1]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        tail = "\n".join(line for _, line in self.lines[-30:])
+        raise SystemExit(f"no {count} x {pattern.pattern!r} within {timeout:g} s:\n{tail}")
+
+    def steps_until(self, end: float) -> list[tuple[float, int]]:
+        """(time, global step) of every step line read by `end`."""
+        return [(t, int(m.group(1))) for t, line in list(self.lines) if t <= end for m in [STEP.search(line)] if m]
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._thread.join(10)
+
+
+def write_spec(path: Path, args: argparse.Namespace) -> Path:
+    doc = {"cluster": {"ps": ["127.0.0.1:auto"],
+                       "worker": {"addresses": ["127.0.0.1:auto"] * max(PHASES), "min": 1, "start": PHASES[0]}},
+           "train": {"model": "mlp", "mode": "async", "batch_size": args.batch_size, "max_steps": 10 ** 9,
+                     "log_every_steps": args.log_every_steps}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def rate(samples: list[tuple[float, int]], start: float) -> Optional[float]:
+    """Global steps per second from `start` to the last step line: the rise of the largest step seen (each worker's
+    lines lag the global step by up to log_every_steps), between the first and the last line in the window."""
+    best, inside = 0, []
+    for t, step in samples:
+        best = max(best, step)
+        if t >= start:
+            inside.append((t, best))
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+def one_run(args: argparse.Namespace, workdir: Path) -> dict[int, Optional[float]]:
+    """One run scaled through PHASES; returns global steps/s per worker count."""
+    train_dir = workdir / "train"
+    run = Console([sys.executable, "-m", "psworker", "local", str(write_spec(workdir / "elastic.yaml", args)),
+                   "--train_dir", str(train_dir)], workdir)
+    rates: dict[int, Optional[float]] = {}
+    try:
+        begin = run.wait_for(STEP, 1, args.timeout_secs)
+        joined = 0
+        for n, workers in enumerate(PHASES):
+            if n:
+                done = subprocess.run([sys.executable, "-m", "psworker", "scale", str(train_dir), "--workers",
+                                       str(workers)], capture_output=True, text=True, timeout=120)
+                print(f"  {done.stdout.strip() or done.stderr.strip()}", flush=True)
+                joined += workers - PHASES[n - 1]
+                begin = run.wait_for(JOINED, joined, args.timeout_secs)
+            start = begin + args.settle_secs
+            time.sleep(max(0.0, start + args.phase_secs - time.monotonic()))
+            rates[workers] = rate(run.steps_until(start + args.phase_secs), start)
+            print(f"  {workers} worker(s): {rates[workers] or 0:.1f} global steps/s", flush=True)
+    finally:
+        run.end()
+    return rates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--phase_secs", type=float, default=20.0)
+    p.add_argument("--settle_secs", type=float, default=3.0, help="after a phase's last join, before measuring")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--log_every_steps", type=int, default=50)
+    p.add_argument("--timeout_secs", type=float, default=300.0)
+    args = p.parse_args()
+    samples: dict[int, list[float]] = {w: [] for w in PHASES}
+    for r in range(args.repeat):
+        print(f"repeat {r + 1}/{args.repeat}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="psworker-elastic-") as tmp:
+            for workers, value in one_run(args, Path(tmp)).items():
+                if value is not None:
+                    samples[workers].append(value)
+    base = statistics.median(samples[1]) if samples[1] else None
+    print(f"\n| workers | global steps/s (median of {args.repeat}) | x 1 worker | each repeat |")
+    print("|---|---|---|---|")
+    for workers in PHASES:
+        values = samples[workers]
+        med = statistics.median(values) if values else None
+        print(f"| {workers} | {med or 0:.1f} | {med / base if med and base else 0:.2f} | "
+              f"{', '.join(f'{v:.1f}' for v in values)} |")
+    print(json.dumps({"samples": samples, "phase_secs": args.phase_secs, "batch_size": args.batch_size}))
+
+
+if __name__ == "__main__":
+    main()
