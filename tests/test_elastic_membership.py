@@ -4,6 +4,7 @@ protocol of `psworker scale` (`psworker.launcher.scaling`) against a real superv
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -22,6 +23,7 @@ from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.scaling import STATE_FILE, ScaleInbox, read_state, request_scale
 from psworker.launcher.supervisor import Supervisor
+from psworker.addresses import Address
 from psworker.spec import Elastic
 
 E = Elastic(min=1, start=2, max=4)
@@ -235,3 +237,45 @@ def test_a_request_nobody_answers_times_out_and_is_withdrawn(tmp_path):
     with pytest.raises(PsworkerError, match=r"did not answer request 1 within 0.5 s; the request was withdrawn"):
         request_scale(tmp_path, 3, 0.5)
     assert not (tmp_path / "scale" / "1.request").exists()
+
+
+# -- a late start and a leave over ssh (the real test sshd, fake workers) ----------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class RemoteTask:
+    """A fake task with what the ssh backend reads: its host (`address`)."""
+
+    job: str
+    index: int
+    argv: tuple[str, ...]
+    address: Address
+    env: tuple = ()
+    is_chief: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
+    from psworker.launcher.backends.ssh import SshBackend, SshOptions
+
+    go = tmp_path / "go"
+    chief = fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)
+    joiner = fake("worker", 1, "elastic_worker", "--until", go, "--to", 100000)
+    tasks = [RemoteTask("worker", 0, chief.argv, Address("127.0.0.2", 1)),
+             RemoteTask("worker", 1, joiner.argv, Address("127.0.0.3", 1))]
+    backend = SshBackend(SshOptions(ssh_config=str(sshd.client_config)))
+    sup = Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), grace_period_secs=2.0, backend=backend,
+                     elastic=Elastic(min=1, start=1, max=2))
+    with sup:
+        assert sorted(sup.pids()) == ["worker:0"]
+        sup.scale(2)                                   # one more ssh connection, to 127.0.0.3
+        poll_until(sup, lambda: sup.progress.snapshot()["worker:1"].step is not None, 60, "worker:1's steps")
+        sup.scale(1)                                   # SIGUSR2 through `ssh 127.0.0.3 kill -USR2 PID`
+        poll_until(sup, lambda: sup.members()["left"] == [1], 60, "worker:1 to leave")
+        assert "leaving after step" in sup.log_path("worker:1").read_text()
+        go.touch()
+        result = sup.wait(60)
+    assert result.ok, result.reason
+    assert result.exits["worker:1"].returncode == 0 and not result.exits["worker:1"].stopped
