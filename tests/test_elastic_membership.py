@@ -279,3 +279,21 @@ def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
         result = sup.wait(60)
     assert result.ok, result.reason
     assert result.exits["worker:1"].returncode == 0 and not result.exits["worker:1"].stopped
+
+
+def test_slurm_lays_out_every_worker_up_to_max_and_keeps_the_range(tmp_path):
+    """The allocation a Slurm run checks and lays out holds a slot for every worker up to max (a late worker is an
+    srun step in its own slot), and the placed spec is still elastic (a listed spec as well as a count spec)."""
+    from psworker.plan import layout
+    from psworker.schedulers import slurm as sched
+    from psworker.spec import load_spec
+
+    write_run(tmp_path)
+    listed = load_spec(tmp_path / "cluster.yaml")
+    counted = tmp_path / "counts.yaml"
+    counted.write_text(json.dumps({"cluster": {"ps": 1, "worker": {"max": 4, "min": 1, "start": 2}}}))
+    for spec in (listed, load_spec(counted, allow_counts=True)):
+        counts = sched.count_spec(spec)
+        assert counts.count("worker") == 4 and counts.elastic == E
+        placed = layout(counts, ["n1", "n2"], sched.check_allocation(counts, ["n1", "n2"], [3, 2]))
+        assert len(placed.worker) == 4 and placed.elastic == E
