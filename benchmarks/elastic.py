@@ -8,8 +8,9 @@ Each repeat is one `psworker local` run of an elastic spec (1 ps; workers min 1,
 with `psworker scale` once the current phase has been measured. A phase starts when its last joining worker's
 `psworker: worker:N joined at global step S` line appears on the console, plus --settle_secs, and lasts
 --phase_secs; its rate is the rise of the largest global step seen in the workers' step lines (each timestamped as
-read) between the window's first and last line, divided by the time between them. The run is then ended with SIGINT. Printed: one table row per phase
-(median over the repeats, and each repeat's value), the speed-up against 1 worker, then a JSON line of every sample.
+read) between the window's first and last line, divided by the time between them. The run is then ended with
+SIGINT. Printed: one table row per phase (median over the repeats, and each repeat's value), the speed-up against
+1 worker, then a JSON line of every sample.
 """
 
 from __future__ import annotations

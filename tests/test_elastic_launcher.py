@@ -120,7 +120,7 @@ def test_sync_job_scaled_to_min_and_back_with_a_preempted_worker_restarted(tmp_p
         run.wait_for(r"^psworker: worker:2 \(pid \d+\) exited: injected preempt:worker:2@step=40$", "the preemption")
         signal_tasks(run, signal.SIGSTOP, "worker:0", "worker:1")
         joins = joined(ps_log)
-        at, _ = run.wait_for(r"^psworker: warning: restarting worker:2 \(restart 1: injected preempt:worker:2@step=40\)",
+        at, _ = run.wait_for(r"^psworker: warning: restarting worker:2 \(restart 1: injected preempt:worker:2@step=40",
                              "worker:2's restart")
         wait_log(run, ps_log, r"worker:2 joined the job", joins + 1, "worker:2 joining again")
         signal_tasks(run, signal.SIGCONT, "worker:0", "worker:1")
