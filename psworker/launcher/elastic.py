@@ -109,8 +109,11 @@ class ElasticWorkers:
             how = "scaled away" if code == 0 else f"asked to leave, then exit code {code}"
             (logger.info if code == 0 else logger.warning)("%s left (%s)", slot.name, how)
             return ""
-        if code == EXIT_PREEMPTED and i != ms.CHIEF and not restarting and not training_over:
-            return self._preempted(slot)
+        if code == EXIT_PREEMPTED and i != ms.CHIEF and not training_over:
+            if not restarting:
+                return self._preempted(slot)
+            logger.warning("%s left (preempted, exit %d); it comes back at the same address (--max_restarts)",
+                           slot.name, EXIT_PREEMPTED)
         if code == 0:
             self.members = self.members.with_state(i, ms.DONE)
         return None
