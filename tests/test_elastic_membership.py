@@ -297,3 +297,11 @@ def test_slurm_lays_out_every_worker_up_to_max_and_keeps_the_range(tmp_path):
         assert counts.count("worker") == 4 and counts.elastic == E
         placed = layout(counts, ["n1", "n2"], sched.check_allocation(counts, ["n1", "n2"], [3, 2]))
         assert len(placed.worker) == 4 and placed.elastic == E
+
+
+def test_preempt_faults_parse_like_the_others():
+    fault = parse_fault("preempt:worker:2@step=300")
+    assert (fault.action, fault.task, fault.at_step) == ("preempt", "worker:2", 300)
+    assert parse_fault("preempt:worker:1@time=20").at_secs == 20
+    with pytest.raises(UsageError, match="code=N applies to exit only"):
+        parse_fault("preempt:worker:2@step=3,code=171")
