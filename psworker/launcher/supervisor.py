@@ -259,7 +259,8 @@ class Supervisor:
             return self._elastic.scale(workers, "by hand", training_over=self._done_at is not None)
 
     def members(self) -> Optional[dict]:
-        """An elastic job's membership (`Membership.summary()`: running, target, and each state's indices)."""
+        """An elastic job's membership (`Membership.summary()`: how many workers run, the target, each state's
+        indices); None for a fixed job."""
         with self._lock:
             return None if self._elastic is None else self._elastic.members.summary()
 
