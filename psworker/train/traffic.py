@@ -1,11 +1,12 @@
 """On paper: the bytes one worker step moves to and from each ps, the network load that makes at a step rate, and how
 many ps tasks a given bandwidth needs for N workers (`psworker plan SPEC --model M --step_rate R --bandwidth_gbps B`).
 
-The model: per step, each worker pulls every variable (shard) it reads from the ps that holds it, once per read op
-(TF's receiver pulls; a variable read twice in the graph crosses twice), and pushes one gradient per trainable
-variable (shard) to its ps. Moving averages and the apply run on the ps and cross nothing. Scalars (global step,
-learning rate) and RPC framing are left out. Async workers each do this once per own step, so a ps's load is the
-sum over workers.
+The model: per step, every tensor produced on a ps and consumed on the worker crosses once (a pull: each variable
+(shard) once per read op, so a variable read twice in the graph crosses twice), and every tensor produced on the
+worker and consumed on a ps (a push: one gradient per trainable variable (shard), and scalars such as the learning
+rate), in the dtype that crosses (`--transfer_dtype`). Moving averages and the apply run on the ps and cross
+nothing. RPC framing is left out. Async workers each do this once per own step, so a ps's load is the sum over
+workers.
 """
 
 from __future__ import annotations
