@@ -130,13 +130,15 @@ def test_sigint_to_run_local_stops_every_task_and_returns_130(tmp_path, fake_pyt
     train_dir = tmp_path / "train"
     seen: list[int] = []
     returned = threading.Event()
+    # processes of earlier tests' session fixtures (a test sshd, Slurm) are no tasks of this run
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
 
     def interrupt() -> None:
         logs = [train_dir / "logs" / f"{n}.log" for n in ("ps-0", "worker-0", "worker-1")]
         ready = lambda: all(p.exists() and "ready" in p.read_text() for p in logs)  # noqa: E731
         try:
             wait_for(lambda: returned.is_set() or ready(), 30, "tasks ready")
-            seen.extend(p.pid for p in psutil.Process().children(recursive=True))
+            seen.extend(p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before)
         finally:
             if not returned.is_set():           # also on timeout, so that run_local returns
                 os.kill(os.getpid(), signal.SIGINT)
