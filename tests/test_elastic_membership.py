@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from tests.fake_tasks.fakes import fake, kill_quietly, poll_until, task_state, wait_for
+from tests.fake_tasks.fakes import fake, poll_until, stop_supervisors, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
 from psworker.launcher.inject import parse_fault
@@ -86,11 +86,7 @@ def elastic_run(tmp_path):
 
     make.go = go
     yield make
-    for sup in made:
-        if sup.result is None:
-            pids = list(sup.pids().values())
-            sup.stop("test teardown")
-            kill_quietly(pids)
+    stop_supervisors(made)
 
 
 def stepping(sup: Supervisor, *names: str) -> None:

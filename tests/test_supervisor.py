@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.fake_tasks.fakes import HERE, FakeTask, fake, kill_quietly, poll_until, task_state, wait_for, wait_gone
+from tests.fake_tasks.fakes import (HERE, FakeTask, fake, kill_quietly, poll_until, stop_supervisors, task_state, wait_for,
+                                    wait_gone)
 from psworker.launcher.report import exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
 
@@ -33,11 +34,7 @@ def make_sup(tmp_path):
         return sup
 
     yield make
-    for sup in made:
-        if sup.result is None:
-            pids = list(sup.pids().values())
-            sup.stop("test teardown")
-            kill_quietly(pids)
+    stop_supervisors(made)
 
 
 def log_text(sup: Supervisor, name: str) -> str:

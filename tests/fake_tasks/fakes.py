@@ -77,6 +77,15 @@ def wait_gone(pids: list[int], timeout: float) -> None:
     wait_for(lambda: all(gone(p) for p in pids), timeout, f"pids {pids} to be gone")
 
 
+def stop_supervisors(sups) -> None:
+    """Fixture teardown: stops each supervisor whose run has not ended, then kills whatever of it is left."""
+    for sup in sups:
+        if sup.result is None:
+            pids = list(sup.pids().values())
+            sup.stop("test teardown")
+            kill_quietly(pids)
+
+
 def kill_quietly(pids: list[int]) -> None:
     """Test clean-up: SIGKILL whatever is left, so a failing test leaves no processes on a shared machine."""
     for pid in pids:
