@@ -106,7 +106,6 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
         elastic job's worker that left on a signal: `LeftJob`'s code (0 scaled away, `EXIT_PREEMPTED` preempted).
     """
     dump_stacks_on_signal()
-    name = f"worker:{index}"
     membership = None
     if spec.elastic is not None and index != 0:   # from the start: a leave signal must never kill it
         from psworker.task.leave import Membership
