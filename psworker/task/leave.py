@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from psworker.errors import EXIT_OK, EXIT_PREEMPTED, LeftJob
+from psworker.task.done_queue import JOINED, LEFT, SEND_DONE_AFTER_FAILURE_SECS, signal_done
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,6 @@ class Membership:
         self.signals = LeaveOnSignal(f"worker:{index}")
 
     def join(self, target: str) -> None:
-        from psworker.task.done_queue import JOINED, signal_done
-
         with self.signals.joining() as joined:
             signal_done(target, self.spec, self.index, kind=JOINED)
             joined()
@@ -100,8 +99,6 @@ class Membership:
 
     def tell_left(self, target: str) -> None:
         """Tells every ps this worker has left, if it had joined."""
-        from psworker.task.done_queue import LEFT, SEND_DONE_AFTER_FAILURE_SECS, signal_done
-
         if self.signals.has_joined:
             signal_done(target, self.spec, self.index, kind=LEFT, timeout_secs=SEND_DONE_AFTER_FAILURE_SECS)
 
