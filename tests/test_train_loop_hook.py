@@ -6,8 +6,9 @@ import pytest
 
 
 def _run(steps_limit: int, *, every: int = 4, loss_value: float = 1.0, stride: int = 1, gated=(), align=(),
-         run_steps: int = 1000):
-    """Trains a graph whose train op adds `stride` to the global step; returns (hook, lines, steps run)."""
+         run_steps: int = 1000, advance: int = 0):
+    """Trains a graph whose train op adds `advance` (default: `stride`, what the hook is told) to the global step;
+    returns (hook, lines, steps run)."""
     import tensorflow as tf
 
     from psworker.train.hooks import TrainLoopHook
@@ -17,7 +18,7 @@ def _run(steps_limit: int, *, every: int = 4, loss_value: float = 1.0, stride: i
     with tf.Graph().as_default():
         step = v1.train.get_or_create_global_step()
         loss = tf.constant(loss_value) + tf.cast(step, tf.float32) * 0.0
-        train_op = v1.assign_add(step, stride)
+        train_op = v1.assign_add(step, advance or stride)
         hook = TrainLoopHook(loss, step, last_step=steps_limit, every_steps=every, examples_per_step=8,
                              gated=gated, align_steps=align, stride=stride,
                              emit=lambda line, flush=False: lines.append(line), name="worker:0")
@@ -40,6 +41,14 @@ def test_stops_exactly_at_the_last_step_and_prints_progress():
 def test_stops_exactly_when_the_global_step_moves_by_several_per_step():
     hook, _, ran = _run(40, stride=4)
     assert ran == 10 and hook.final_global_step == 40
+
+
+def test_stops_at_the_last_step_when_the_others_run_more_steps_than_the_stride_says():
+    """A worker slowed by load: told 2 workers (stride 2), it sees the global step move by 7 per step of its own.
+    It learns that from its fetches and still stops at the first step past the limit (the CI race of a batch-32
+    run that checkpointed at 403 of 400)."""
+    hook, _, ran = _run(400, every=50, stride=2, advance=7)
+    assert ran == 58 and hook.final_global_step == 406   # 57 x 7 = 399 < 400 <= 406
 
 
 def test_nan_loss_fails_training():

@@ -31,9 +31,10 @@ class TrainLoopHook(_hook_base()):
     `CHECK_EVERY_STEPS`-th local step, and the step after the global step may have crossed a multiple of one of
     `align_steps`) also fetch the global step and the loss (NaN check: raises `NanLossDuringTrainingError`, so a NaN
     is caught within `CHECK_EVERY_STEPS` steps) and run the `gated` hooks' `before_run`/`after_run` (their `begin`,
-    `after_create_session` and `end` always run). The global step advances by at most `stride` per local step (the
-    number of workers): once it may be within reach of `last_step`, every step fetches it, so training stops there
-    exactly as TF's `StopAtStepHook` does. Every `every_steps` local steps it prints `step 120, loss = 0.42 (1830.2
+    `after_create_session` and `end` always run). The global step is taken to advance by at most `stride` per local
+    step (the number of workers), or by the most any fetch has shown since (a worker slowed by load sees the others
+    run several steps per step of its own): once it may be within reach of `last_step`, every step fetches it, so
+    training stops there exactly as TF's `StopAtStepHook` does. Every `every_steps` local steps it prints `step 120, loss = 0.42 (1830.2
     examples/sec; 0.035 sec/batch)`. At the end of a session that finished without error `final_global_step` holds the
     global step read once more.
     """
@@ -52,7 +53,8 @@ class TrainLoopHook(_hook_base()):
         self.local_steps = 0
         self.last_global_step = 0
         self.final_global_step: Optional[int] = None
-        self._stride = max(1, stride)
+        self._stride = max(1, stride)  # grows to the largest advance per local step seen between two fetches
+        self._fetched_at = None        # the global step at the last fetch
         self._unseen = 0               # local steps since the global step was last fetched
         self._checked_at = -1          # the global step seen at the last check step
         self._check = False
@@ -103,7 +105,7 @@ class TrainLoopHook(_hook_base()):
             self._unseen += 1
             return
         step = int(results["step"])
-        self._unseen = 0
+        self._learn_stride(step)
         self.last_global_step = step
         if self._check:
             self._checked_at = step
@@ -126,9 +128,16 @@ class TrainLoopHook(_hook_base()):
                                        duration / self._every).render(), flush=True)
         if step + self._stride >= self._last_step:   # the fetched value may predate this step's update: read again
             step = int(run_context.session.run(self._global_step))
-            self.last_global_step = step
+            self._fetched_at = self.last_global_step = step
             if step >= self._last_step:
                 run_context.request_stop()
+
+    def _learn_stride(self, step: int):
+        if self._fetched_at is not None:
+            steps = self._unseen + 1
+            self._stride = max(self._stride, -(-(step - self._fetched_at) // steps))
+        self._fetched_at = step
+        self._unseen = 0
 
     def end(self, session):
         self.final_global_step = int(session.run(self._global_step))
