@@ -84,10 +84,9 @@ def _job(op) -> str:
     return "ps" if "/job:ps" in device else "worker"
 
 
-def test_staged_steps_compute_on_values_at_most_one_update_old():
-    """In one process: after the fill the area holds the initial weights; after each step it holds one set of
-    values (never two), equal to the variable before that step's update or after it: a step's gradient lacks at
-    most one update. Training still lowers the loss."""
+def _linear_run(steps: int, **train) -> tuple[list, list, list]:
+    """Trains the linear model in one process; returns each step's batch `(x, y)`, learning rate, and the
+    variables `(w, b)` before the first step and after every step."""
     import tensorflow as tf
 
     from psworker import models
@@ -95,25 +94,59 @@ def test_staged_steps_compute_on_values_at_most_one_update_old():
 
     v1 = tf.compat.v1
     with tf.Graph().as_default():
-        v1.set_random_seed(1)
-        tg = build_train_graph(models.get("mlp"), TrainConfig(model="mlp", staged_vars=True, seed=1),
+        tg = build_train_graph(models.get("linear"), TrainConfig(model="linear", seed=1, batch_size=16, **train),
                                cluster=None, task_index=0)
-        area, var = tg.pulls.areas[0]
-        peek, size = area.peek(0)[0], area.size()
+        w, b = v1.trainable_variables()
+        sizes = [area.size() for area, _ in tg.pulls.areas] if tg.pulls is not None else []
         with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator()) as sess:
             raw = sess._tf_sess()   # pylint: disable=protected-access  (reads without running hooks)
-            assert raw.run(size) == 1
-            np.testing.assert_array_equal(raw.run(peek), raw.run(var))
-            losses = []
-            for _ in range(30):
-                before = raw.run(var)
-                _, loss = sess.run([tg.train_op, tg.loss])
-                losses.append(loss)
-                after, staged = raw.run([var, peek])
-                assert raw.run(size) == 1
-                assert np.array_equal(staged, before) or np.array_equal(staged, after)
-                assert not np.array_equal(before, after)
-    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+            params, batches, rates = [raw.run([w, b])], [], []
+            for _ in range(steps):
+                _, (x, y), lr = sess.run([tg.train_op, tg.inputs, tg.learning_rate])
+                batches.append((x, y))
+                rates.append(float(lr))
+                params.append(raw.run([w, b]))
+                assert all(n == 1 for n in raw.run(sizes)), "an area holds one step's values, never two"
+    return batches, rates, params
+
+
+def _sgd_by_hand(batches, rates, start, delay: int) -> list:
+    """Softmax regression's SGD in float64: step t's gradient taken at the variables as they were `delay` updates
+    before the current ones (the first steps at the initial values); the variables after every step."""
+    params = [tuple(np.float64(p) for p in start)]
+    for t, ((x, y), lr) in enumerate(zip(batches, rates)):
+        w, b = params[max(0, t - delay)]
+        logits = x @ w + b
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        p[np.arange(len(y)), y] -= 1.0
+        gw, gb = x.T @ p / len(y), p.mean(axis=0)
+        params.append((params[-1][0] - lr * gw, params[-1][1] - lr * gb))
+    return params
+
+
+def _follows(got, want) -> bool:
+    return all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for gs, ws in zip(got, want) for g, w in zip(gs, ws))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_staged_sgd_is_exactly_one_step_delayed_sgd(dtype):
+    """In one process, every staged step computes on the variables before the previous step's update: the linear
+    model's run equals SGD with the gradient delayed by exactly one step, computed by hand, step by step (plain is
+    that with no delay; the two differ from the second step on). bfloat16 only rounds the same sequence."""
+    steps = 12
+    batches, rates, staged = _linear_run(steps, staged_vars=True, transfer_dtype=dtype)
+    delayed, fresh = _sgd_by_hand(batches, rates, staged[0], 1), _sgd_by_hand(batches, rates, staged[0], 0)
+    if dtype == "float32":
+        for t in range(steps + 1):
+            assert _follows(staged[: t + 1], delayed[: t + 1]), f"step {t}: not one-step-delayed SGD"
+        assert not _follows(staged[:3], fresh[:3])
+        batches, rates, plain = _linear_run(steps)
+        assert _follows(plain, _sgd_by_hand(batches, rates, plain[0], 0))
+    else:   # bfloat16 rounds weights and gradients (8 bits of mantissa): closer to the delayed sequence
+        err = [max(np.abs(g - w).max() for g, w in zip(gs, ws)) for gs, ws in zip(staged, delayed)]
+        off = [max(np.abs(g - w).max() for g, w in zip(gs, ws)) for gs, ws in zip(staged, fresh)]
+        assert max(err) < 0.02 and max(err) < max(off) / 4, (err, off)
 
 
 @pytest.mark.slow

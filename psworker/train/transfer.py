@@ -56,6 +56,7 @@ class Pulls:
         self.pairs: list[tuple[Any, Any]] = []   # (worker-side tensor, variable or shard)
         self._areas: list[tuple[Any, Any, Any]] = []  # (StagingArea, the tensor it is filled from, variable)
         self._puts: list = []
+        self._reads: dict[int, Any] = {}         # id(variable or shard) -> its read on the ps (staged only)
 
     def scope(self):
         """A variable scope (the current one, reopened) whose trainable `get_variable`s go through `pull`."""
@@ -101,6 +102,7 @@ class Pulls:
             if self.options.staged:
                 area = data_flow_ops.StagingArea([wire], shapes=[var.shape])
                 self._areas.append((area, sent, var))
+                self._reads[id(var)] = sent
                 got = area.get()[0]
                 with tf.control_dependencies([got]):   # after this step's get: the area holds one step's values
                     self._puts.append(area.put([sent]))
@@ -132,24 +134,28 @@ class Pulls:
                              f"get_variable calls: {', '.join(missed)}")
 
     def push(self, grads_and_vars):
-        """The gradients as the ps receives them: cast to the transfer dtype on the worker, back on the ps."""
+        """The gradients as the ps receives them: cast to the transfer dtype on the worker, back on the ps. Staged,
+        each is applied only after this step's pull has read its variable, so the next step computes on values that
+        lack exactly this step's update (one step stale, never a race between zero and one)."""
+        return [(grad if grad is None else self._push_one(grad, var), var) for grad, var in grads_and_vars]
+
+    def _push_one(self, grad, var):
         import tensorflow as tf
 
         v1 = tf.compat.v1
         wire = tf.as_dtype(self.options.dtype)
-        if wire == tf.float32:
-            return list(grads_and_vars)
-        out = []
-        for grad, var in grads_and_vars:
-            if grad is None:
-                out.append((grad, var))
-                continue
-            base = var.op.name
+        read = self._reads.get(id(var))
+        if wire == tf.float32 and read is None:
+            return grad
+        base = var.op.name
+        if wire != tf.float32:
             with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-                sent = tf.cast(grad, wire, name=f"{base}/push_{self.options.dtype}")
-            with v1.colocate_with(None, ignore_existing=True), v1.device(var.device):
-                out.append((tf.cast(sent, tf.float32, name=f"{base}/pushed_float32"), var))
-        return out
+                grad = tf.cast(grad, wire, name=f"{base}/push_{self.options.dtype}")
+        with v1.colocate_with(None, ignore_existing=True), v1.device(var.device), \
+                tf.control_dependencies([read] if read is not None else []):
+            if wire != tf.float32:
+                return tf.cast(grad, tf.float32, name=f"{base}/pushed_float32")
+            return tf.identity(grad, name=f"{base}/pushed_after_pull")
 
     @property
     def areas(self) -> list[tuple[Any, Any]]:
