@@ -106,3 +106,15 @@ def test_kubernetes_manifests_refuse_an_elastic_job_with_a_reason(tmp_path):
     fixed = tmp_path / "fixed.yaml"
     fixed.write_text('cluster:\n  ps: 1\n  worker: 4\n')
     assert psworker("k8s", "manifest", str(fixed), "--image", "psworker:test", cwd=tmp_path).returncode == 0
+
+
+def test_run_and_ssh_with_a_command_refuse_an_elastic_job_before_starting_anything(tmp_path):
+    """A user's script does not speak the join/leave protocol: `run -- CMD` (and `ssh -- CMD`) exit 2 up front."""
+    spec = tmp_path / "elastic.yaml"
+    spec.write_text(spec_text('{addresses: ["127.0.0.1:auto", "127.0.0.1:auto"], min: 1, start: 1}'))
+    marker = tmp_path / "ran"
+    for launcher in ("run", "ssh"):
+        out = psworker(launcher, str(spec), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')", cwd=tmp_path)
+        assert out.returncode == 2, out
+        assert "elastic worker job (min 1, start 1, max 2) runs psworker's own trainer only" in out.stderr
+        assert "Traceback" not in out.stderr and not marker.exists()

@@ -74,6 +74,7 @@ def test_workers_join_leave_and_come_back_without_holding_the_ps(tmp_path):
         ps = cluster.log("ps:0")
         assert "has gone away after training ended" not in ps, ps[-3000:]   # nobody held it up
         assert "ps:0: every worker is done; exiting" in ps
+        assert re.search(r"worker:\d is done \(2 of 2\)", ps), ps[-3000:]   # the members, not the spec's 3
         assert checkpoint_step(cluster.train_dir) >= max_steps
         assert "precision @ 1 = " in cluster.log("worker:0")
     assert_processes_gone(cluster.pids)

@@ -214,7 +214,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
         with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
-            if replication.membership is not None:
+            if replication.membership is not None and not sess.should_stop():   # stopping: training is complete
                 replication.membership.join(target)
             try:
                 with StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs) as watchdog, \

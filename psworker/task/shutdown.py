@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Callable, Iterable, Optional, TypeVar, Union
 
 from psworker.errors import PeerGone
 from psworker.task.done_queue import DONE, JOINED, READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
@@ -122,16 +122,18 @@ class GoneWatch:
 # ---------------------------------------------------------------------------------------------- done tokens
 
 
-def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], num_workers: int, *,
-                     on_idle: Callable[[set[int]], Optional[bool]], reader: Optional[DoneReader] = None,
+def serve_until_done(target: str, job: str, index: int, senders: Union[Iterable[int], Callable[[], set[int]]],
+                     num_workers: int, *, on_idle: Callable[[set[int]], Optional[bool]],
+                     reader: Optional[DoneReader] = None,
                      on_member: Optional[Callable[[str, int], None]] = None) -> set[int]:
-    """Takes tokens from this task's done queue until every one of `senders` is done; returns them.
+    """Takes tokens from this task's done queue until every one of `senders` is done; returns them. `senders` may be
+    a callable, asked again after every token (an elastic job's members change while it waits).
 
     `on_idle(done)` runs whenever no token came for `POLL_SECS`: it may add senders that went away to `done`,
     return True to stop waiting, or raise. It runs on this thread, which never waits in TensorFlow (`DoneReader`).
     `on_member(kind, sender)` gets an elastic job's `JOINED` and `LEFT` tokens.
     """
-    expected = set(senders)
+    expected = senders if callable(senders) else (lambda fixed=frozenset(senders): set(fixed))
     own = reader is None
     if reader is None:
         reader = DoneReader(target, job, index, num_workers)
@@ -139,7 +141,7 @@ def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], 
     done: set[int] = set()
     stall_logged = False
     try:
-        while not expected <= done:
+        while not expected() <= done:
             token = reader.get(timeout=POLL_SECS)
             if token is None:
                 stalled = reader.stalled_for()
@@ -157,9 +159,10 @@ def serve_until_done(target: str, job: str, index: int, senders: Iterable[int], 
                 if on_member is not None:
                     on_member(kind, sender)
                 continue
-            if sender in expected and sender not in done:
+            waiting_for = expected()
+            if sender in waiting_for and sender not in done:
                 done.add(sender)
-                log.info("%s: worker:%d is done (%d of %d)", who, sender, len(done & expected), len(expected))
+                log.info("%s: worker:%d is done (%d of %d)", who, sender, len(done & waiting_for), len(waiting_for))
     finally:
         if own:
             reader.stop()
@@ -257,8 +260,6 @@ class _PsWait:
             if self.watch.gone_for(i) >= self.grace:
                 done.add(i)
                 log.info("%s: worker:%d has gone away after training ended; counting it as done", self.name, i)
-        if self.spec.elastic is not None and members <= done:   # a fixed job's loop ends by itself then
-            return True
         return CHIEF not in done and self._chief_gone()
 
     def _chief_gone(self) -> bool:
@@ -336,7 +337,7 @@ def serve_ps_until_workers_done(target: str, spec: ClusterSpec, index: int, *,
     """
     wait = _PsWait(spec, f"ps:{index}", gone_timeout_secs=gone_timeout_secs, rejoin_grace_secs=rejoin_grace_secs,
                    complete=complete)
-    serve_until_done(target, "ps", index, wait.workers, len(wait.workers), on_idle=wait, reader=reader,
+    serve_until_done(target, "ps", index, wait.members, len(wait.workers), on_idle=wait, reader=reader,
                      on_member=wait.on_member)
     if wait.finished is not None:
         return PS_COMPLETE
