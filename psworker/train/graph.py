@@ -220,7 +220,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         optimizer = sync or optimizer
         apply_op = optimizer.apply_gradients(pulls.push(grads), global_step=global_step)
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
-        train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls)
+        train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls, grads, opt)
         reset = SyncRestartReset(sync) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=(images, labels), pulls=pulls if pulls.options.active else None)
@@ -253,8 +253,8 @@ def _gradients(model: Model, optimizer: Any, pulls: Any, images, labels, config:
     return grads, loss
 
 
-def _with_next_pull(train_op, pulls: Any):
-    """`train_op`, and with staged variables also the pull of the next step's values (and the first fill)."""
+def _with_next_pull(train_op, pulls: Any, grads, opt: Optimization):
+    """`train_op`, and with staged variables also the put of the next step's values (and the first fill)."""
     import tensorflow as tf
 
     from psworker.train import transfer
@@ -262,8 +262,25 @@ def _with_next_pull(train_op, pulls: Any):
     fill = pulls.fill_op()
     if fill is None:
         return train_op
+    rate = _own_update_rate(opt)
+    if rate is None:
+        log.warning("staged variables with %s: only plain gradient descent's own update can be added to the staged "
+                    "copy, so each step computes on weights one update stale (stable at about half the learning "
+                    "rate plain training takes; docs/performance.md)", type(opt.optimizer).__name__)
+    pulls.stage_next(grads, rate)
     transfer.register_fill(fill)
     return tf.group(train_op, *pulls.step_ops, name="train_op_and_next_pull")
+
+
+def _own_update_rate(opt: Optimization):
+    """The learning rate of `opt`'s update when it is plain gradient descent at `opt.learning_rate` (its update,
+    `-rate * gradient`, is then known on the worker), else None."""
+    import tensorflow as tf
+
+    optimizer = opt.optimizer
+    plain = type(optimizer) is tf.compat.v1.train.GradientDescentOptimizer   # pylint: disable=unidiomatic-typecheck
+    rate = getattr(optimizer, "_learning_rate", None)
+    return opt.learning_rate if plain and rate is opt.learning_rate else None
 
 
 def _sync_optimizer(optimizer: Any, config: TrainConfig, num_workers: int, ema: Any) -> Any:

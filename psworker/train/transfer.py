@@ -54,7 +54,8 @@ class Pulls:
         self._host = f"{worker_device}/device:CPU:0" if worker_device else "/device:CPU:0"
         self._by_name: dict[str, Any] = {}     # variable name -> what the model got
         self.pairs: list[tuple[Any, Any]] = []   # (worker-side tensor, variable or shard)
-        self._areas: list[tuple[Any, Any, Any]] = []  # (StagingArea, the tensor it is filled from, variable)
+        # (StagingArea, the pulled float32 values it is filled from, variable, the area's get)
+        self._areas: list[tuple[Any, Any, Any, Any]] = []
         self._puts: list = []
         self._reads: dict[int, Any] = {}         # id(variable or shard) -> its read on the ps (staged only)
 
@@ -86,7 +87,7 @@ class Pulls:
             return tf.concat(pieces, axes[0] if axes else 0, name=f"{var.name}/pulled")
 
     def _pull_one(self, var):
-        """`var` as a float32 tensor on this worker: read (and cast) on its ps, staged here, cast back."""
+        """`var` as a float32 tensor on this worker: read (and cast) on its ps, cast back here, staged here."""
         import tensorflow as tf
         from tensorflow.python.ops import data_flow_ops   # StagingArea: no public tf.compat.v1 name
 
@@ -98,17 +99,13 @@ class Pulls:
             if wire != tf.float32:
                 sent = tf.cast(sent, wire, name=f"{base}/pull_{self.options.dtype}")
         with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-            got = sent
+            got = tf.cast(sent, tf.float32, name=f"{base}/pulled_float32") if wire != tf.float32 else sent
             if self.options.staged:
-                area = data_flow_ops.StagingArea([wire], shapes=[var.shape])
-                self._areas.append((area, sent, var))
+                area = data_flow_ops.StagingArea([tf.float32], shapes=[var.shape])
                 self._reads[id(var)] = sent
-                got = area.get()[0]
-                with tf.control_dependencies([got]):   # after this step's get: the area holds one step's values
-                    self._puts.append(area.put([sent]))
-            if wire != tf.float32:
-                got = tf.cast(got, tf.float32, name=f"{base}/pulled_float32")
-            elif not self.options.staged:
+                fresh, got = got, area.get()[0]
+                self._areas.append((area, fresh, var, got))
+            elif wire == tf.float32:
                 got = tf.identity(got, name=f"{base}/pulled")
         self.pairs.append((got, var))
         return got
@@ -157,14 +154,39 @@ class Pulls:
                 return tf.cast(grad, tf.float32, name=f"{base}/pushed_float32")
             return tf.identity(grad, name=f"{base}/pushed_after_pull")
 
+    def stage_next(self, grads_and_vars, learning_rate=None) -> None:
+        """Builds what each step puts for the next one (`step_ops`): each variable's values as this step pulled
+        them, read before this step's update (see `push`), plus this worker's own update,
+        `-learning_rate * gradient`, when `learning_rate` is given (plain gradient descent at that rate): the next
+        step then computes on values that lack none of this worker's own updates, only the other workers' latest.
+        Without it, each step's gradient is taken one step stale. The gradient is taken as the ps receives it
+        (rounded to the transfer dtype)."""
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        wire = tf.as_dtype(self.options.dtype)
+        grads = {id(var): grad for grad, var in grads_and_vars}
+        for area, fresh, var, got in self._areas:
+            grad = grads.get(id(var))
+            with v1.colocate_with(None, ignore_existing=True), v1.device(self._host), \
+                    tf.control_dependencies([got]):   # after this step's get: the area holds one step's values
+                value = fresh
+                if learning_rate is not None and grad is not None:
+                    grad = tf.convert_to_tensor(grad)
+                    if wire != tf.float32:
+                        grad = tf.cast(tf.cast(grad, wire), tf.float32)
+                    value = tf.subtract(fresh, tf.cast(learning_rate, tf.float32) * grad,
+                                        name=f"{var.op.name}/staged_with_own_update")
+                self._puts.append(area.put([value]))
+
     @property
     def areas(self) -> list[tuple[Any, Any]]:
         """`(StagingArea, variable or shard)` of every staged variable."""
-        return [(area, var) for area, _, var in self._areas]
+        return [(area, var) for area, _, var, _ in self._areas]
 
     @property
     def step_ops(self) -> list:
-        """What every step runs besides the train op: the puts of the next step's values (staged)."""
+        """What every step runs besides the train op: the puts of the next step's values (`stage_next`)."""
         return list(self._puts)
 
     def fill_op(self) -> Optional[Any]:
@@ -174,10 +196,10 @@ class Pulls:
         if not self._areas:
             return None
         fills = []
-        for area, sent, _ in self._areas:
+        for area, fresh, _, _ in self._areas:
             with tf.compat.v1.device(self._host):
                 with tf.control_dependencies([area.clear()]):
-                    fills.append(area.put([sent]))
+                    fills.append(area.put([fresh]))
         return tf.group(*fills, name="psworker_staged_vars_fill")
 
 
