@@ -8,10 +8,12 @@ variable (on its ps, sharded as usual), but hands the model a tensor on this wor
   and cast back to float32 on the worker;
 - with staging, that pull goes through a `StagingArea` on the worker (tf_cnn_benchmarks' `--staged_vars`): a step
   computes with the values put there by the step before, while it pulls the values for the next one. The pull then
-  runs alongside the compute instead of before it, at a bounded staleness of one step: a step's gradient is taken
-  at weights that lack this worker's own previous update (other workers' updates are as stale as in plain async
-  mode). `fill_op` (run as part of the scaffold's local init, on every session creation) empties the areas and puts
-  the first values.
+  runs alongside the compute instead of before it. Each variable's update waits for that pull's read (`push`), so
+  the pulled values lack exactly this step's own update; under plain gradient descent the worker adds it
+  (`stage_next`: pulled - rate * gradient), so its own updates are never stale and only the other workers' arrive
+  one step later than in plain async mode. Under any other optimizer the step computes one update stale (a
+  one-step-delayed gradient, stable at about half the learning rate: docs/performance.md). `fill_op` (run as part
+  of the scaffold's local init, on every session creation) empties the areas and puts the first values.
 
 `Pulls.compute_gradients` differentiates with respect to the worker-side tensors and pairs each gradient with its
 variable; `push` casts each gradient to the transfer dtype on the worker and back to float32 on the variable's ps.
