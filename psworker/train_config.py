@@ -91,9 +91,10 @@ class TrainConfig:
     scale_learning_rate: bool = _setting(True, "scale the learning rate linearly with the global batch, for "
                                                "models with a reference batch", metavar="{true,false}")
     staged_vars: bool = _setting(False, "async: pull the next step's variables while this step computes (a "
-                                        "StagingArea per variable on the worker), at a staleness of one step: a "
-                                        "step's gradient lacks this worker's own previous update (the CNN then "
-                                        "needs a lower learning_rate); not in sync mode",
+                                        "StagingArea per variable on the worker); under plain gradient descent "
+                                        "the worker adds its own last update to them, so only the other workers' "
+                                        "updates come a step later; other optimizers compute one update stale "
+                                        "(then halve learning_rate); not in sync mode",
                                  metavar="{true,false}")
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
