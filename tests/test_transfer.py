@@ -1,5 +1,6 @@
 """Staged variables (`--staged_vars`) and the transfer dtype (`--transfer_dtype bfloat16`): the rules, the graph's
-wire, the one-step staleness in one process, and a real cluster trained through both (its ps link's tc counters)."""
+wire, the update rule in one process against SGD computed by hand (plain gradient descent: undelayed; any other
+optimizer: delayed exactly one step), and a real cluster trained through both (its ps link's tc counters)."""
 
 from __future__ import annotations
 
