@@ -106,6 +106,78 @@ def test_sync_restart_reset_unblocks_a_step_the_killed_chief_left_half_aggregate
             assert sess.run(queue.size()) == 2
 
 
+def _demand_graph(v1, tf):
+    """One variable under SyncReplicasOptimizer (2 of 4 reserved replicas aggregated) with tokens on demand."""
+    from psworker.train.sync_tokens import TokensOnDemand
+
+    step = v1.train.get_or_create_global_step()
+    a = v1.get_variable("a", initializer=tf.constant([1.0]), use_resource=True)
+    sync = v1.train.SyncReplicasOptimizer(v1.train.GradientDescentOptimizer(1.0), replicas_to_aggregate=2,
+                                          total_num_replicas=4)
+    demand = TokensOnDemand(sync, step)
+    sync.apply_gradients([(tf.constant([1.0]), a)], global_step=step)
+    demand.after_apply()
+    (acc, _), = sync._accumulator_list
+    local = v1.placeholder(tf.int64, [])
+    return sync, demand, step, acc.apply_grad(tf.constant([1.0]), local_step=local), local
+
+
+def test_elastic_sync_queues_one_token_per_demand_not_one_per_reserved_replica():
+    """An elastic job running 2 of its 4 workers: TF would queue 4 tokens per step, and the 2 spare ones, left at the
+    front of the FIFO queue, make the next steps' gradients stale. With tokens on demand each step queues one token
+    per worker step registered, read after the update: demands registered while the chief's step waits for
+    gradients are served by that step."""
+    import threading
+
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        sync, demand, step, push, local = _demand_graph(v1, tf)
+        registers = [demand.register(0), demand.register(1)]
+        sync_op = sync.get_chief_queue_runner().enqueue_ops[0]
+        queue = sync._sync_token_queue
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(sync.chief_init_op)
+            for s in range(3):
+                chief = threading.Thread(target=sess.run, args=(sync_op,),
+                                         kwargs={"options": v1.RunOptions(timeout_in_ms=20000)})
+                chief.start()          # it waits for 2 gradients before it reads the demands
+                sess.run(registers)
+                for _ in range(2):
+                    sess.run(push, {local: s})
+                chief.join(30)
+                assert not chief.is_alive() and sess.run(step) == s + 1
+                assert sess.run(queue.size()) == 2
+                assert list(sess.run(queue.dequeue_many(2))) == [s + 1, s + 1]   # fresh: for the next step
+            assert sess.run(demand.queue.size()) == 0
+
+
+def test_elastic_sync_restart_reset_queues_the_stale_tokens_and_the_others_unserved_demands():
+    """A chief restarted in an elastic job: one stale token was left for a slow worker and worker:1's demand is not
+    served yet; the dead chief's own demand (index 0) is dropped. The reset queues 1 + 1 fresh tokens."""
+    import tensorflow as tf
+
+    from psworker.train.graph import SyncRestartReset
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        sync, demand, step, _, _ = _demand_graph(v1, tf)
+        reset = SyncRestartReset(sync, demand)
+        queue = sync._sync_token_queue
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(sync.chief_init_op)
+            sess.run(queue.enqueue(tf.constant(0, tf.int64)))
+            sess.run([demand.register(0), demand.register(1)])
+            sess.run(v1.assign(step, 7))
+            done = reset.run(sess)
+            assert done["tokens_dropped"] == 1 and done["tokens_queued"] == 2, done
+            assert list(sess.run(queue.dequeue_many(2))) == [7, 7] and sess.run(queue.size()) == 0
+            assert sess.run(demand.queue.size()) == 0
+
+
 def test_step_watchdog_reports_a_long_step_then_every_interval():
     from psworker.train.hooks import StepWatchdog
 

@@ -356,7 +356,8 @@ def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership
     peers = ({i: str(a) for i, a in enumerate(spec.worker) if i != index}
              if config.mode == "sync" and index == 0 else None)
     return Replication(
-        build=lambda model, cfg: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index),
+        build=lambda model, cfg: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index,
+                                                         elastic=spec.elastic is not None),
         is_chief=index == 0, examples_per_step=config.batch_size * config.num_devices,
         session_config=srv.session_config("worker", index), wait_for=srv.task_addresses(spec, ("ps",)),
         hint=hint, timeout_message=timeout, workers=len(spec.worker),

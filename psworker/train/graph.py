@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from psworker.models.base import InputSpec, Model
 from psworker.spec import TrainConfig
+from psworker.train.sync_tokens import TokensOnDemand
 
 # TF queues `replicas_to_aggregate` tokens when the chief starts, so a fast worker can push two gradients for the
 # first step before a slow one pushes any. With none, every worker's first gradient waits for the first update.
@@ -57,10 +58,11 @@ class SyncRestartReset:
     emptied (`take_grad` of what it holds; those gradients are dropped, never applied) and set to G, stale tokens
     are dequeued, and one token carrying G is queued per non-chief replica, so that a worker waiting for a token
     computes a fresh gradient for G. A worker that was not waiting gets a spare token: it may push twice for one
-    step (as a backup worker would), which delays nobody.
+    step (as a backup worker would), which delays nobody. In an elastic job (`demand`, tokens on demand) the tokens
+    queued are the stale ones dropped plus the non-chief demands not served yet (the old chief's own are dropped).
     """
 
-    def __init__(self, sync_optimizer):
+    def __init__(self, sync_optimizer, demand=None):
         import tensorflow as tf
 
         v1 = tf.compat.v1
@@ -79,11 +81,12 @@ class SyncRestartReset:
                                            count))
         queue = opt._sync_token_queue                        # pylint: disable=protected-access
         self.num_tokens = max(0, opt._total_num_replicas - 1)   # pylint: disable=protected-access
+        self._demands = demand.drain() if demand is not None else None
         with v1.device(global_step.device), tf.name_scope("psworker_sync_reset/tokens"):
             self._queue_size = queue.size()
             self._dequeue = queue.dequeue()
-            self._enqueue = (queue.enqueue_many((tf.fill([self.num_tokens], global_step),))
-                             if self.num_tokens else tf.no_op())
+            self._num_queued = v1.placeholder(tf.int32, [], name="num_tokens")
+            self._enqueue = queue.enqueue_many((tf.fill([self._num_queued], global_step),))
             self._global_step = tf.identity(global_step)
 
     def run(self, session) -> dict:
@@ -112,9 +115,12 @@ class SyncRestartReset:
             except tf.errors.DeadlineExceededError:
                 break
             tokens_dropped += 1
-        session.run(self._enqueue, options=options)
+        queued = self.num_tokens
+        if self._demands is not None:
+            queued = tokens_dropped + sum(1 for i in session.run(self._demands, options=options) if i != 0)
+        session.run(self._enqueue, {self._num_queued: queued}, options=options)
         return {"global_step": int(session.run(self._global_step, options=options)), "gradients_held": held,
-                "tokens_dropped": tokens_dropped, "tokens_queued": self.num_tokens}
+                "tokens_dropped": tokens_dropped, "tokens_queued": queued}
 
 
 @dataclass(frozen=True)
@@ -178,13 +184,15 @@ class CappedOptimizer:
         return getattr(self._opt, attr)
 
 
-def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[dict], task_index: int) -> TrainGraph:
+def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[dict], task_index: int,
+                      elastic: bool = False) -> TrainGraph:
     """Builds one worker's replica of the training graph in the current default graph.
 
     Variables go to the ps tasks, large ones split into a shard per ps (`placement.partitioned_variables`), placed
     greedily by bytes (every worker builds the same graph in the same order, so all compute the same placement);
     compute and input ops stay on this worker. `cluster=None` builds the same graph for one process without servers
-    (no placement, no shards; async updates only).
+    (no placement, no shards; async updates only). `elastic`: an elastic job's sync tokens are handed out on demand
+    (`sync_tokens`).
     """
     import tensorflow as tf
 
@@ -217,11 +225,15 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         pulls = transfer.Pulls(transfer.options_of(config), worker_device)
         grads, loss = _gradients(model, optimizer, pulls, images, labels, config, worker_device)
         sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
+        demand = TokensOnDemand(sync, global_step) if sync is not None and elastic else None
         optimizer = sync or optimizer
         apply_op = optimizer.apply_gradients(pulls.push(grads), global_step=global_step)
+        if demand is not None:
+            demand.after_apply()
+            apply_op = tf.group(apply_op, demand.register(task_index))
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
         train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls, grads, opt)
-        reset = SyncRestartReset(sync) if sync is not None else None
+        reset = SyncRestartReset(sync, demand) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=(images, labels), pulls=pulls if pulls.options.active else None)
 
