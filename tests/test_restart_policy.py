@@ -132,6 +132,18 @@ def test_a_stop_fault_pauses_the_task_then_resumes_it(tmp_path, run):
     assert log.index("resumed after step 10") < log.index("step 40,")
 
 
+def test_a_stop_longer_than_the_stall_timeout_is_not_a_stall_once_it_is_over(tmp_path, start):
+    """The stopped time does not count: right after the SIGCONT (in the same tick of the supervisor's watch) the
+    task's step is as old as the stop, and it used to be killed as stalled at once. The watch runs only from step 10
+    on (`sup.wait`), so start-up on a busy machine is never seen as a stall."""
+    sup = start([stepper(tmp_path, 0, "--to", "40", "--pause-at", "10")], stall_timeout_secs=1.5,
+                faults=[parse_fault("stop:worker:0@step=10,for=3")])
+    wait_for(lambda: sup.progress.snapshot()["worker:0"].step == 10, 60, "worker:0 at step 10 (where it pauses)")
+    result = sup.wait(timeout=60)
+    assert result.ok and result.exits["worker:0"].restarts == 0, format_report(result)
+    assert "resumed after step 10" in sup.log_path("worker:0").read_text()
+
+
 @pytest.mark.parametrize("text, message", [
     ("kill:worker:1", "missing '@'"),
     ("smash:worker:1@step=3", "action 'smash'"),

@@ -93,6 +93,12 @@ class Progress:
             self._tasks[name] = _replace(t, state="starting", started_at=now, step_moved_at=now,
                                          last_output_at=now, restarts=restarts)
 
+    def resumed(self, name: str, now: float) -> None:
+        """Task `name` goes on after an injected stop: training again, its stall clock restarted (the stop's
+        time is not a stall)."""
+        with self._lock:
+            self._tasks[name] = _replace(self._tasks[name], state="training", step_moved_at=now)
+
     def set_state(self, name: str, state: str) -> None:
         with self._lock:
             self._tasks[name] = _replace(self._tasks[name], state=state)

@@ -28,7 +28,7 @@ def resume_stopped(slots: Iterable[Slot], backend: ProcessBackend, progress: Pro
             slot.resume_at = None
             logger.warning("injected fault over: SIGCONT to %s", slot.name)
             backend.signal(slot.popen, signal.SIGCONT)
-            progress.set_state(slot.name, "training")
+            progress.resumed(slot.name, now)
 
 
 def fire_faults(slots: Mapping[str, Slot], faults: list[Fault], backend: ProcessBackend, progress: Progress,
