@@ -318,6 +318,9 @@ def test_sigint_ends_a_run_whose_stalled_workers_are_being_restarted(tmp_path, l
     assert run.find(rf"{worker} \(pid \d+\) exited: stalled: no step line", at), run.tail()
     assert not _steps(run.snapshot(), "worker:0") + _steps(run.snapshot(), "worker:1"), run.tail()
     assert "launcher received SIGINT" in "\n".join(run.snapshot()), run.tail()
+    assert run.find(r"^--- tasks ---$") and run.find(r"^\s*ps:0\s+stopped by launcher"), run.tail()
+    assert run.find(r"^psworker: task logs in .*/logs/, checkpoints and summaries in .*/t/ \(the same command goes on "
+                    r"from the latest checkpoint\)$"), run.tail()
     if netns.available():   # --network auto: isolated where it can be (required on CI: the SIGTERM test)
         assert run.find(r"^psworker: network: private namespace, interfaces lo\b"), run.tail()
     else:

@@ -129,6 +129,10 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
         stopped = [name for name, e in result.exits.items() if e.stopped]
         print(f"psworker: {result.reason}; stopped {', '.join(stopped) or 'nothing (all had exited)'}",
               file=sys.stderr, flush=True)
+        print(format_report(result), file=sys.stderr, flush=True)
+        again = "" if config.command else " (the same command goes on from the latest checkpoint)"
+        print(f"psworker: task logs in {log_dir}/, checkpoints and summaries in {outputs}/{again}", file=sys.stderr,
+              flush=True)
         return 128 + signum
     if result.ok:
         report_success(config, result, seconds, outputs, log_dir, console)
