@@ -29,7 +29,8 @@ getrusage(RUSAGE_CHILDREN) holds them), start-up included, over every example th
     python benchmarks/peers.py --models cnn --variants psworker,pss --shapes 1x1,1x2,2x2 \
         --ps_link_rate 100mbit,1gbit --steps 120 --repeat 3                           # issue 19's table
 
-Runs are interleaved (each repeat runs every variant once), and the median over --repeat is reported. Prints a
+`--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
+runs it unstaged). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is reported. Prints a
 table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
 with every number.
 """
@@ -49,7 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -164,8 +165,8 @@ def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, 
 
 
 def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, site_dir: Path, tag: str,
-                 mode: str = "async", env: Optional[dict] = None, num_ps: int = 1, rate: Optional[str] = None
-                 ) -> dict:
+                 mode: str = "async", env: Optional[dict] = None, num_ps: int = 1, rate: Optional[str] = None,
+                 flags: Sequence[str] = ()) -> dict:
     """One run; `examples_per_sec` counts one batch per global step (sync: times the workers aggregated).
     `env` replaces the environment `ema` selects (benchmarks/compare.py runs other checkouts); `rate`: each ps
     link shaped (`--ps_link_rate`)."""
@@ -193,7 +194,7 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
                   "data_dir": args.data_dir if model == "cnn" else None},
     }, sort_keys=False))
     started = time.monotonic()
-    done = _run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag)]
+    done = _run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag), *flags]
                 + (["--ps_link_rate", rate] if rate else []), env, args.timeout, what, cwd=workdir)
     per_worker: dict[str, list[float]] = {}
     for worker, rate in RATE_LINE.findall(done.stdout):
@@ -286,6 +287,9 @@ def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None)
         if m == "cnn":
             out.append((m, "psworker ema@worker", {"side": "psworker", "ema": "worker"}))
             out.append((m, "psworker -ema", {"side": "psworker", "ema": "off"}))
+        if only is not None and "psworker staged" in only:   # opt-in: `--variants psworker,psworker staged,pss`
+            out.append((m, "psworker staged", {"side": "psworker", "ema": "shipped",
+                                               "flags": ["--staged_vars", "true"]}))
         out.append((m, "pss", {"side": "pss", "ema": False}))
         if m == "cnn" and pss_ema:
             out.append((m, "pss +ema", {"side": "pss", "ema": True}))
@@ -293,7 +297,7 @@ def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None)
 
 
 def _ratio_rows(model: str, args) -> list[tuple[str, str]]:
-    pairs = [("psworker", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"),
+    pairs = [("psworker", "pss"), ("psworker staged", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"),
                                       ("psworker", "psworker ema@worker")] if model == "cnn" else [])
     if model == "cnn" and args.pss_ema:
         pairs += [("psworker", "pss +ema"), ("psworker ema@worker", "pss +ema")]
@@ -337,7 +341,7 @@ def run_one(model: str, column: tuple, name: str, opt: dict, args, workdir: Path
     rate, (num_ps, workers) = column
     if opt["side"] == "psworker":
         return psworker_run(model, workers, ema=opt["ema"], args=args, workdir=workdir, site_dir=site_dir, tag=tag,
-                            num_ps=num_ps, rate=rate)
+                            num_ps=num_ps, rate=rate, flags=opt.get("flags", []))
     return pss_run(model, workers, ema=opt["ema"], args=args, num_ps=num_ps, rate=rate)
 
 
