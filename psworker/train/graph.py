@@ -225,7 +225,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         pulls = transfer.Pulls(transfer.options_of(config), worker_device)
         grads, loss = _gradients(model, optimizer, pulls, images, labels, config, worker_device)
         sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
-        demand = TokensOnDemand(sync, global_step) if sync is not None and elastic else None
+        demand = TokensOnDemand(sync, global_step, config.max_steps) if sync is not None and elastic else None
         optimizer = sync or optimizer
         apply_op = optimizer.apply_gradients(pulls.push(grads), global_step=global_step)
         if demand is not None:
