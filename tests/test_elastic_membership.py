@@ -19,6 +19,7 @@ import pytest
 from tests.fake_tasks.fakes import fake, poll_until, stop_supervisors, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
+from psworker.launcher.backends.ssh import SshOptions
 from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.scaling import STATE_FILE, ScaleInbox, read_state, request_scale
@@ -254,7 +255,7 @@ class RemoteTask:
 
 
 def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
-    from psworker.launcher.backends.ssh import SshBackend, SshOptions
+    from psworker.launcher.backends.ssh import SshBackend
 
     go = tmp_path / "go"
     chief = fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)
@@ -275,6 +276,29 @@ def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
         result = sup.wait(60)
     assert result.ok, result.reason
     assert result.exits["worker:1"].returncode == 0 and not result.exits["worker:1"].stopped
+
+
+def test_ssh_keeps_a_leave_asked_before_the_remote_pid_is_known_and_sends_it_then(sshd, tmp_path):
+    """A scale-down right after a scale-up may ask a worker to leave before its connection has said the remote pid:
+    the SIGUSR2 is kept and sent once the pid line is read (it used to be dropped with a warning, and the worker
+    never left)."""
+    from psworker.launcher.backends.ssh import SshBackend
+
+    joiner = fake("worker", 1, "elastic_worker", "--to", 100000)
+    backend = SshBackend(SshOptions(ssh_config=str(sshd.client_config)))
+    proc = backend.start(RemoteTask("worker", 1, joiner.argv, Address("127.0.0.3", 1)), {})
+    lines: list[str] = []
+    try:
+        backend.signal(proc, signal.SIGUSR2)            # nothing has read its output yet: the pid is not known
+        reader = threading.Thread(target=lambda: lines.extend(iter(lambda: proc.stdout.readline().decode(), "")))
+        reader.start()
+        reader.join(60)
+        assert not reader.is_alive(), f"the worker did not leave: {lines[-5:]}"
+        assert proc.wait(30) == 0 and any(line.startswith("leaving after step") for line in lines), lines[-5:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_slurm_lays_out_every_worker_up_to_max_and_keeps_the_range(tmp_path):

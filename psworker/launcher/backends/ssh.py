@@ -19,10 +19,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 from psworker import events
 from psworker.errors import PsworkerError, SpecError
@@ -61,11 +62,13 @@ class SshOptions:
 
 
 class _RemoteOutput:
-    """ssh's stdout as the supervisor reads it: `\\r\\n` -> `\\n`, and the remote wrapper's pid line taken out."""
+    """ssh's stdout as the supervisor reads it: `\\r\\n` -> `\\n`, and the remote wrapper's pid line taken out
+    (`on_pid()` runs once it is known)."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, on_pid: Callable[[], None] = lambda: None) -> None:
         self._raw = raw
         self._first = True
+        self._on_pid = on_pid
         self.pid: Optional[int] = None
 
     def readline(self) -> bytes:
@@ -75,6 +78,7 @@ class _RemoteOutput:
             said = events.RemotePid.parse(line.decode("utf-8", "replace"))
             if said is not None:
                 self.pid = said.pid
+                self._on_pid()
                 line = self._raw.readline()
         if line.endswith(b"\r\n"):
             line = line[:-2] + b"\n"
@@ -95,6 +99,8 @@ class SshBackend(Backend):
         self._hosts: list[str] = []
         self._remote_dir = ""
         self._where: dict[int, str] = {}       # local ssh pid -> host
+        self._pending: dict[int, int] = {}     # local ssh pid -> a signal asked for before its remote pid was known
+        self._pid_lock = threading.Lock()
 
     def _ssh(self, host: str, argv: Sequence[str], **kwargs: Any) -> list[str]:
         o = self.options
@@ -145,7 +151,7 @@ class SshBackend(Backend):
         shipped = {k: v for k, v in env.items() if k in SHIPPED_ALWAYS or os.environ.get(k) != v}
         argv = self._ssh(task.address.host, [*_PID_WRAPPER, *task.argv], env=shipped, cwd=self._remote_dir or None)
         proc = popen_task(subprocess.Popen, argv, os.environ)
-        proc.stdout = _RemoteOutput(proc.stdout)
+        proc.stdout = _RemoteOutput(proc.stdout, on_pid=lambda: self._send_pending(proc))
         self._where[proc.pid] = task.address.host
         return proc
 
@@ -171,9 +177,28 @@ class SshBackend(Backend):
             killer.wait()
             return False
 
+    def _send_pending(self, proc: subprocess.Popen) -> None:
+        with self._pid_lock:
+            sig = self._pending.pop(proc.pid, None)
+        if sig is not None:
+            logger.info("remote pid of ssh pid %d known: sending the %s asked for before", proc.pid,
+                        signal.Signals(sig).name)
+            self.signal(proc, sig)
+
+    def _hold_until_pid(self, proc: subprocess.Popen, sig: int) -> bool:
+        """Keeps SIGUSR2 (a leave) for `_send_pending` while the remote pid is not known; True if kept."""
+        with self._pid_lock:
+            if sig != signal.SIGUSR2 or getattr(proc.stdout, "pid", None) is not None:
+                return False
+            self._pending[proc.pid] = sig
+        logger.info("ssh pid %d: its remote pid is not known yet; SIGUSR2 goes once it is", proc.pid)
+        return True
+
     def signal(self, proc: subprocess.Popen, sig: int) -> None:
         if proc.poll() is not None:
             return                              # connection gone: the remote task got SIGHUP with it
+        if self._hold_until_pid(proc, sig):
+            return
         if sig != signal.SIGKILL:
             name = signal.Signals(sig).name.removeprefix("SIG")
             if self._await(self._remote_kill(proc, f'kill -{name} "$1"'), SSH_COMMAND_TIMEOUT_SECS):
