@@ -11,9 +11,18 @@ the CIFAR-10 CNN (synthetic data unless --data_dir), async, batch 64 per worker,
 (the first 10% of the global steps):
   - examples/s: global steps/s from the workers' own summaries (global step and wall time), times the batch;
   - CPU-s per 1,000 examples: the CPU time of every process of the run (launcher, ps and workers, sampled every
-    0.2 s), over the same window, per 1,000 examples trained in it.
+    0.2 s), over the same window, per 1,000 examples trained in it; then the same per process (`launcher`, `ps:N`,
+    `worker:N`, `other` for anything else the launcher started).
 With --in_process, the same graph in one process without servers gives the CPU baseline (`cpu/in-process`).
-Each repeat runs every variant once (interleaved); medians are printed, then a JSON line with every sample.
+`--env_variant NAME:KEY=VALUE` adds a variant that is base with that environment (e.g.
+`off:PSWORKER_TF_THREAD_SPINNING=off`); `--in_process_variants NAME` also runs the baseline with it (`in-process
+NAME`, the `same env` column).
+Each repeat runs every variant once (interleaved, the order rotated by one each repeat); medians are printed, then a
+JSON line with every sample.
+
+    python benchmarks/overlap.py --shapes 1x1 --variants on,base,off --in_process --steps 100 --repeat 4 \
+        --env_variant on:PSWORKER_TF_THREAD_SPINNING=on --env_variant off:PSWORKER_TF_THREAD_SPINNING=off \
+        --in_process_variants off      # issue 19's unshaped CPU ratio, per process, thread spinning side by side
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,14 +47,30 @@ VARIANTS = {"base": [], "staged": ["--staged_vars", "true"], "bf16": ["--transfe
             "staged+bf16": ["--staged_vars", "true", "--transfer_dtype", "bfloat16"], "sync": ["--mode", "sync"]}
 
 
+def role_of(proc: psutil.Process, root: int) -> str:
+    """`launcher` (the `psworker local` process), `ps:N` / `worker:N` (a task, from its argv), else `other`."""
+    if proc.pid == root:
+        return "launcher"
+    try:
+        argv = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "other"
+    if "psworker" in argv and "--task_index" in argv:
+        job = argv[argv.index("psworker") + 1]
+        return f"{job}:{argv[argv.index('--task_index') + 1]}"
+    return "other"
+
+
 class CpuSampler:
-    """CPU seconds (user + system) of a process and all its descendants, sampled in a thread: `at(t)` interpolates
-    the running total at monotonic time `t`; processes that exit keep their last sample."""
+    """CPU seconds (user + system) of a process and all its descendants, per role (see `role_of`), sampled in a
+    thread: `at(t)` interpolates the running total at time `t` (`at(t, role)` one role's); processes that exit keep
+    their last sample."""
 
     def __init__(self, pid: int, every: float = 0.2):
         self._root, self._every = pid, every
         self._last: dict[int, float] = {}
-        self.samples: list[tuple[float, float]] = []   # (time.time(), total CPU-s)
+        self._roles: dict[int, str] = {}
+        self.samples: list[tuple[float, dict[str, float]]] = []   # (time.time(), {role: CPU-s})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -60,23 +86,35 @@ class CpuSampler:
                 try:
                     t = p.cpu_times()
                     self._last[p.pid] = t.user + t.system
+                    if self._roles.get(p.pid, "other") == "other":   # a task just forked still has our argv
+                        self._roles[p.pid] = role_of(p, self._root)
                 except psutil.NoSuchProcess:
                     pass
-            self.samples.append((time.time(), sum(self._last.values())))
+            totals: dict[str, float] = {}
+            for pid, cpu in self._last.items():
+                name = self._roles.get(pid, "other")
+                totals[name] = totals.get(name, 0.0) + cpu
+            self.samples.append((time.time(), totals))
             self._stop.wait(self._every)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
-    def at(self, t: float) -> float:
+    def roles(self) -> list[str]:
+        return sorted({r for _, totals in self.samples for r in totals})
+
+    def at(self, t: float, role: Optional[str] = None) -> float:
+        def value(sample):
+            return sample[1].get(role, 0.0) if role else sum(sample[1].values())
+
         prev = self.samples[0]
         for cur in self.samples:
             if cur[0] >= t:
                 span = cur[0] - prev[0]
-                return prev[1] + (cur[1] - prev[1]) * ((t - prev[0]) / span if span > 0 else 1.0)
+                return value(prev) + (value(cur) - value(prev)) * ((t - prev[0]) / span if span > 0 else 1.0)
             prev = cur
-        return prev[1]
+        return value(prev)
 
 
 def summaries(train_dir: Path, workers: int) -> list[tuple[float, int]]:
@@ -94,6 +132,15 @@ def summaries(train_dir: Path, workers: int) -> list[tuple[float, int]]:
     return sorted(p for p in points if p[0] >= max(firsts))
 
 
+def parse_env_variant(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME:KEY=VALUE;KEY=VALUE` (an `--env_variant`) -> `(NAME, {KEY: VALUE})`."""
+    name, _, assignments = text.partition(":")
+    env = dict(a.split("=", 1) for a in assignments.split(";") if a)
+    if not name or not env:
+        raise argparse.ArgumentTypeError(f"expected NAME:KEY=VALUE[;KEY=VALUE...], got {text!r}")
+    return name, env
+
+
 def cluster_run(shape: str, variant: str, args, workdir: Path, tag: str) -> dict:
     """One `psworker local` run; examples/s and CPU-s per 1,000 examples after the warm-up."""
     import yaml
@@ -107,9 +154,11 @@ def cluster_run(shape: str, variant: str, args, workdir: Path, tag: str) -> dict
                   "learning_rate": args.learning_rate, "log_every_steps": log_every, "data_dir": args.data_dir,
                   "seed": 1}}, sort_keys=False))
     argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag),
-            *VARIANTS[variant], *(["--ps_link_rate", args.ps_link_rate] if args.ps_link_rate else [])]
+            *VARIANTS.get(variant, []), *(["--ps_link_rate", args.ps_link_rate] if args.ps_link_rate else [])]
+    env = dict(os.environ, **args.env_variants.get(variant, {}))
     with open(workdir / f"{tag}.out", "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
+                                env=env)
         sampler = CpuSampler(proc.pid)
         try:
             rc = proc.wait(timeout=args.timeout)
@@ -117,6 +166,10 @@ def cluster_run(shape: str, variant: str, args, workdir: Path, tag: str) -> dict
             os.killpg(proc.pid, 9)
             proc.wait()
             rc = "timeout"
+        except BaseException:   # interrupted (Ctrl-C, SIGTERM): the launcher stops its tasks
+            proc.terminate()
+            proc.wait(timeout=60)
+            raise
         finally:
             sampler.stop()
     if rc != 0:
@@ -126,7 +179,8 @@ def cluster_run(shape: str, variant: str, args, workdir: Path, tag: str) -> dict
     (t0, s0), (t1, s1) = window[0], window[-1]
     examples = (s1 - s0) * args.batch_size
     cpu = sampler.at(t1) - sampler.at(t0)
-    return {"examples_per_sec": examples / (t1 - t0), "cpu_s_per_1k": 1000 * cpu / examples}
+    per_role = {r: 1000 * (sampler.at(t1, r) - sampler.at(t0, r)) / examples for r in sampler.roles()}
+    return {"examples_per_sec": examples / (t1 - t0), "cpu_s_per_1k": 1000 * cpu / examples, "per_process": per_role}
 
 
 def in_process(args) -> dict:
@@ -143,7 +197,9 @@ def in_process(args) -> dict:
                          data_dir=args.data_dir, seed=1)
     with tf.Graph().as_default():
         tg = build_train_graph(models.get("cifar10"), config, cluster=None, task_index=0)
-        with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator()) as sess:
+        from psworker.train.devices import with_spinning
+        session_config = with_spinning(v1.ConfigProto(), "worker")   # as a worker's server, PSWORKER_TF_THREAD_SPINNING
+        with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator(config=session_config)) as sess:
             for _ in range(max(5, args.steps // 10)):
                 sess.run(tg.train_op)
             wall, cpu = time.perf_counter(), time.process_time()
@@ -154,11 +210,11 @@ def in_process(args) -> dict:
     return {"examples_per_sec": examples / wall, "cpu_s_per_1k": 1000 * cpu / examples}
 
 
-def in_process_run(args) -> dict:
+def in_process_run(args, extra_env: Optional[dict] = None) -> dict:
     argv = [sys.executable, str(Path(__file__).resolve()), "_in_process", "--steps", str(args.steps),
             "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
             "--data_dir", args.data_dir]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO), **(extra_env or {}))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"in-process run failed:\n{done.stderr[-3000:]}")
@@ -171,16 +227,36 @@ def print_table(samples: dict, args) -> dict:
     base_cpu = medians.get("in-process", {}).get("cpu_s_per_1k")
     print(f"\nCIFAR-10 CNN, batch {args.batch_size}/worker, {args.steps} global steps, ps link "
           f"{args.ps_link_rate or 'unshaped'}; medians of {args.repeat} interleaved runs")
-    print(f"{'shape':<8}{'variant':<14}{'examples/s':>12}{'x base':>8}{'CPU-s/1k ex':>13}"
-          f"{'cpu/in-process':>16}{'runs':>6}")
+    print(f"{'shape':<11}{'variant':<14}{'examples/s':>12}{'x base':>8}{'CPU-s/1k ex':>13}"
+          f"{'cpu/in-process':>16}{'same env':>10}{'runs':>6}")
     for key, m in medians.items():
         shape, _, variant = key.partition(" ")
         base = medians.get(f"{shape} base")
         ratio = f"{m['examples_per_sec'] / base['examples_per_sec']:.2f}" if base and variant else ""
         cpu_ratio = f"{m['cpu_s_per_1k'] / base_cpu:.2f}" if base_cpu else ""
-        print(f"{shape:<8}{variant:<14}{m['examples_per_sec']:>12,.1f}{ratio:>8}{m['cpu_s_per_1k']:>13.2f}"
-              f"{cpu_ratio:>16}{len(samples[key]):>6}")
+        own = medians.get(f"in-process {variant}") if shape != "in-process" else None   # an --env_variant's
+        own_ratio = f"{m['cpu_s_per_1k'] / own['cpu_s_per_1k']:.2f}" if own else ""
+        print(f"{shape:<11}{variant:<14}{m['examples_per_sec']:>12,.1f}{ratio:>8}{m['cpu_s_per_1k']:>13.2f}"
+              f"{cpu_ratio:>16}{own_ratio:>10}{len(samples[key]):>6}")
+    print_breakdown(samples, medians)
     return medians
+
+
+def print_breakdown(samples: dict, medians: dict) -> None:
+    """CPU-s per 1,000 examples per process (medians), in the same window as the totals above."""
+    roles = sorted({r for runs in samples.values() for run in runs for r in run.get("per_process", {})},
+                   key=lambda r: (r != "launcher", r))
+    if not roles:
+        return
+    print(f"\nCPU-s per 1,000 examples, per process (medians)\n{'shape':<11}{'variant':<14}"
+          + "".join(f"{r:>11}" for r in roles))
+    for key, runs in samples.items():
+        if "per_process" not in runs[0]:
+            continue
+        shape, _, variant = key.partition(" ")
+        per = {r: statistics.median(run["per_process"].get(r, 0.0) for run in runs) for r in roles}
+        medians[key]["per_process"] = per
+        print(f"{shape:<11}{variant:<14}" + "".join(f"{per[r]:>11.3f}" for r in roles))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -190,6 +266,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--variants", default="base,staged,bf16,staged+bf16", help=f"of {', '.join(VARIANTS)}")
     p.add_argument("--ps_link_rate", help="shape each ps port (psworker local --ps_link_rate), e.g. 100mbit")
     p.add_argument("--in_process", action="store_true", help="also the one-process CPU baseline")
+    p.add_argument("--env_variant", type=parse_env_variant, action="append", default=[],
+                   help="NAME:KEY=VALUE[;KEY=VALUE]: a variant that is base with these environment variables in "
+                        "every process of the run; repeatable")
+    p.add_argument("--in_process_variants", default="",
+                   help="env variants (comma-separated) that also get an `in-process NAME` row: the baseline with "
+                        "the same environment")
     p.add_argument("--steps", type=int, default=200, help="global steps per run")
     p.add_argument("--intervals", type=int, default=10, help="summaries per worker per run")
     p.add_argument("--batch_size", type=int, default=64)
@@ -201,8 +283,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps(in_process(p.parse_args(argv[1:]))))
         return 0
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so that a running cluster is stopped (see cluster_run)
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
+    args.env_variants = dict(args.env_variant)
+    unknown = set(variants) - set(VARIANTS) - set(args.env_variants)
     if unknown:
         p.error(f"--variants: unknown {', '.join(sorted(unknown))}")
     with tempfile.TemporaryDirectory(prefix="psworker-overlap-") as tmp:
@@ -216,12 +300,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         for r in range(args.repeat):
             if args.in_process:
                 samples.setdefault("in-process", []).append(in_process_run(args))
+                for name, env in args.env_variants.items():
+                    if name in variants and name in args.in_process_variants.split(","):
+                        samples.setdefault(f"in-process {name}", []).append(in_process_run(args, env))
             for shape in args.shapes.split(","):
-                for variant in variants:
+                for variant in variants[r % len(variants):] + variants[:r % len(variants)]:   # rotated: no order bias
                     key = f"{shape} {variant}"
                     result = cluster_run(shape, variant, args, workdir, f"r{r}-{shape}-{variant}")
-                    print(f"  {key}: {result['examples_per_sec']:,.1f} ex/s, {result['cpu_s_per_1k']:.2f} CPU-s/1k",
-                          flush=True)
+                    per = ", ".join(f"{r} {v:.2f}" for r, v in sorted(result["per_process"].items()))
+                    print(f"  {key}: {result['examples_per_sec']:,.1f} ex/s, {result['cpu_s_per_1k']:.2f} CPU-s/1k "
+                          f"({per})", flush=True)
                     samples.setdefault(key, []).append(result)
         medians = print_table(samples, args)
     print(json.dumps({"args": vars(args), "medians": medians, "samples": samples}))
