@@ -149,23 +149,27 @@ def _momentum_zero_linear():
     return MomentumZero()
 
 
-def test_staged_sgd_adds_its_own_update_so_one_process_trains_exactly_as_plain_sgd():
+def test_staged_sgd_adds_its_own_update_so_one_process_trains_exactly_as_plain_sgd(caplog):
     """In one process under plain gradient descent, the staged copy is the pulled values plus this worker's own
     update: the linear model's run equals undelayed SGD computed by hand, step by step, and so does plain
     training; SGD delayed by one step departs from both by the second step."""
     steps = 12
     for train in ({"staged_vars": True}, {}):
-        batches, rates, got = _linear_run(steps, **train)
+        with caplog.at_level("WARNING", logger="psworker.train.graph"):
+            batches, rates, got = _linear_run(steps, **train)
+        assert "staged variables with" not in caplog.text
         assert _first_step_off(got, _sgd_by_hand(batches, rates, got[0], 0)) is None, train
         assert _first_step_off(got, _sgd_by_hand(batches, rates, got[0], 1)) == 2, train
 
 
-def test_staged_vars_under_another_optimizer_compute_exactly_one_update_stale():
+def test_staged_vars_under_another_optimizer_compute_exactly_one_update_stale(caplog):
     """An optimizer other than plain gradient descent (momentum 0: the same updates) gets no own update in the
-    staged copy: each step's gradient is taken at the variables before the previous step's update, exactly (the
-    pull reads each variable before this step's update is applied, never after: no race)."""
+    staged copy, and a warning says so: each step's gradient is taken at the variables before the previous step's
+    update, exactly (the pull reads each variable before this step's update is applied, never after: no race)."""
     steps = 12
-    batches, rates, got = _linear_run(steps, model=_momentum_zero_linear(), staged_vars=True)
+    with caplog.at_level("WARNING", logger="psworker.train.graph"):
+        batches, rates, got = _linear_run(steps, model=_momentum_zero_linear(), staged_vars=True)
+    assert "staged variables with MomentumOptimizer: only plain gradient descent's own update" in caplog.text
     assert _first_step_off(got, _sgd_by_hand(batches, rates, got[0], 1)) is None
     assert _first_step_off(got, _sgd_by_hand(batches, rates, got[0], 0)) == 2
 
