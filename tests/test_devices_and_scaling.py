@@ -125,3 +125,25 @@ def test_auto_and_the_opt_out_round_trip_through_a_dumped_spec():
     spec = parse_spec(CLUSTER + "train:\n  num_devices: auto\n  scale_learning_rate: false\n", "s.yaml")
     again = parse_spec(dump_spec(spec), "dumped")
     assert again == spec and (again.train.num_devices, again.train.scale_learning_rate) == ("auto", False)
+
+
+def test_thread_spinning_is_tensorflows_default_unless_the_environment_turns_it_off(monkeypatch):
+    """Issue 19: PSWORKER_TF_THREAD_SPINNING=ps-off|off turns the thread pools' spinning off on the ps / every task."""
+    assert [devices.thread_spinning(job, {}) for job in ("ps", "worker")] == [True, True]
+    assert [devices.thread_spinning(job, {devices.SPINNING_ENV: "ps-off"}) for job in ("ps", "worker")] == [False, True]
+    assert [devices.thread_spinning(job, {devices.SPINNING_ENV: "OFF"}) for job in ("ps", "worker")] == [False, False]
+    pytest.importorskip("tensorflow")
+    monkeypatch.delenv(devices.SPINNING_ENV, raising=False)
+    assert devices.ps_server_config().experimental.disable_thread_spinning is False
+    assert devices.server_config(1, 0).experimental.disable_thread_spinning is False
+    monkeypatch.setenv(devices.SPINNING_ENV, "ps-off")
+    assert devices.ps_server_config().experimental.disable_thread_spinning is True
+    assert devices.server_config(1, 0).experimental.disable_thread_spinning is False
+    monkeypatch.setenv(devices.SPINNING_ENV, "off")
+    assert devices.server_config(2, 0).experimental.disable_thread_spinning is True   # also with CPU towers
+    assert devices.server_config(2, 0).device_count["CPU"] == 2
+
+
+def test_a_bad_thread_spinning_value_names_the_variable():
+    with pytest.raises(UsageError, match="PSWORKER_TF_THREAD_SPINNING='sometimes': expected one of on, ps-off, off"):
+        devices.thread_spinning("ps", {devices.SPINNING_ENV: "sometimes"})

@@ -3,19 +3,28 @@
 `auto` means every visible GPU, one tower on each (`/gpu:0`, `/gpu:1`, ...), or one tower on `/cpu:0` when there is
 none. Variables stay on the ps (the `replica_device_setter`); the ps tasks keep their GPUs out of it entirely.
 GPU memory is allocated as needed (`allow_growth`), so several tasks can share a host's GPUs.
+
+TensorFlow's thread pools spin a while waiting for work before they sleep (its default, kept here).
+`PSWORKER_TF_THREAD_SPINNING` in the tasks' environment turns that off: `ps-off` on the ps tasks (which mostly wait
+on RPCs), `off` on every task, `on` (the default) nowhere. Opt-in: on this 2-core host `ps-off` took ~10% off the
+ps's CPU in most interleaved runs, ~1% of a run's, below the run-to-run noise (docs/performance.md, "Unshaped").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Union
+import os
+from typing import Mapping, Optional, Union
 
 from psworker.errors import UsageError
 from psworker.fieldtypes import AUTO
 from psworker.spec import TrainConfig
 
 log = logging.getLogger(__name__)
+
+SPINNING_ENV = "PSWORKER_TF_THREAD_SPINNING"
+SPINNING_CHOICES = ("on", "ps-off", "off")   # the first is the default
 
 
 def visible_gpus() -> int:
@@ -56,8 +65,28 @@ def resolve(config: TrainConfig, num_gpus: int) -> TrainConfig:
     return dataclasses.replace(config, num_devices=resolve_num_devices(config.num_devices, num_gpus))
 
 
+def thread_spinning(job: str, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the thread pools of a `job` task spin waiting for work (`PSWORKER_TF_THREAD_SPINNING` in `env`,
+    default `os.environ`; see the module's docstring).
+
+    Raises:
+        UsageError: the variable holds something else than `on`, `ps-off` or `off`.
+    """
+    value = (os.environ if env is None else env).get(SPINNING_ENV, SPINNING_CHOICES[0]).strip().lower()
+    if value not in SPINNING_CHOICES:
+        raise UsageError(f"{SPINNING_ENV}={value!r}: expected one of {', '.join(SPINNING_CHOICES)}")
+    return value == "on" or (value == "ps-off" and job != "ps")
+
+
+def with_spinning(config, job: str):
+    """`config` (a `ConfigProto`, changed in place) with `experimental.disable_thread_spinning` set for `job`."""
+    config.experimental.disable_thread_spinning = not thread_spinning(job)
+    return config
+
+
 def server_config(num_towers: int, num_gpus: int):
-    """A worker server's `ConfigProto`: GPU memory grown on demand; `num_towers` CPU devices for CPU towers."""
+    """A worker server's `ConfigProto`: GPU memory grown on demand; `num_towers` CPU devices for CPU towers; thread
+    spinning as `thread_spinning("worker")` says."""
     import tensorflow as tf
 
     from psworker.train import towers
@@ -67,14 +96,15 @@ def server_config(num_towers: int, num_gpus: int):
         config.gpu_options.allow_growth = True
     elif num_towers > 1:
         config = towers.session_config_for_towers(num_towers)
-    return config
+    return with_spinning(config, "worker")
 
 
 def ps_server_config():
-    """A ps server's `ConfigProto`: no GPU devices (variables live in host memory; the GPUs are the workers')."""
+    """A ps server's `ConfigProto`: no GPU devices (variables live in host memory; the GPUs are the workers'); thread
+    spinning as `thread_spinning("ps")` says."""
     import tensorflow as tf
 
-    return tf.compat.v1.ConfigProto(device_count={"GPU": 0})
+    return with_spinning(tf.compat.v1.ConfigProto(device_count={"GPU": 0}), "ps")
 
 
 def for_worker(config: TrainConfig, name: str):
@@ -89,5 +119,5 @@ def for_worker(config: TrainConfig, name: str):
     return config, server_config(config.num_devices, gpus)
 
 
-__all__ = ["visible_gpus", "resolve_num_devices", "device_names", "describe", "resolve", "server_config",
-           "ps_server_config", "for_worker"]
+__all__ = ["visible_gpus", "resolve_num_devices", "device_names", "describe", "resolve", "thread_spinning",
+           "with_spinning", "server_config", "ps_server_config", "for_worker", "SPINNING_ENV"]
