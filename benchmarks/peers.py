@@ -30,8 +30,8 @@ getrusage(RUSAGE_CHILDREN) holds them), start-up included, over every example th
         --ps_link_rate 100mbit,1gbit --steps 120 --repeat 3                           # issue 19's table
 
 `--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
-runs it unstaged). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is reported. Prints a
-table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
+runs it unstaged). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
+reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
 with every number.
 """
 
@@ -297,8 +297,9 @@ def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None)
 
 
 def _ratio_rows(model: str, args) -> list[tuple[str, str]]:
-    pairs = [("psworker", "pss"), ("psworker staged", "pss")] + ([("psworker ema@worker", "pss"), ("psworker -ema", "pss"),
-                                      ("psworker", "psworker ema@worker")] if model == "cnn" else [])
+    pairs = [("psworker", "pss"), ("psworker staged", "pss")]
+    if model == "cnn":
+        pairs += [("psworker ema@worker", "pss"), ("psworker -ema", "pss"), ("psworker", "psworker ema@worker")]
     if model == "cnn" and args.pss_ema:
         pairs += [("psworker", "pss +ema"), ("psworker ema@worker", "pss +ema")]
     names = [name for m, name, _ in variants([model], args.pss_ema, args.variants)]

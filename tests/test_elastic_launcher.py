@@ -146,5 +146,6 @@ def test_sync_job_scaled_to_min_and_back_with_a_preempted_worker_restarted(tmp_p
         assert seen == sorted(seen), f"{name}'s global step went back: {seen}"
     # One token per worker step, not one per reserved replica: TF's 4 tokens per step for 3 (or 2) running workers
     # piled up stale tokens, and the chief ran ~4/3 (or 2) local steps per global step, a third (or half) wasted.
-    local = re.search(r"worker:0: last step done \((\d+) local steps\)", (train_dir / "logs" / "worker-0.log").read_text())
+    chief_log = (train_dir / "logs" / "worker-0.log").read_text()
+    local = re.search(r"worker:0: last step done \((\d+) local steps\)", chief_log)
     assert local and int(local.group(1)) <= 1.15 * max_steps, local and local.group(0)

@@ -34,9 +34,9 @@ class TrainLoopHook(_hook_base()):
     `after_create_session` and `end` always run). The global step is taken to advance by at most `stride` per local
     step (the number of workers), or by the most any fetch has shown since (a worker slowed by load sees the others
     run several steps per step of its own): once it may be within reach of `last_step`, every step fetches it, so
-    training stops there exactly as TF's `StopAtStepHook` does. Every `every_steps` local steps it prints `step 120, loss = 0.42 (1830.2
-    examples/sec; 0.035 sec/batch)`. At the end of a session that finished without error `final_global_step` holds the
-    global step read once more.
+    training stops there exactly as TF's `StopAtStepHook` does. Every `every_steps` local steps it prints
+    `step 120, loss = 0.42 (1830.2 examples/sec; 0.035 sec/batch)`. At the end of a session that finished without
+    error `final_global_step` holds the global step read once more.
     """
 
     def __init__(self, loss, global_step, *, last_step: int, every_steps: int, examples_per_step: int,
