@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Callable, Iterable, Optional, TypeVar, Union
+from typing import Callable, Optional, TypeVar
 
 from psworker.errors import PeerGone
 from psworker.task.done_queue import DONE, JOINED, READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
@@ -122,18 +122,16 @@ class GoneWatch:
 # ---------------------------------------------------------------------------------------------- done tokens
 
 
-def serve_until_done(target: str, job: str, index: int, senders: Union[Iterable[int], Callable[[], set[int]]],
-                     num_workers: int, *, on_idle: Callable[[set[int]], Optional[bool]],
-                     reader: Optional[DoneReader] = None,
+def serve_until_done(target: str, job: str, index: int, senders: Callable[[], set[int]], num_workers: int, *,
+                     on_idle: Callable[[set[int]], Optional[bool]], reader: Optional[DoneReader] = None,
                      on_member: Optional[Callable[[str, int], None]] = None) -> set[int]:
-    """Takes tokens from this task's done queue until every one of `senders` is done; returns them. `senders` may be
-    a callable, asked again after every token (an elastic job's members change while it waits).
+    """Takes tokens from this task's done queue until every one of `senders()` is done; returns them. `senders` is
+    asked again after every token and every idle poll (an elastic job's members change while the ps waits).
 
     `on_idle(done)` runs whenever no token came for `POLL_SECS`: it may add senders that went away to `done`,
     return True to stop waiting, or raise. It runs on this thread, which never waits in TensorFlow (`DoneReader`).
     `on_member(kind, sender)` gets an elastic job's `JOINED` and `LEFT` tokens.
     """
-    expected = senders if callable(senders) else (lambda fixed=frozenset(senders): set(fixed))
     own = reader is None
     if reader is None:
         reader = DoneReader(target, job, index, num_workers)
@@ -141,7 +139,7 @@ def serve_until_done(target: str, job: str, index: int, senders: Union[Iterable[
     done: set[int] = set()
     stall_logged = False
     try:
-        while not expected() <= done:
+        while not senders() <= done:
             token = reader.get(timeout=POLL_SECS)
             if token is None:
                 stalled = reader.stalled_for()
@@ -159,7 +157,7 @@ def serve_until_done(target: str, job: str, index: int, senders: Union[Iterable[
                 if on_member is not None:
                     on_member(kind, sender)
                 continue
-            waiting_for = expected()
+            waiting_for = senders()
             if sender in waiting_for and sender not in done:
                 done.add(sender)
                 log.info("%s: worker:%d is done (%d of %d)", who, sender, len(done & waiting_for), len(waiting_for))
@@ -365,7 +363,7 @@ def serve_until_client_done(target: str, spec: ClusterSpec, index: int, client: 
                            f"for {client_gone_secs:g} s (--startup_timeout_secs) without saying that training is "
                            "over")
 
-    serve_until_done(target, "worker", index, [client], len(spec.worker), on_idle=on_idle)
+    serve_until_done(target, "worker", index, lambda: {client}, len(spec.worker), on_idle=on_idle)
 
 
 def release_workers(target: str, spec: ClusterSpec, client: int, *, timeout_secs: float = SEND_DONE_SECS) -> None:
