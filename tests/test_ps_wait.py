@@ -17,12 +17,14 @@ class Ports:
     def __init__(self, n: int):
         self.up = {f"w{i}" for i in range(n)}
         self.now = 0.0
+        self.tick = 0.0
         self.addresses: dict[str, str] = {}
 
     def probe(self, address: str) -> bool:
         return self.addresses[address] in self.up
 
     def clock(self) -> float:
+        self.now += self.tick   # a real monotonic clock moves between two reads in one call
         return self.now
 
 
@@ -55,6 +57,23 @@ def test_a_chief_that_vanished_is_waited_for_then_the_ps_fails(tmp_path, caplog)
                                        r"\(its final checkpoint is outstanding\) and did not come back within 300 s "
                                        r"\(--workers_gone_timeout_secs\)"):
         step(wait, ports, done, 60.0)
+
+
+def test_the_chief_wait_is_said_even_after_the_all_gone_wait_was(tmp_path, caplog):
+    """The chief is killed and worker:1 exits done, its token not read yet: for a moment every worker is down and
+    the ps says so. Then the token comes, and the wait for the chief must be said too. CI saw it missing: one flag
+    served both warnings, and the clock moving between two reads in one call kept it set."""
+    caplog.set_level("INFO")
+    wait, ports = make_wait(tmp_path, gone=300.0)
+    ports.tick = 1e-6
+    step(wait, ports, set(), 1.0)
+    ports.up -= {"w0", "w1"}
+    assert not step(wait, ports, set(), 0.0)
+    assert not step(wait, ports, set(), 0.3)
+    assert "every worker has gone away without saying it is done" in caplog.text
+    assert not step(wait, ports, {1}, 0.3)
+    assert not step(wait, ports, {1}, 0.3)
+    assert "its final checkpoint is outstanding; waiting 300 s for it to come back" in caplog.text
 
 
 def test_the_chief_wait_counts_from_the_end_of_training(tmp_path):

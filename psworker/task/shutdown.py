@@ -223,7 +223,7 @@ class _PsWait:
         self.gone_timeout, self.grace, self.complete, self.clock = gone_timeout_secs, rejoin_grace_secs, complete, clock
         self.finished: Optional[int] = None   # the checkpoint's step, once training is known complete that way
         self.over_at: Optional[float] = None  # when the first done token came
-        self.warned = False
+        self.warned: set[str] = set()   # the waits already said in the log ("chief", "workers")
         self.joined: set[int] = set()
         self.left: set[int] = set()
 
@@ -263,10 +263,10 @@ class _PsWait:
     def _chief_gone(self) -> bool:
         gone = min(self.watch.gone_for(CHIEF), self.clock() - self.over_at)
         if not gone or not self.gone_timeout:
-            self.warned = False
+            self.warned.discard("chief")
             return False
-        if not self.warned:
-            self.warned = True
+        if "chief" not in self.warned:
+            self.warned.add("chief")
             log.warning("%s: the other workers are done, but the chief (worker:0 at %s) is down without saying it "
                         "is done: its final checkpoint is outstanding; waiting %g s for it to come back", self.name,
                         self.workers[CHIEF], self.gone_timeout)
@@ -280,14 +280,14 @@ class _PsWait:
     def _all_gone(self, members: set[int]) -> bool:
         gone = min(self.watch.gone_for(i) for i in members)
         if not self.gone_timeout or not gone:
-            self.warned = False
+            self.warned.discard("workers")
             return False
         never = sorted(members - self.watch.seen)
         # a worker not seen yet may still be starting: give it what a worker gives its ps (the spec's setting)
         limit = max(self.gone_timeout, self.spec.train.startup_timeout_secs) if never else self.gone_timeout
         names = ", ".join(f"worker:{i}" for i in never)
-        if not self.warned:
-            self.warned = True
+        if "workers" not in self.warned:
+            self.warned.add("workers")
             if not never:
                 log.warning("%s: every worker has gone away without saying it is done; waiting %g s for them to "
                             "come back", self.name, self.gone_timeout)
