@@ -19,6 +19,7 @@ import pytest
 from tests.fake_tasks.fakes import fake, poll_until, stop_supervisors, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
+from psworker.launcher.elastic import PREEMPTED_CODES
 from psworker.launcher.backends.ssh import SshOptions
 from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
@@ -144,7 +145,8 @@ def test_a_preempted_worker_leaves_and_the_run_goes_on_until_below_min(elastic_r
     assert not result.ok
     assert result.failure.name == "worker:1" and result.failure.returncode == EXIT_PREEMPTED
     assert "preempted (exit 171)" in result.failure.reason and "min of 2" in result.failure.reason
-    assert result.exits["worker:2"].returncode == EXIT_PREEMPTED
+    # 171 from its handler; or, preempted before it set one (under load), the death by the signal: a preemption too
+    assert result.exits["worker:2"].returncode in PREEMPTED_CODES
 
 
 def test_a_preempted_worker_comes_back_with_restarts(elastic_run):

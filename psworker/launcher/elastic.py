@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 LEAVE_SIGNAL = signal.SIGUSR2      # scaled away: finish the step, tell every ps, exit 0
 PREEMPT_SIGNAL = signal.SIGTERM    # preempted: the same, exit EXIT_PREEMPTED (171)
+# A worker preempted before it set its handler (still importing TensorFlow) dies of the signal itself: it left too.
+PREEMPTED_CODES = (EXIT_PREEMPTED, -PREEMPT_SIGNAL, 128 + PREEMPT_SIGNAL)
 
 
 def _name(index: int) -> str:
@@ -109,11 +111,11 @@ class ElasticWorkers:
             how = "scaled away" if code == 0 else f"asked to leave, then exit code {code}"
             (logger.info if code == 0 else logger.warning)("%s left (%s)", slot.name, how)
             return ""
-        if code == EXIT_PREEMPTED and i != ms.CHIEF and not training_over:
+        if code in PREEMPTED_CODES and i != ms.CHIEF and not training_over:
             if not restarting:
                 return self._preempted(slot)
             logger.warning("%s left (preempted, exit %d); it comes back at the same address (--max_restarts)",
-                           slot.name, EXIT_PREEMPTED)
+                           slot.name, code)
         if code == 0:
             self.members = self.members.with_state(i, ms.DONE)
         return None
@@ -131,10 +133,10 @@ class ElasticWorkers:
         self.members = self.members.with_target(self.members.running)
         e = m.elastic
         logger.warning("%s left (preempted, exit %d, not restarted): %d -> %d workers (min %d)", slot.name,
-                       EXIT_PREEMPTED, m.target, self.members.running, e.min)
+                       slot.returncode, m.target, self.members.running, e.min)
         if self.members.running >= e.min:
             return ""
-        return (f"was preempted (exit {EXIT_PREEMPTED}) and not restarted: {self.members.running} workers run, "
+        return (f"was preempted (exit {slot.returncode}) and not restarted: {self.members.running} workers run, "
                 f"below the elastic job's min of {e.min}")
 
     def _answer(self, request: ScaleRequest, training_over: bool) -> None:
