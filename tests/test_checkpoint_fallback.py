@@ -77,7 +77,7 @@ def test_a_broken_newest_checkpoint_falls_back_to_the_previous_one_with_a_warnin
         why = r"\.index missing"
     else:
         _truncate_half(_data_file(train_dir, 60))
-        why = r"\.data holds \d+ bytes, its index lists \d+"
+        why = r"variable \S+ unreadable \(\.data holds \d+ bytes, its index lists \d+\): Read less bytes than requested"
 
     cluster = _train(tmp_path / "run", train_dir, max_steps=100)
 
@@ -104,11 +104,23 @@ def test_with_every_checkpoint_unusable_the_chief_refuses_and_writes_nothing(tra
     error = [line for line in cluster.log("worker:0").splitlines() if line.startswith("psworker: error: ")]
     assert len(error) == 1, cluster.tail("worker:0")
     for step in (0, 20, 60):
-        assert re.search(rf"model\.ckpt-{step}: \.data holds \d+ bytes, its index lists \d+", error[0]), error
+        assert re.search(rf"model\.ckpt-{step}: variable linear/\S+ unreadable \(\.data holds \d+ bytes", error[0]), error
     assert "model.ckpt-40: .index missing" in error[0]
     assert "refusing to start from scratch, which would give up 60 steps" in error[0]
     assert "allow_fresh_start" in error[0]
     assert "Traceback" not in cluster.log("worker:0")
+    assert _snapshot(train_dir) == before
+
+
+def test_checkpoints_of_another_model_are_refused_naming_the_variables(trained, tmp_path):
+    train_dir = _copy(trained, tmp_path)
+    before = _snapshot(train_dir)
+
+    cluster = _train(tmp_path / "run", train_dir, max_steps=100, model="mlp")
+
+    assert cluster.exit_codes()["worker:0"] == EXIT_TRAINING_FAILED, cluster.tails()
+    error = [line for line in cluster.log("worker:0").splitlines() if line.startswith("psworker: error: ")]
+    assert len(error) == 1 and re.search(r"model\.ckpt-60: variable \S+ missing", error[0]), cluster.tail("worker:0")
     assert _snapshot(train_dir) == before
 
 

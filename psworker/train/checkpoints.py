@@ -151,15 +151,15 @@ def problem(found: Found, expected: Optional[Expected] = None, *, read_tensors: 
         shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     except Exception as exc:   # noqa: BLE001 - any failure to open makes it unusable; say which
         return f".index unreadable: {_first_line(exc)}"
-    why = (_variables_differ(shapes, dtypes, expected) if expected is not None else None) \
-        or _too_short(found, shapes, dtypes, total)
+    why = _variables_differ(shapes, dtypes, expected) if expected is not None else None
     if why or not read_tensors:
-        return why
+        return why or _too_short(found, shapes, dtypes, total)
     for key in sorted(shapes):
         try:
             reader.get_tensor(key)
         except Exception as exc:   # noqa: BLE001
-            return f"variable {key} unreadable: {_first_line(exc)}"
+            short = _too_short(found, shapes, dtypes, total)
+            return f"variable {key} unreadable{f' ({short})' if short else ''}: {_first_line(exc)}"
     return None
 
 
