@@ -241,7 +241,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
 
 def _first_choice(config: TrainConfig):
     """The chief's checkpoint to restore (`train.checkpoints.choose`), chosen before anything is written to the
-    train dir: checkpoint files there, none usable, and no `allow_fresh_start` raise `UnusableCheckpoints`."""
+    train dir: checkpoint files there, none usable, and no `allow_fresh_start` raise `TrainingFailed` (exit 3)."""
     from psworker.train import checkpoints
 
     if not config.train_dir:

@@ -29,10 +29,6 @@ _MAX_PROBLEMS = 3                        # variables named in one reason, at mos
 Expected = Mapping[str, tuple]           # checkpoint key -> (full shape as a tuple, tf.DType)
 
 
-class UnusableCheckpoints(TrainingFailed):
-    """The train dir holds checkpoint files, none of them usable: the chief refuses to start from scratch."""
-
-
 @dataclass(frozen=True)
 class Found:
     """One checkpoint's files in the train dir (`files`: basenames present; `listed`: named by the state file)."""
@@ -218,10 +214,10 @@ def fallback_message(choice: Choice) -> str:
             f"({given_up} step{'s' if given_up != 1 else ''} given up)")
 
 
-def refusal(train_dir: str, choice: Choice, flag: str = "--allow_fresh_start true") -> UnusableCheckpoints:
-    """The error of a train dir whose checkpoints are all unusable."""
+def refusal(train_dir: str, choice: Choice, flag: str = "--allow_fresh_start true") -> TrainingFailed:
+    """The error (exit 3) of a train dir that holds checkpoint files, none of them usable."""
     bad = "; ".join(f"{name}: {why}" for name, _, why in choice.rejected)
-    return UnusableCheckpoints(
+    return TrainingFailed(
         f"no usable checkpoint in {train_dir} ({bad}); refusing to start from scratch, which would give up "
         f"{choice.rejected[0][1]} steps: repair or move those files away, or pass {flag} to start afresh")
 
@@ -316,6 +312,6 @@ def _rename(old: str, new: str, files: tuple[str, ...]) -> None:
         os.replace(os.path.join(directory, name), os.path.join(directory, new_name + name[len(old_name):]))
 
 
-__all__ = ["PREFIX", "PARTIAL", "STATE_FILE", "UnusableCheckpoints", "Found", "Choice", "find", "listed_paths",
+__all__ = ["PREFIX", "PARTIAL", "STATE_FILE", "Found", "Choice", "find", "listed_paths",
            "expected_variables", "problem", "choose", "fallback_message", "refusal", "write_state",
            "CheckpointKeeper"]

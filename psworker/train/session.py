@@ -29,7 +29,7 @@ class FastSessionCreator(_base_creator()):
       runs on that path only: sync mode resets the `SyncReplicasOptimizer`'s state on the ps there.
     - The checkpoint restored is the newest usable one (`train.checkpoints.choose`: `first_choice` the first time,
       chosen again for a later restore); one that is not the newest is restored with a warning naming the files
-      given up, and the state file then lists it as the latest. Files there but none usable: `UnusableCheckpoints`
+      given up, and the state file then lists it as the latest. Files there but none usable: `TrainingFailed`
       (exit 3), or, with `allow_fresh_start`, a fresh model and a warning. A restore that fails anyway raises
       `TrainingFailed` naming the checkpoint and the variable.
     - Non-chief workers poll for the model every `RECOVERY_WAIT_SECS` instead of TF's 30 s, in one session (TF's
