@@ -206,9 +206,18 @@ def choose(train_dir: str, expected: Optional[Expected] = None, *, listed_only: 
     return Choice(None, None, tuple(rejected), ())
 
 
+def describe_rejected(rejected: tuple[tuple[str, int, str], ...]) -> str:
+    """`model.ckpt-600: .index missing; model.ckpt-500, model.ckpt-400: variable w unreadable (...)`: the
+    checkpoints given up, newest first, those with the same reason together."""
+    reasons: dict[str, list[str]] = {}
+    for name, _, why in rejected:
+        reasons.setdefault(why, []).append(name)
+    return "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items())
+
+
 def fallback_message(choice: Choice) -> str:
     """`model.ckpt-600: .index missing; restoring model.ckpt-407 instead (193 steps given up)`."""
-    bad = "; ".join(f"{name}: {why}" for name, _, why in choice.rejected)
+    bad = describe_rejected(choice.rejected)
     given_up = choice.rejected[0][1] - choice.step
     return (f"{bad}; restoring {os.path.basename(choice.path)} instead "
             f"({given_up} step{'s' if given_up != 1 else ''} given up)")
@@ -216,7 +225,7 @@ def fallback_message(choice: Choice) -> str:
 
 def refusal(train_dir: str, choice: Choice, flag: str = "--allow_fresh_start true") -> TrainingFailed:
     """The error (exit 3) of a train dir that holds checkpoint files, none of them usable."""
-    bad = "; ".join(f"{name}: {why}" for name, _, why in choice.rejected)
+    bad = describe_rejected(choice.rejected)
     return TrainingFailed(
         f"no usable checkpoint in {train_dir} ({bad}); refusing to start from scratch, which would give up "
         f"{choice.rejected[0][1]} steps: repair or move those files away, or pass {flag} to start afresh")
@@ -280,9 +289,11 @@ class CheckpointKeeper:
         _remove(final)            # an unusable checkpoint of this step, given up at the restore
         _rename(partial, final, written.files)
         self._kept.append(final)
-        write_state(self._dir, tuple(self._kept))
-        while self._keep and len(self._kept) > self._keep:
-            _remove(self._kept.pop(0))
+        going = self._kept[:-self._keep] if self._keep else []
+        del self._kept[:len(going)]
+        write_state(self._dir, tuple(self._kept))   # first: the state file never lists a deleted checkpoint
+        for prefix in going:
+            _remove(prefix)
         return final, step
 
 
@@ -313,5 +324,5 @@ def _rename(old: str, new: str, files: tuple[str, ...]) -> None:
 
 
 __all__ = ["PREFIX", "PARTIAL", "STATE_FILE", "Found", "Choice", "find", "listed_paths",
-           "expected_variables", "problem", "choose", "fallback_message", "refusal", "write_state",
+           "expected_variables", "problem", "choose", "describe_rejected", "fallback_message", "refusal", "write_state",
            "CheckpointKeeper"]

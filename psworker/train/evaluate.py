@@ -76,7 +76,7 @@ def latest_checkpoint(train_dir: str) -> Optional[str]:
 
     choice = checkpoints.choose(train_dir, listed_only=True)
     if choice.rejected:
-        bad = "; ".join(f"{name}: {why}" for name, _, why in choice.rejected)
+        bad = checkpoints.describe_rejected(choice.rejected)
         log.warning("%s", checkpoints.fallback_message(choice) if choice.path else f"no usable checkpoint ({bad})")
     return choice.path
 

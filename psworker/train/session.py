@@ -137,7 +137,7 @@ class FastSessionCreator(_base_creator()):
         if choice is not None and choice.refused:
             if not self._allow_fresh_start:
                 raise checkpoints.refusal(self._checkpoint_dir, choice)
-            bad = "; ".join(f"{name}: {why}" for name, _, why in choice.rejected)
+            bad = checkpoints.describe_rejected(choice.rejected)
             log.warning("%s: no usable checkpoint in %s (%s); starting from scratch, as allow_fresh_start says",
                         self._name, self._checkpoint_dir, bad)
         else:
