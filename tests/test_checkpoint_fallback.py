@@ -120,7 +120,8 @@ def test_checkpoints_of_another_model_are_refused_naming_the_variables(trained, 
 
     assert cluster.exit_codes()["worker:0"] == EXIT_TRAINING_FAILED, cluster.tails()
     error = [line for line in cluster.log("worker:0").splitlines() if line.startswith("psworker: error: ")]
-    assert len(error) == 1 and re.search(r"model\.ckpt-60: variable \S+ missing", error[0]), cluster.tail("worker:0")
+    assert len(error) == 1 and re.search(r"\(model\.ckpt-60, model\.ckpt-40, model\.ckpt-20, model\.ckpt-0: "
+                                            r"variable hidden1/biases missing; variable hidden1/weights missing", error[0]), cluster.tail("worker:0")
     assert _snapshot(train_dir) == before
 
 
@@ -133,7 +134,8 @@ def test_allow_fresh_start_starts_from_scratch_over_unusable_checkpoints(trained
 
     log = cluster.log("worker:0")
     assert cluster.exit_codes()["worker:0"] == 0, cluster.tails()
-    assert re.search(r"WARNING.*worker:0: no usable checkpoint in \S+ \(model\.ckpt-60: .*\); starting from "
+    assert re.search(r"WARNING.*worker:0: no usable checkpoint in \S+ \(model\.ckpt-60, model\.ckpt-40, model\.ckpt-20, model\.ckpt-0: variable linear/"
+                     r"weights unreadable .*\); starting from "
                      r"scratch, as allow_fresh_start says", log), log
     assert checkpoint_step(train_dir) == 40
     assert [_held(train_dir, s) for s in (0, 20, 40)] == [0, 20, 40]   # the unusable ones written over
