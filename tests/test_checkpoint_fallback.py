@@ -120,8 +120,9 @@ def test_checkpoints_of_another_model_are_refused_naming_the_variables(trained, 
 
     assert cluster.exit_codes()["worker:0"] == EXIT_TRAINING_FAILED, cluster.tails()
     error = [line for line in cluster.log("worker:0").splitlines() if line.startswith("psworker: error: ")]
-    assert len(error) == 1 and re.search(r"\(model\.ckpt-60, model\.ckpt-40, model\.ckpt-20, model\.ckpt-0: "
-                                            r"variable hidden1/biases missing; variable hidden1/weights missing", error[0]), cluster.tail("worker:0")
+    assert len(error) == 1, cluster.tail("worker:0")
+    assert re.search(r"\(model\.ckpt-60, model\.ckpt-40, model\.ckpt-20, model\.ckpt-0: variable hidden1/biases "
+                     r"missing; variable hidden1/weights missing", error[0]), error
     assert _snapshot(train_dir) == before
 
 
