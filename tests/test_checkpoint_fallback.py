@@ -135,8 +135,8 @@ def test_allow_fresh_start_starts_from_scratch_over_unusable_checkpoints(trained
 
     log = cluster.log("worker:0")
     assert cluster.exit_codes()["worker:0"] == 0, cluster.tails()
-    assert re.search(r"WARNING.*worker:0: no usable checkpoint in \S+ \(model\.ckpt-60, model\.ckpt-40, model\.ckpt-20, model\.ckpt-0: variable linear/"
-                     r"weights unreadable .*\); starting from "
+    assert re.search(r"WARNING.*worker:0: no usable checkpoint in \S+ \(model\.ckpt-60, model\.ckpt-40, "
+                     r"model\.ckpt-20, model\.ckpt-0: variable linear/weights unreadable .*\); starting from "
                      r"scratch, as allow_fresh_start says", log), log
     assert checkpoint_step(train_dir) == 40
     assert [_held(train_dir, s) for s in (0, 20, 40)] == [0, 20, 40]   # the unusable ones written over

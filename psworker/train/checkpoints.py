@@ -253,7 +253,8 @@ class CheckpointKeeper:
         step_key: the checkpoint key of the global step.
     """
 
-    def __init__(self, train_dir: str, *, keep: Optional[int], kept: tuple[str, ...] = (), step_key: str = "global_step"):
+    def __init__(self, train_dir: str, *, keep: Optional[int], kept: tuple[str, ...] = (),
+                 step_key: str = "global_step"):
         self._dir = train_dir
         self._keep = keep   # 0 or None: keep every one (as TF's max_to_keep)
         self._kept = list(kept)
