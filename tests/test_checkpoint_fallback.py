@@ -195,3 +195,26 @@ def test_the_rotation_keeps_the_older_checkpoints_when_a_new_one_fails_its_check
     assert "the checkpoint just written is unusable (model.ckpt-partial: .data holds" in caplog.text
     assert _steps_on_disk(tmp_path) == [2, 3]
     assert tf.train.latest_checkpoint(str(tmp_path)) == os.path.join(str(tmp_path), "model.ckpt-3")
+
+
+def test_a_damaged_checkpoint_does_not_prove_training_complete(tmp_path):
+    """A worker waiting for its ps (and a ps with no workers) asks whether the train dir shows training over: a
+    newest checkpoint at max_steps whose data is cut says nothing (it would skip the training for good)."""
+    import tensorflow as tf
+
+    from psworker.task.shutdown import checkpoint_at_max_steps
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        v1.get_variable("weights", initializer=tf.zeros([1000]))
+        saver = v1.train.Saver()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for target in (5, 10):
+                sess.run(v1.assign(step, target))
+                saver.save(sess, str(tmp_path / "model.ckpt"), global_step=target)
+    assert checkpoint_at_max_steps(str(tmp_path), 10) == 10
+    _truncate_half(_data_file(tmp_path, 10))
+    assert checkpoint_at_max_steps(str(tmp_path), 10) is None
+    assert checkpoint_at_max_steps(str(tmp_path), 5) == 5
