@@ -99,6 +99,9 @@ class TrainConfig:
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
                                    choices=lambda: TRANSFER_DTYPES)
+    allow_fresh_start: bool = _setting(False, "the chief starts from scratch when train_dir holds checkpoint files "
+                                              "but none is usable (by default it refuses: exit 3)",
+                                       metavar="{true,false}")
 
 
 TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))

@@ -160,3 +160,32 @@ def test_the_chief_saver_hook_writes_what_tfs_writes(tmp_path):
     for run in ("ours", "tf"):
         assert tf.train.load_checkpoint(str(tmp_path / run / "model.ckpt-0")).get_tensor("global_step") == 0
         assert (tmp_path / run / "model.ckpt-0.meta").exists()
+
+
+def test_a_restore_that_fails_names_the_checkpoint_and_the_variable(tmp_path):
+    """The checkpoint chosen was whole; its data file is cut before the session restores it (a copy still being
+    written, a disk that lost it): one TrainingFailed naming the file and the variable, not TF's traceback."""
+    import tensorflow as tf
+
+    from psworker.errors import TrainingFailed
+    from psworker.train import checkpoints
+
+    v1 = tf.compat.v1
+    server = v1.train.Server.create_local_server()
+    with tf.Graph().as_default():
+        v1.train.get_or_create_global_step()
+        v1.get_variable("weights", initializer=tf.zeros([1000]))
+        with v1.Session(server.target) as sess:
+            sess.run(v1.global_variables_initializer())
+            v1.train.Saver().save(sess, str(tmp_path / "model.ckpt"), global_step=7)
+        choice = checkpoints.choose(str(tmp_path), checkpoints.expected_variables())
+        assert choice.path == str(tmp_path / "model.ckpt-7") and not choice.rejected
+        (data,) = tmp_path.glob("model.ckpt-7.data-*")
+        with open(data, "r+b") as f:
+            f.truncate(data.stat().st_size // 2)
+        fresh = v1.train.Server.create_local_server()   # holds no model: the chief restores
+        creator = _creator(fresh.target, is_chief=True, checkpoint_dir=str(tmp_path), first_choice=choice)
+        with pytest.raises(TrainingFailed, match=r"^worker:0: restoring the checkpoint \S+/model\.ckpt-7 failed: "
+                                                 r"variable weights unreadable \(\.data holds \d+ bytes, its index "
+                                                 r"lists 4008\): Read less bytes than requested$"):
+            creator.create_session()

@@ -150,14 +150,14 @@ def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> 
 
 
 def _hooks(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication, index: int, name: str,
-           emit) -> tuple[Any, list]:
+           emit, kept: tuple = ()) -> tuple[Any, list]:
     """The step loop's hooks: (the one per-step hook, every hook)."""
     from psworker.train.hooks import TrainLoopHook
 
     # One hook per step: the chief's savers run inside it, on its check steps only (docs/performance.md).
     progress = TrainLoopHook(tg.loss, tg.global_step, last_step=config.max_steps,
                              every_steps=config.log_every_steps, examples_per_step=replication.examples_per_step,
-                             gated=chief_hooks(config, scaffold, name) if replication.is_chief else (),
+                             gated=chief_hooks(config, scaffold, name, kept) if replication.is_chief else (),
                              align_steps=(config.log_every_steps, config.save_checkpoint_steps),
                              stride=replication.workers, emit=emit, name=name)
     hooks = [progress]
@@ -174,7 +174,7 @@ def _hooks(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication
 
 
 def _session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, replication: Replication,
-                     name: str) -> Any:
+                     name: str, first_choice=None) -> Any:
     """The session creator: waits for the peers (or finds training complete on disk), then restores or starts."""
     from psworker.train.session import FastSessionCreator
 
@@ -188,7 +188,8 @@ def _session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, r
         scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
         checkpoint_dir=config.train_dir if replication.is_chief else None,
         max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
-        on_live_model=on_live_model, warm_up=tg.inputs,
+        on_live_model=on_live_model, warm_up=tg.inputs, first_choice=first_choice,
+        allow_fresh_start=config.allow_fresh_start,
     )
 
 
@@ -207,8 +208,9 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         tg = replication.build(model, config)
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
                                                           save_relative_paths=True))
-        progress, hooks = _hooks(config, tg, scaffold, replication, index, name, emit)
-        creator = _session_creator(target, config, tg, scaffold, replication, name)
+        choice = _first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
+        progress, hooks = _hooks(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else ())
+        creator = _session_creator(target, config, tg, scaffold, replication, name, choice)
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
         watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
@@ -235,6 +237,19 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
                            f"{why}")
     return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started)
+
+
+def _first_choice(config: TrainConfig):
+    """The chief's checkpoint to restore (`train.checkpoints.choose`), chosen before anything is written to the
+    train dir: checkpoint files there, none usable, and no `allow_fresh_start` raise `TrainingFailed` (exit 3)."""
+    from psworker.train import checkpoints
+
+    if not config.train_dir:
+        return None
+    choice = checkpoints.choose(config.train_dir, checkpoints.expected_variables())
+    if choice.refused and not config.allow_fresh_start:
+        raise checkpoints.refusal(config.train_dir, choice)
+    return choice
 
 
 class _CompleteOnDisk:
@@ -320,17 +335,21 @@ def _step_timeout(message: str) -> StepTimeout:
     return StepTimeout(message)
 
 
-def chief_hooks(config: TrainConfig, scaffold, name: str) -> list:
+def chief_hooks(config: TrainConfig, scaffold, name: str, kept: tuple = ()) -> list:
     """The chief's checkpoint saver, writing into `config.train_dir` (with the graph, for TensorBoard's Graphs
-    dashboard: the train dir's own events file holds no scalars; they are the workers', see `train.summaries`)."""
+    dashboard: the train dir's own events file holds no scalars; they are the workers', see `train.summaries`);
+    `kept`: the checkpoints there, oldest first, that its rotation goes on from (`checkpoints.Choice.kept`)."""
     import tensorflow as tf
 
+    from psworker.train.checkpoints import CheckpointKeeper
     from psworker.train.hooks import CheckpointLogger, ChiefCheckpointSaverHook
 
     v1 = tf.compat.v1
     every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
              else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
-    return [ChiefCheckpointSaverHook(config.train_dir, scaffold=scaffold, listeners=[CheckpointLogger(name)], **every)]
+    keeper = CheckpointKeeper(config.train_dir, keep=MAX_CHECKPOINTS, kept=kept)
+    return [ChiefCheckpointSaverHook(config.train_dir, scaffold=scaffold, keeper=keeper,
+                                     listeners=[CheckpointLogger(name)], **every)]
 
 
 def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership: Optional[Membership] = None

@@ -168,14 +168,17 @@ def serve_until_done(target: str, job: str, index: int, senders: Callable[[], se
 
 
 def checkpoint_at_max_steps(train_dir: Optional[str], max_steps: int) -> Optional[int]:
-    """The global step of the latest checkpoint in `train_dir` when it has reached `max_steps`, else None (no
-    train_dir, not readable from this host, or training not over)."""
+    """The global step of the newest usable checkpoint the state file lists in `train_dir` (`checkpoints.choose`:
+    a damaged one proves nothing) when it has reached `max_steps`, else None (no train_dir, not readable from this
+    host, or training not over)."""
     if not train_dir:
         return None
     try:
         import tensorflow as tf
 
-        path = tf.train.latest_checkpoint(train_dir)
+        from psworker.train import checkpoints
+
+        path = checkpoints.choose(train_dir, listed_only=True).path
         if not path:
             return None
         step = int(tf.train.load_checkpoint(path).get_tensor("global_step"))

@@ -70,9 +70,15 @@ def format_result(result: EvalResult) -> str:
 
 
 def latest_checkpoint(train_dir: str) -> Optional[str]:
-    import tensorflow as tf
+    """The newest usable checkpoint the state file lists (`train.checkpoints.choose`), with a warning when a newer
+    one is unusable; None when there is none."""
+    from psworker.train import checkpoints
 
-    return tf.train.latest_checkpoint(train_dir)
+    choice = checkpoints.choose(train_dir, listed_only=True)
+    if choice.rejected:
+        bad = checkpoints.describe_rejected(choice.rejected)
+        log.warning("%s", checkpoints.fallback_message(choice) if choice.path else f"no usable checkpoint ({bad})")
+    return choice.path
 
 
 def run_eval(*, train_dir: str, data_dir: Optional[str], model_name: Optional[str], once: bool,

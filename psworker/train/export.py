@@ -142,14 +142,14 @@ def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: 
     Raises:
         UsageError, TrainingFailed, ExportExistsError: no train dir or unknown model; no checkpoint; the export exists.
     """
-    import tensorflow as tf
-
     from psworker import models
 
     if not os.path.isdir(train_dir):
         raise UsageError(f"--train_dir {train_dir} does not exist")
     if checkpoint is None:
-        checkpoint = tf.train.latest_checkpoint(train_dir)
+        from psworker.train.evaluate import latest_checkpoint
+
+        checkpoint = latest_checkpoint(train_dir)
         if checkpoint is None:
             raise TrainingFailed(f"no checkpoint in {train_dir}: train first (the chief writes them there)")
     if model_name is None:

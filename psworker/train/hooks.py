@@ -216,13 +216,44 @@ class ChiefCheckpointSaverHook(_saver_hook_base()):
     """TF's `CheckpointSaverHook` (the step-0 checkpoint when a session is made, then by steps or seconds), writing
     the graph files of a new session (`graph.pbtxt`, the graph and meta graph in the events file) from one
     `GraphDef` instead of three, and `graph.pbtxt` with protobuf's C text encoder: TF's took ~0.1 s of the chief's
-    path to its first step, nearly all of it the pure-Python text format (docs/performance.md)."""
+    path to its first step, nearly all of it the pure-Python text format (docs/performance.md).
+
+    Each checkpoint goes through `keeper` (`train.checkpoints.CheckpointKeeper`): named after the global step its
+    files hold (TF names it after the step read before the save, which the other workers may have moved on from),
+    and the old ones rotated away only once it is checked. The listeners get that step.
+    """
+
+    def __init__(self, checkpoint_dir: str, *, keeper=None, **kwargs):
+        super().__init__(checkpoint_dir, **kwargs)
+        self._keeper = keeper   # None: one over the checkpoints there now, keeping the saver's max_to_keep
 
     def after_create_session(self, session, coord):
         global_step = session.run(self._global_step_tensor)
         self._write_graph()
         self._save(session, global_step)   # the state at `global_step`, as TF's hook saves it
         self._timer.update_last_triggered_step(global_step)
+
+    def _save(self, session, step):
+        """TF's `_save` through the keeper; returns whether a listener asks to stop."""
+        import tensorflow as tf
+
+        for listener in self._listeners:
+            listener.before_save(session, step)
+        if self._keeper is None:
+            from psworker.train import checkpoints
+
+            kept = tuple(f.prefix for f in reversed(checkpoints.find(self._checkpoint_dir))
+                         if f"{f.name}.index" in f.files)
+            self._keeper = checkpoints.CheckpointKeeper(
+                self._checkpoint_dir, keep=self._get_saver().saver_def.max_to_keep, kept=kept)
+        saved = self._keeper.save(session, self._get_saver(), write_meta_graph=self._save_graph_def)
+        if saved is None:
+            return False
+        path, held = saved
+        self._summary_writer.add_session_log(
+            tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.CHECKPOINT, checkpoint_path=path), held)
+        stops = [listener.after_save(session, held) for listener in self._listeners]
+        return any(stops)
 
     def _write_graph(self) -> None:
         import tensorflow as tf

@@ -27,6 +27,11 @@ class FastSessionCreator(_base_creator()):
       checkpoint in `checkpoint_dir`, or initialise.
       Before the session is handed over (and the hooks' `after_create_session` run), `on_live_model(session)`
       runs on that path only: sync mode resets the `SyncReplicasOptimizer`'s state on the ps there.
+    - The checkpoint restored is the newest usable one (`train.checkpoints.choose`: `first_choice` the first time,
+      chosen again for a later restore); one that is not the newest is restored with a warning naming the files
+      given up, and the state file then lists it as the latest. Files there but none usable: `TrainingFailed`
+      (exit 3), or, with `allow_fresh_start`, a fresh model and a warning. A restore that fails anyway raises
+      `TrainingFailed` naming the checkpoint and the variable.
     - Non-chief workers poll for the model every `RECOVERY_WAIT_SECS` instead of TF's 30 s, in one session (TF's
       `SessionManager` makes a new one per poll), and give up after `max_wait_secs` with a `DeadlineExceededError`.
     - With `warm_up` (the input batch's tensors), each session made here starts by fetching one batch in a thread,
@@ -40,7 +45,8 @@ class FastSessionCreator(_base_creator()):
 
     def __init__(self, scaffold, *, master: str, config, is_chief: bool, checkpoint_dir: Optional[str],
                  max_wait_secs: float, name: str, before_create: Optional[Callable[[], None]] = None,
-                 on_live_model: Optional[Callable[[object], None]] = None, warm_up=None):
+                 on_live_model: Optional[Callable[[object], None]] = None, warm_up=None,
+                 first_choice=None, allow_fresh_start: bool = False):
         self._scaffold = scaffold
         self._master = master
         self._config = config
@@ -51,6 +57,8 @@ class FastSessionCreator(_base_creator()):
         self._before_create = before_create
         self._on_live_model = on_live_model
         self._warm_up = warm_up
+        self._first_choice = first_choice   # checkpoints.Choice made before the hooks wrote anything
+        self._allow_fresh_start = allow_fresh_start
         self.sessions_created = 0
         self._abandon = False
         self._abandoned: list = []
@@ -116,17 +124,57 @@ class FastSessionCreator(_base_creator()):
         return not sess.run(self._scaffold.ready_for_local_init_op).size
 
     def _restore_or_initialise(self, sess) -> None:
-        import tensorflow as tf
+        from psworker.train import checkpoints
 
-        checkpoint = tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
-        if checkpoint:
-            log.info("%s: restoring the checkpoint %s", self._name, os.path.basename(checkpoint))
-            self._scaffold.saver.restore(sess, checkpoint)
+        choice = self._choose()
+        if choice is not None and choice.path:
+            if choice.rejected:
+                log.warning("%s: %s", self._name, checkpoints.fallback_message(choice))
+                checkpoints.write_state(self._checkpoint_dir, choice.kept)
+            log.info("%s: restoring the checkpoint %s", self._name, os.path.basename(choice.path))
+            self._restore(sess, choice.path)
             return
-        log.info("%s: no checkpoint to restore; initialising the model", self._name)
+        if choice is not None and choice.refused:
+            if not self._allow_fresh_start:
+                raise checkpoints.refusal(self._checkpoint_dir, choice)
+            bad = checkpoints.describe_rejected(choice.rejected)
+            log.warning("%s: no usable checkpoint in %s (%s); starting from scratch, as allow_fresh_start says",
+                        self._name, self._checkpoint_dir, bad)
+        else:
+            log.info("%s: no checkpoint to restore; initialising the model", self._name)
         sess.run(self._scaffold.init_op, feed_dict=self._scaffold.init_feed_dict)
         if self._scaffold.init_fn is not None:
             self._scaffold.init_fn(sess)
+
+    def _choose(self):
+        """The checkpoints.Choice for this restore (None: no checkpoint dir)."""
+        from psworker.train import checkpoints
+
+        choice, self._first_choice = self._first_choice, None
+        if choice is not None and self.sessions_created == 1:   # later, newer checkpoints may be there
+            return choice
+        if not self._checkpoint_dir:
+            return None
+        return checkpoints.choose(self._checkpoint_dir, checkpoints.expected_variables())
+
+    def _restore(self, sess, path: str) -> None:
+        """`saver.restore`; a failure other than a peer's (which MonitoredSession retries) is a TrainingFailed
+        naming the checkpoint and, where the files show it, the variable."""
+        import tensorflow as tf
+
+        from psworker.errors import TrainingFailed
+        from psworker.train import checkpoints
+
+        try:
+            self._scaffold.saver.restore(sess, path)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+                tf.errors.CancelledError):
+            raise
+        except tf.errors.OpError as exc:
+            found = next((f for f in checkpoints.find(os.path.dirname(path)) if f.prefix == path), None)
+            why = checkpoints.problem(found, checkpoints.expected_variables()) if found else None
+            detail = why or (exc.message or str(exc)).strip().splitlines()[0]
+            raise TrainingFailed(f"{self._name}: restoring the checkpoint {path} failed: {detail}") from None
 
     def _local_init(self, sess) -> None:
         if self._scaffold.local_init_op is not None:
