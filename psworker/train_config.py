@@ -80,8 +80,9 @@ class TrainConfig:
                                                     "every worker")
     startup_timeout_secs: float = _setting(120.0, "how long a worker waits for its ps tasks and the chief's model, "
                                                   "in seconds")
-    step_timeout_secs: float = _setting(300.0, "longest training step (sync: waiting for the other workers) "
-                                               "before the worker fails, in seconds")
+    step_timeout_secs: float = _setting(300.0, "longest training step (sync: waiting for the other workers; a ps "
+                                               "that does not answer) before the worker fails with exit 170, "
+                                               "naming who did not answer, in seconds")
     num_devices: Union[int, str] = _setting(1, "towers per worker, or auto: one per visible GPU, one CPU tower "
                                                "when there is none", metavar="{N,auto}")
     replication: str = _setting("between-graph", "between-graph: every worker builds its own graph; in-graph: "

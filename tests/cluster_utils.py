@@ -85,3 +85,38 @@ def run_launcher(args: Sequence[str], cwd: Path, timeout: float, on_line=None, c
                 pass
             proc.wait(timeout=30)
     return LauncherRun(proc.returncode, "".join(lines), pids)
+
+
+class Partition:
+    """Drops every packet to or from some TCP ports inside the network namespace of process `pid` (a launcher run
+    with `--network isolated`): a network partition that nothing in the run can see coming.
+
+    This kernel has no `prio` qdisc, no `action drop` and no netem; an HTB class whose leaf qdisc is `pfifo limit 0`,
+    with u32 filters steering the ports' packets into it, drops every one of them (a connect times out). `heal()`
+    deletes the root qdisc: everything flows again (TCP retransmits on its own backoff schedule).
+    """
+
+    def __init__(self, pid: int):
+        # root enters the namespace directly; anyone else through the user namespace that owns it
+        self._enter = ["nsenter", f"--target={pid}", "--net"] + (
+            [] if os.geteuid() == 0 else ["--user", "--preserve-credentials"])
+
+    def _tc(self, *args: str) -> None:
+        done = subprocess.run([*self._enter, "tc", *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=30)
+        if done.returncode != 0:
+            raise AssertionError(f"tc {' '.join(args)} failed (exit {done.returncode}): {done.stderr.strip()}")
+
+    def cut(self, ports: Sequence[int], dev: str = "lo") -> None:
+        self._tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
+        for classid in ("1:1", "1:2"):
+            self._tc("class", "add", "dev", dev, "parent", "1:", "classid", classid, "htb", "rate", "10gbit",
+                     "quantum", "60000")
+        self._tc("qdisc", "add", "dev", dev, "parent", "1:2", "handle", "20:", "pfifo", "limit", "0")
+        for port in ports:
+            for direction in ("dport", "sport"):
+                self._tc("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
+                         "ip", direction, str(port), "0xffff", "flowid", "1:2")
+
+    def heal(self, dev: str = "lo") -> None:
+        self._tc("qdisc", "del", "dev", dev, "root")

@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -21,7 +22,7 @@ from psworker.errors import AlreadyComplete, LeftJob, StartupTimeout, StepTimeou
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
-from psworker.task import done_queue, shutdown
+from psworker.task import done_queue, probe, shutdown
 from psworker.task.leave import Membership
 from psworker.task.peers import SyncPeerWatch
 from psworker.train import graph
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SAVE_CHECKPOINT_SECS = 60.0
 MAX_CHECKPOINTS = 5
 WATCHDOG_AFTER_SECS = 10.0
+GIVE_UP_GRACE_SECS = 5.0   # a step past its deadline that TensorFlow did not end: the watchdog ends the process
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
     except (StepTimeout, StoppedEarly):
         if replication.release is not None:
             replication.release(server.target)
-        done_queue.signal_done(server.target, spec, index, timeout_secs=done_queue.SEND_DONE_AFTER_FAILURE_SECS)
+        _tell_done_after_failure(server.target, spec, index, name)
         raise
     if result.local_steps:
         log.info("%s", events.WorkerDone(name, result.global_step, result.local_steps, result.seconds).render())
@@ -128,6 +130,29 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
     # Last: a ps waits for every worker's port to close before it exits, so this cannot race it.
     done_queue.signal_done(server.target, spec, index)
     return result
+
+
+def _tell_done_after_failure(target: str, spec: ClusterSpec, index: int, name: str) -> None:
+    """A worker that failed tells the ps tasks it is done (so that they do not wait for it), unless one of them does
+    not answer: then the cluster is broken (a partition, a ps down) and this worker is to be restarted, so no ps may
+    take it for finished. Bounded: the tokens' session is made in a thread given a few seconds."""
+    at_fault = probe.at_fault(probe.probe_all(srv.task_addresses(spec, ("ps",))))
+    if at_fault:
+        log.warning("%s: not telling the ps tasks that it is done (it is to be restarted): %s", name,
+                    probe.describe(at_fault))
+        return
+    _within(done_queue.SEND_DONE_AFTER_FAILURE_SECS + 3.0, f"{name}: telling the ps tasks that it is done",
+            lambda: done_queue.signal_done(target, spec, index, timeout_secs=done_queue.SEND_DONE_AFTER_FAILURE_SECS))
+
+
+def _within(secs: float, what: str, fn: Callable[[], None]) -> None:
+    """Runs `fn` in a daemon thread and waits for it at most `secs` (a session made on a peer that stopped
+    answering waits without a deadline; the process leaves soon after, through `os._exit`)."""
+    thread = threading.Thread(target=fn, name="psworker-bounded", daemon=True)
+    thread.start()
+    thread.join(secs)
+    if thread.is_alive():
+        log.warning("%s did not end within %g s; going on without it", what, secs)
 
 
 def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> None:
@@ -174,11 +199,13 @@ def _hooks(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication
 
 
 def _session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, replication: Replication,
-                     name: str, first_choice=None) -> Any:
-    """The session creator: waits for the peers (or finds training complete on disk), then restores or starts."""
+                     name: str, watchdog, first_choice=None) -> Any:
+    """The session creator: waits for the peers (or finds training complete on disk), then restores or starts. A
+    session re-created inside a step (after a ps failure) gives that step time for the waits that follow."""
     from psworker.train.session import FastSessionCreator
 
     def wait_for_peers() -> None:
+        watchdog.extend(2 * config.startup_timeout_secs + config.step_timeout_secs)
         srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name,
                            meanwhile=_CompleteOnDisk(config, name))
 
@@ -198,8 +225,6 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
     """The session and its step loop; the sessions are left open at the end (the process leaves soon after)."""
     import tensorflow as tf
 
-    from psworker.train.hooks import StepWatchdog
-
     v1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
@@ -210,19 +235,19 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                                                           save_relative_paths=True))
         choice = _first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
         progress, hooks = _hooks(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else ())
-        creator = _session_creator(target, config, tg, scaffold, replication, name, choice)
+        watchdog = _watchdog(config, replication, name)
+        creator = _session_creator(target, config, tg, scaffold, replication, name, watchdog, choice)
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
-        watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
         with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
             if replication.membership is not None and not sess.should_stop():   # stopping: training is complete
                 replication.membership.join(target)
             try:
-                with StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs) as watchdog, \
-                        _peer_watch(replication, config, name) as peers:
+                with watchdog, _peer_watch(replication, config, name) as peers:
                     _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message, peers,
-                               leave=replication.membership.signals if replication.membership else None)
+                               leave=replication.membership.signals if replication.membership else None,
+                               tasks=replication.wait_for)
             except v1.train.NanLossDuringTrainingError:
                 raise TrainingFailed(f"{name}: the loss became NaN (lower --learning_rate?)") from None
             finally:
@@ -286,6 +311,39 @@ def _sync_reset_on_restart(sync_reset, name: str):
     return on_live_model
 
 
+def _watchdog(config: TrainConfig, replication: Replication, name: str):
+    """The step loop's watchdog: its warnings name the peers that do not answer a probe (probed in its thread), and
+    it ends the process (`_give_up`) when a step outlives its deadline by `GIVE_UP_GRACE_SECS`."""
+    from psworker.train.hooks import StepWatchdog
+
+    tasks = replication.wait_for
+    watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
+    return StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs,
+                        diagnose=lambda secs: probe.describe(probe.probe_all(tasks), secs),
+                        give_up=lambda secs: _give_up(replication.timeout_message, tasks, secs),
+                        grace_secs=GIVE_UP_GRACE_SECS)
+
+
+def _give_up(base: str, tasks: dict, running_secs: float) -> None:
+    """From the watchdog's thread, for a step that TensorFlow left running past its deadline (a session closed or
+    made on a peer that does not answer has no deadline): the error, as a step timeout's, then exit 170. The main
+    thread is inside TensorFlow; ending the process is what a `kill` would do. No ps is told that this worker is
+    done: it is to be restarted."""
+    from psworker.task.main import exit_now
+
+    log.error("the step has run %.0f s, past its deadline; TensorFlow did not end it: ending the process",
+              running_secs)
+    error = _step_timeout(_timeout_message(base, probe.probe_all(tasks), running_secs))
+    print(events.TaskError(str(error)).render(), file=sys.stderr, flush=True)
+    exit_now(error.exit_code)
+
+
+def _timeout_message(base: str, probed: list, running_secs: float) -> str:
+    """A step timeout's message with what the probes of its peers found."""
+    found = probe.describe(probed, running_secs)
+    return f"{base} ({found})" if found else base
+
+
 def _peer_watch(replication: Replication, config: TrainConfig, name: str):
     if replication.peers is None:
         return contextlib.nullcontext()
@@ -294,9 +352,11 @@ def _peer_watch(replication: Replication, config: TrainConfig, name: str):
 
 
 def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str,
-               peers: Optional[SyncPeerWatch] = None, leave=None) -> None:
-    """One `train_op` per step, each bounded by `--step_timeout_secs`, and (sync) while enough workers are up;
-    returns when the session says stop, or after the step in which a leave signal came (`leave.reason`)."""
+               peers: Optional[SyncPeerWatch] = None, leave=None, tasks: Optional[dict] = None) -> None:
+    """One `train_op` per step, each bounded by `--step_timeout_secs` (TensorFlow's deadline, and the watchdog's
+    behind it), and (sync) while enough workers are up; returns when the session says stop, or after the step in
+    which a leave signal came (`leave.reason`). A timed-out step's error names the `tasks` that did not answer a
+    probe."""
     import tensorflow as tf
 
     steady = tf.compat.v1.RunOptions(timeout_in_ms=int(config.step_timeout_secs * 1000))
@@ -305,13 +365,16 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         timeout_in_ms=int((config.step_timeout_secs + config.startup_timeout_secs) * 1000))
     seen_session = -1
     while not sess.should_stop() and (leave is None or leave.reason is None):
-        session_now = creator.sessions_created
-        watchdog.step_started()
+        options = first if creator.sessions_created != seen_session else steady
+        watchdog.step_started(limit_secs=options.timeout_in_ms / 1000)
         try:
-            sess.run(tg.train_op, options=first if session_now != seen_session else steady)
+            sess.run(tg.train_op, options=options)
         except tf.errors.DeadlineExceededError:
+            running = watchdog.running_for() or 0.0
+            watchdog.step_finished()
             down = peers.describe_down() if peers is not None else ""
-            raise _step_timeout(timeout_message + (f" (down now: {down})" if down else "")) from None
+            message = timeout_message + (f" (down now: {down})" if down else "")
+            raise _step_timeout(_timeout_message(message, probe.probe_all(tasks or {}), running)) from None
         except tf.errors.OutOfRangeError:
             # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
             # step read at the end tells whether training is complete.

@@ -148,7 +148,8 @@ class TrainLoopHook(_hook_base()):
 
 class StepWatchdog:
     """Logs while one training step runs for longer than `after_secs`, every `every_secs`, so that a wait (a sync
-    step needs gradients from the other workers) is never silent. A context manager; its thread is joined on exit.
+    step needs gradients from the other workers) is never silent; and ends a step that TensorFlow does not end. A
+    context manager; its thread is joined on exit.
 
     Args:
         who: the task's name for messages (`worker:0`).
@@ -156,16 +157,29 @@ class StepWatchdog:
         after_secs: how long a step may run before the first message.
         every_secs: interval between messages while the same step still runs.
         clock: monotonic clock (tests pass a fake).
+        diagnose: `diagnose(running_secs) -> str`, run in the watchdog's thread (never the step loop's) before
+            each message, whose answer is appended (which peer does not answer).
+        give_up: `give_up(running_secs)`, run in the watchdog's thread once a step given a limit
+            (`step_started(limit_secs=...)`) has run `grace_secs` past it: a wait TensorFlow's own deadline did not
+            end (a session closed or created on a peer that does not answer). It is expected not to return (it
+            ends the process); if it does, the watchdog stops watching.
+        grace_secs: how long past its limit a step may run before `give_up`: TensorFlow's deadline, at the limit,
+            gets that long to end the step first.
     """
 
     def __init__(self, who: str, why: str, *, after_secs: float = 10.0, every_secs: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, diagnose: Optional[Callable[[float], str]] = None,
+                 give_up: Optional[Callable[[float], None]] = None, grace_secs: float = 5.0):
         self._who = who
         self._why = why
         self._after = after_secs
         self._every = every_secs
         self._clock = clock
+        self._diagnose = diagnose
+        self._give_up = give_up
+        self._grace = grace_secs
         self._started: Optional[float] = None
+        self._deadline: Optional[float] = None
         self._next_report = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -179,14 +193,35 @@ class StepWatchdog:
         self._stop.set()
         self._thread.join(timeout=5.0)
 
-    def step_started(self) -> None:
+    def step_started(self, limit_secs: Optional[float] = None) -> None:
+        """A step starts; with `limit_secs`, `give_up` runs once it has run `grace_secs` longer than that."""
         with self._lock:
             self._started = self._clock()
             self._next_report = self._started + self._after
+            self._deadline = None if limit_secs is None else self._started + limit_secs + self._grace
+
+    def extend(self, secs: float) -> None:
+        """The running step (if it has a limit) may go on for `secs` more from now (a session being re-created)."""
+        with self._lock:
+            if self._started is not None and self._deadline is not None:
+                self._deadline = max(self._deadline, self._clock() + secs + self._grace)
 
     def step_finished(self) -> None:
         with self._lock:
             self._started = None
+            self._deadline = None
+
+    def running_for(self) -> Optional[float]:
+        """Seconds the current step has run; None between steps."""
+        with self._lock:
+            return None if self._started is None else self._clock() - self._started
+
+    def overdue(self) -> Optional[float]:
+        """The running step's seconds once it is past its limit and grace, else None (public for tests)."""
+        with self._lock:
+            if self._deadline is None or self._clock() < self._deadline:
+                return None
+            return self._clock() - self._started
 
     def check(self) -> Optional[str]:
         """The message to log now, if any (called by the thread; public for tests)."""
@@ -203,7 +238,13 @@ class StepWatchdog:
         while not self._stop.wait(min(1.0, self._every / 4)):
             message = self.check()
             if message:
+                found = self._diagnose(self.running_for() or 0.0) if self._diagnose is not None else ""
+                message += f" ({found})" if found else ""
                 log.warning("%s", message)
+            running = self.overdue()
+            if running is not None and self._give_up is not None:
+                self._give_up(running)
+                return
 
 
 def _saver_hook_base():
