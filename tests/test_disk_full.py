@@ -1,0 +1,183 @@
+"""A full disk is a clear failure, never a crash (issue 24, section 2).
+
+End to end: a `psworker local` run whose train dir is a small tmpfs mounted in a private mount namespace
+(`unshare -m`, as root). Once the chief has written a checkpoint, the test fills the tmpfs (from inside that
+namespace, with nsenter) so that the next checkpoint cannot be written; the launcher must exit non-zero with the
+path in its report's first line, print no traceback of its own, leave nothing running, and the checkpoint before
+stays usable: a second run on a bigger disk continues from it. Pure parts: `diskspace.disk_full` on real errors,
+and the launcher's log copy into `/dev/full`.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import io
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from psworker import diskspace, events
+from psworker.errors import EXIT_DISK_FULL, DiskFull
+from psworker.launcher.output import OutputCopier
+from psworker.launcher.progress import Progress
+from psworker.testing import assert_processes_gone, checkpoint_step, processes_naming
+from tests.cluster_utils import descendants, run_launcher, task_env
+
+TMPFS_BYTES = 32 << 20        # the run fits easily (graph files ~6 MB, each checkpoint ~0.9 MB) until the test fills it
+LEFT_FREE_BYTES = 256 << 10   # what the fill leaves: the logs and the workers' summaries fit, a checkpoint (its .meta
+                              # alone is ~0.8 MB for this MLP) does not: the failure comes at the next checkpoint
+SAVE_EVERY = 50
+RUN_SECS = 420
+CHECKPOINT_LINE = re.compile(r"worker:0: checkpoint of global step (\d+) saved")
+
+# Run inside the namespace by nsenter: fills the file system of argv[1] with argv[1]/filler up to argv[2] bytes free.
+_FILL = ("import os, sys; d, keep = sys.argv[1], int(sys.argv[2]); st = os.statvfs(d); "
+         "n = st.f_bavail * st.f_frsize - keep; fd = os.open(os.path.join(d, 'filler'), os.O_CREAT | os.O_WRONLY); "
+         "os.posix_fallocate(fd, 0, n); os.close(fd); print(n)")
+# The driver: mounts the tmpfs on $1 (size $2), runs the launcher (the words after $3), then copies what the run
+# left (without the filler) to $3: the next run's "bigger disk". Paths come as arguments, never inside the script.
+_DRIVER = ('set -u; mnt=$1; size=$2; out=$3; shift 3; mount -t tmpfs -o "size=$size" psworker-test "$mnt" || exit 90; '
+           '"$@"; rc=$?; rm -f "$mnt/filler"; cp -a "$mnt/." "$out/"; exit $rc')
+
+
+def _can_mount_tmpfs() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=1m psworker-probe /mnt"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+needs_mount_ns = pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root, unshare -m and nsenter (as on CI)")
+
+
+def _spec(path: Path) -> Path:
+    path.write_text("cluster:\n  ps: [\"localhost:auto\"]\n  worker: [\"localhost:auto\"]\n"
+                    "train:\n  model: mlp\n  mode: async\n  batch_size: 32\n"
+                    f"  save_checkpoint_steps: {SAVE_EVERY}\n")
+    return path
+
+
+class _Run:
+    """The driver running in its own session; its merged output read by a thread."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.pids: set[int] = set()
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
+                                        daemon=True)
+        self._reader.start()
+
+    def wait_for(self, pattern: re.Pattern, timeout: float, at_least: int) -> int:
+        """Waits for a line matching `pattern` whose group 1 is >= `at_least`; returns that number."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.pids.update(descendants(self.proc.pid))
+            for line in list(self.lines):
+                m = pattern.search(line)
+                if m and int(m.group(1)) >= at_least:
+                    return int(m.group(1))
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no line matching {pattern.pattern!r} (>= {at_least}) within {timeout:g} s; "
+                             f"output:\n" + "".join(self.lines[-40:]))
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"run still going after {timeout:g} s:\n" + "".join(self.lines[-40:])) from None
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self._reader.join(10)
+        return self.proc.returncode
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+@needs_mount_ns
+def test_full_disk_fails_clearly_and_the_previous_checkpoint_restores(tmp_path):
+    spec, mnt, after = _spec(tmp_path / "spec.yaml"), tmp_path / "mnt", tmp_path / "after"
+    mnt.mkdir()
+    after.mkdir()
+    launcher = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(mnt), "--max_steps", "5000",
+                "--network", "host", "--no_live", "--verbose"]
+    run = _Run(["unshare", "-m", "--propagation", "private", "sh", "-c", _DRIVER, "driver", str(mnt),
+                str(TMPFS_BYTES), str(after), *launcher], tmp_path)
+    try:
+        saved = run.wait_for(CHECKPOINT_LINE, RUN_SECS, at_least=SAVE_EVERY)
+        filled = subprocess.run(["nsenter", "-t", str(run.proc.pid), "-m", "--", sys.executable, "-c", _FILL,
+                                 str(mnt), str(LEFT_FREE_BYTES)], capture_output=True, text=True, timeout=60)
+        assert filled.returncode == 0, filled.stderr
+        code = run.wait(RUN_SECS)
+    finally:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+    out = run.output
+    assert code == EXIT_DISK_FULL, out[-4000:]
+    first = next((line for line in out.splitlines() if line.startswith("psworker: run failed:")), None)
+    assert first is not None, out[-4000:]
+    assert "disk full" in first and f"{mnt}/model.ckpt-" in first and "free of" in first, first
+    assert not [line for line in out.splitlines() if line.startswith("Traceback")], out[-4000:]
+    print(first)
+    assert_processes_gone(run.pids)
+    assert not processes_naming(mnt)
+    # The checkpoint before the failed one is intact: a run on a bigger disk restores it and goes on.
+    kept = checkpoint_step(after)
+    assert kept >= saved, (kept, saved)
+    again = run_launcher([str(spec), "--train_dir", str(after), "--max_steps", str(kept + SAVE_EVERY),
+                          "--network", "host", "--no_live"], tmp_path, RUN_SECS)
+    assert again.returncode == 0, again.output[-4000:]
+    first_step = events.last(events.FirstStep, (after / "logs" / "worker-0.log").read_text(errors="replace"))
+    assert first_step is not None and first_step.step >= kept, first_step
+    assert checkpoint_step(after) == kept + SAVE_EVERY
+
+
+def test_disk_full_reads_tensorflows_and_pythons_errors(tmp_path):
+    import tensorflow as tf
+
+    tf_error = tf.errors.ResourceExhaustedError(None, None, f"{tmp_path}/model.ckpt-9.meta.tmp1; No space left on device")
+    found = diskspace.disk_full(tf_error)
+    assert isinstance(found, DiskFull) and found.exit_code == EXIT_DISK_FULL
+    assert found.path == f"{tmp_path}/model.ckpt-9.meta.tmp1"
+    assert str(found).startswith(f"disk full: cannot write {tmp_path}/model.ckpt-9.meta.tmp1 (")
+    assert "free of" in str(found)
+    wrapped = RuntimeError("while saving")
+    wrapped.__cause__ = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(tmp_path / "x"))
+    assert str(diskspace.disk_full(wrapped)).startswith(f"disk quota exceeded: cannot write {tmp_path / 'x'}")
+    read_only = tf.errors.PermissionDeniedError(None, None, "/ro/events.out; Read-only file system")
+    assert diskspace.disk_full(read_only).path == "/ro/events.out"
+    assert diskspace.disk_full(OSError(errno.EIO, "Input/output error")) is None
+    assert diskspace.disk_full(ValueError("No space left on device")) is None
+
+
+def test_a_log_that_cannot_be_written_warns_once_and_the_console_goes_on(caplog):
+    console = io.StringIO()
+    copier = OutputCopier(console, None, Progress(["worker:0", "worker:1"]))
+    with caplog.at_level(logging.DEBUG, logger="psworker.launcher.output"):
+        for name in ("worker:0", "worker:1"):
+            copier.pump(name, io.BytesIO(b"one\ntwo\nthree\n"), open("/dev/full", "ab", buffering=0),
+                        collections.deque(maxlen=20))
+    copier.close()
+    assert console.getvalue().splitlines() == [f"[{n}] {line}" for n in ("worker:0", "worker:1")
+                                               for line in ("one", "two", "three")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "/dev/full" in warnings[0] and "No space left on device" in warnings[0], warnings
+    assert copier.errors == []
