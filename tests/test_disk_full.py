@@ -17,11 +17,8 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +28,7 @@ from psworker.errors import EXIT_DISK_FULL, DiskFull
 from psworker.launcher.output import OutputCopier
 from psworker.launcher.progress import Progress
 from psworker.testing import assert_processes_gone, checkpoint_step, processes_naming
-from tests.cluster_utils import descendants, run_launcher, task_env
+from tests.cluster_utils import Background, run_launcher
 
 TMPFS_BYTES = 32 << 20        # the run fits easily (graph files ~6 MB, each checkpoint ~0.9 MB) until the test fills it
 LEFT_FREE_BYTES = 256 << 10   # what the fill leaves: the logs and the workers' summaries fit, a checkpoint (its .meta
@@ -68,50 +65,6 @@ def _spec(path: Path) -> Path:
     return path
 
 
-class _Run:
-    """The driver running in its own session; its merged output read by a thread."""
-
-    def __init__(self, argv: list[str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self.pids: set[int] = set()
-        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
-                                        daemon=True)
-        self._reader.start()
-
-    def wait_for(self, pattern: re.Pattern, timeout: float, at_least: int) -> int:
-        """Waits for a line matching `pattern` whose group 1 is >= `at_least`; returns that number."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.pids.update(descendants(self.proc.pid))
-            for line in list(self.lines):
-                m = pattern.search(line)
-                if m and int(m.group(1)) >= at_least:
-                    return int(m.group(1))
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise AssertionError(f"no line matching {pattern.pattern!r} (>= {at_least}) within {timeout:g} s; "
-                             f"output:\n" + "".join(self.lines[-40:]))
-
-    def wait(self, timeout: float) -> int:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"run still going after {timeout:g} s:\n" + "".join(self.lines[-40:])) from None
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(30)
-        self._reader.join(10)
-        return self.proc.returncode
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-
 @needs_mount_ns
 def test_full_disk_fails_clearly_and_the_previous_checkpoint_restores(tmp_path):
     spec, mnt, after = _spec(tmp_path / "spec.yaml"), tmp_path / "mnt", tmp_path / "after"
@@ -119,17 +72,16 @@ def test_full_disk_fails_clearly_and_the_previous_checkpoint_restores(tmp_path):
     after.mkdir()
     launcher = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(mnt), "--max_steps", "5000",
                 "--network", "host", "--no_live", "--verbose"]
-    run = _Run(["unshare", "-m", "--propagation", "private", "sh", "-c", _DRIVER, "driver", str(mnt),
+    run = Background(["unshare", "-m", "--propagation", "private", "sh", "-c", _DRIVER, "driver", str(mnt),
                 str(TMPFS_BYTES), str(after), *launcher], tmp_path)
     try:
-        saved = run.wait_for(CHECKPOINT_LINE, RUN_SECS, at_least=SAVE_EVERY)
+        saved = int(run.wait_for(CHECKPOINT_LINE, RUN_SECS, at_least=SAVE_EVERY).group(1))
         filled = subprocess.run(["nsenter", "-t", str(run.proc.pid), "-m", "--", sys.executable, "-c", _FILL,
                                  str(mnt), str(LEFT_FREE_BYTES)], capture_output=True, text=True, timeout=60)
         assert filled.returncode == 0, filled.stderr
         code = run.wait(RUN_SECS)
     finally:
-        if run.proc.poll() is None:
-            os.killpg(run.proc.pid, signal.SIGKILL)
+        run.close()
     out = run.output
     assert code == EXIT_DISK_FULL, out[-4000:]
     first = next((line for line in out.splitlines() if line.startswith("psworker: run failed:")), None)
