@@ -12,7 +12,8 @@ from typing import Optional
 
 from psworker.errors import DiskFull
 
-__all__ = ["DISK_ERRNOS", "disk_full", "free_space", "human_bytes", "is_disk_errno", "mount_point", "where_free"]
+__all__ = ["DISK_ERRNOS", "disk_full", "free_space", "human_bytes", "is_disk_errno", "mount_point",
+           "newest_checkpoint_bytes", "space_warning", "where_free"]
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 _KINDS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
@@ -103,3 +104,36 @@ def disk_full(exc: BaseException) -> Optional[DiskFull]:
             return DiskFull(f"{_KINDS[code]}: cannot write {path} ({where_free(os.path.dirname(path) or '.')}; "
                             f"{what})", path=path)
     return None
+
+
+_CHECKPOINT_FILE = re.compile(r"^(?P<prefix>.+-(?P<step>\d+))\.(?:index|meta|data-\d+-of-\d+)$")
+
+
+def newest_checkpoint_bytes(train_dir: str) -> Optional[tuple[str, int]]:
+    """(name, bytes on disk) of the newest checkpoint in `train_dir` by step (its .index, .meta and .data files),
+    read from the file names alone (no TensorFlow); None when there is none."""
+    sizes: dict[tuple[int, str], int] = {}
+    try:
+        entries = list(os.scandir(train_dir))
+    except OSError:
+        return None
+    for entry in entries:
+        m = _CHECKPOINT_FILE.match(entry.name)
+        if m and entry.is_file():
+            key = (int(m.group("step")), m.group("prefix"))
+            sizes[key] = sizes.get(key, 0) + entry.stat().st_size
+    if not sizes:
+        return None
+    (_, name), size = max(sizes.items())
+    return name, size
+
+
+def space_warning(train_dir: str) -> Optional[str]:
+    """A warning when `train_dir`'s file system has less free space than two of its newest checkpoint (the one
+    being written, and the state files and summaries around it): the next save may fail. None otherwise, or
+    when the train dir holds no checkpoint yet."""
+    newest, space = newest_checkpoint_bytes(train_dir), free_space(train_dir)
+    if newest is None or space is None or space[0] >= 2 * newest[1]:
+        return None
+    return (f"{where_free(train_dir)}, less than two checkpoints need (the newest, {newest[0]}, takes "
+            f"{human_bytes(newest[1])}): the next checkpoint may not fit")

@@ -133,3 +133,16 @@ def test_a_log_that_cannot_be_written_warns_once_and_the_console_goes_on(caplog)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "/dev/full" in warnings[0] and "No space left on device" in warnings[0], warnings
     assert copier.errors == []
+
+
+def test_the_banner_warns_when_the_next_checkpoint_may_not_fit(tmp_path):
+    for step, size in ((99, 10), (100, 20)):
+        for suffix in ("index", "meta", "data-00000-of-00001"):
+            (tmp_path / f"model.ckpt-{step}.{suffix}").write_bytes(b"x" * size)
+    assert diskspace.newest_checkpoint_bytes(str(tmp_path)) == ("model.ckpt-100", 60)
+    assert diskspace.space_warning(str(tmp_path)) is None          # 60 bytes fit twice on any disk here
+    free = diskspace.free_space(str(tmp_path))[0]
+    os.truncate(tmp_path / "model.ckpt-100.data-00000-of-00001", free)    # sparse: counts in st_size only
+    warning = diskspace.space_warning(str(tmp_path))
+    assert warning is not None and "model.ckpt-100" in warning and "may not fit" in warning, warning
+    assert diskspace.space_warning(str(tmp_path / "none")) is None

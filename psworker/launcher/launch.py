@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
-from psworker import events, traindir_lock
+from psworker import diskspace, events, traindir_lock
 from psworker.launcher import backends
 from psworker.launcher.backends.base import Backend
 from psworker.launcher.command import command_tasks
@@ -155,6 +155,10 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     log_dir = run_dir / LOG_SUBDIR
     print(f"psworker: {backend.banner(tasks, log_dir)}"
           + ("" if config.command else " (TensorFlow's import takes a few seconds)"), file=console, flush=True)
+    outputs = backend.outputs_dir(spec, run_dir)
+    space = diskspace.space_warning(str(outputs))      # None unless its checkpoints are here to measure
+    if space is not None:
+        print(f"psworker: warning: train dir {outputs}: {space}", file=console, flush=True)
     if getattr(spec, "elastic", None) is not None:
         e = spec.elastic
         print(f"psworker: elastic workers ({e.describe()}): worker:0-{e.start - 1} start now, the others are reserved; "
@@ -162,8 +166,7 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     started = time.monotonic()
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
                                install_signal_handlers=install_signal_handlers)
-    return _report(config, result, signum, time.monotonic() - started, backend.outputs_dir(spec, run_dir), log_dir,
-                   console)
+    return _report(config, result, signum, time.monotonic() - started, outputs, log_dir, console)
 
 
 def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_signal_handlers: bool = True) -> int:
