@@ -146,3 +146,45 @@ def test_the_banner_warns_when_the_next_checkpoint_may_not_fit(tmp_path):
     warning = diskspace.space_warning(str(tmp_path))
     assert warning is not None and "model.ckpt-100" in warning and "may not fit" in warning, warning
     assert diskspace.space_warning(str(tmp_path / "none")) is None
+
+
+# Run on a full tmpfs: TensorFlow's own failed writes, a checkpoint's data (SaveV2) and a summary (the events file
+# writer's thread), each as `diskspace.disk_full` reads it.
+_TF_WRITES = """
+import os, sys
+import tensorflow as tf
+from psworker import diskspace
+tf.compat.v1.disable_eager_execution()
+d = sys.argv[1]
+tf.compat.v1.get_variable("big", shape=[512, 1024], initializer=tf.compat.v1.zeros_initializer())
+writer = tf.compat.v1.summary.FileWriter(os.path.join(d, "worker_0"))
+fd = os.open(os.path.join(d, "filler"), os.O_CREAT | os.O_WRONLY)
+os.posix_fallocate(fd, 0, os.statvfs(d).f_bavail * os.statvfs(d).f_frsize)
+with tf.compat.v1.Session() as s:
+    s.run(tf.compat.v1.global_variables_initializer())
+    try:
+        tf.compat.v1.train.Saver(sharded=True).save(s, os.path.join(d, "model.ckpt"), global_step=1)
+    except Exception as e:
+        print("SAVE", diskspace.disk_full(e), flush=True)
+try:
+    for i in range(10000):
+        value = tf.compat.v1.Summary.Value(tag="x" * 200, simple_value=1.0)
+        writer.add_summary(tf.compat.v1.Summary(value=[value]), i)
+        writer.flush()
+except Exception as e:
+    print("SUMMARY", diskspace.disk_full(e), flush=True)
+"""
+
+
+@needs_mount_ns
+def test_tensorflows_failed_checkpoint_and_summary_writes_are_disk_full(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                          'mount -t tmpfs -o size=512k psworker-test "$1" && shift && exec "$@"', "probe", str(mnt),
+                          sys.executable, "-c", _TF_WRITES, str(mnt)], capture_output=True, text=True, timeout=300)
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines() if line.startswith(("SAVE ", "SUMMARY ")))
+    saved = lines.get("SAVE", "")
+    assert saved.startswith(f"disk full: cannot write {mnt}/model.ckpt-1_temp/"), run.stdout + run.stderr[-2000:]
+    assert lines.get("SUMMARY", "").startswith(f"disk full: cannot write {mnt}/worker_0/events.out.tfevents."), lines
+    assert "free of 512.0 KiB" in lines["SAVE"] and "free of 512.0 KiB" in lines["SUMMARY"], lines
