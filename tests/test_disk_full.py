@@ -31,16 +31,21 @@ from psworker.testing import assert_processes_gone, checkpoint_step, processes_n
 from tests.cluster_utils import Background, run_launcher
 
 TMPFS_BYTES = 32 << 20        # the run fits easily (graph files ~6 MB, each checkpoint ~0.9 MB) until the test fills it
-LEFT_FREE_BYTES = 256 << 10   # what the fill leaves: the logs and the workers' summaries fit, a checkpoint (its .meta
-                              # alone is ~0.8 MB for this MLP) does not: the failure comes at the next checkpoint
+LEFT_FREE_BYTES = 16 << 10    # what the fill leaves: a few pages for the logs and the workers' summaries, less than a
+                              # checkpoint's data (~77 KB for this MLP), whose write comes before anything of the save
+                              # is deleted. With 256 KB left, runs that kept 5 checkpoints went on: TF's Saver deletes
+                              # the oldest (~0.9 MB) once the new data and index are written, before the .meta.
 SAVE_EVERY = 50
 RUN_SECS = 420
 CHECKPOINT_LINE = re.compile(r"worker:0: checkpoint of global step (\d+) saved")
 
-# Run inside the namespace by nsenter: fills the file system of argv[1] with argv[1]/filler up to argv[2] bytes free.
-_FILL = ("import os, sys; d, keep = sys.argv[1], int(sys.argv[2]); st = os.statvfs(d); "
-         "n = st.f_bavail * st.f_frsize - keep; fd = os.open(os.path.join(d, 'filler'), os.O_CREAT | os.O_WRONLY); "
-         "os.posix_fallocate(fd, 0, n); os.close(fd); print(n)")
+# Run inside the namespace by nsenter: fills the file system of argv[1] with argv[1]/filler until argv[2] bytes are
+# free (less when the run wrote meanwhile: each try asks for what is free now).
+_FILL = ("import os, sys\nd, keep = sys.argv[1], int(sys.argv[2])\n"
+         "fd = os.open(os.path.join(d, 'filler'), os.O_CREAT | os.O_WRONLY)\nfor _ in range(20):\n"
+         "    st = os.statvfs(d)\n    n = os.fstat(fd).st_size + st.f_bavail * st.f_frsize - keep\n"
+         "    try:\n        os.posix_fallocate(fd, 0, n)\n        break\n"
+         "    except OSError:\n        continue\nelse:\n    sys.exit('could not fill ' + d)\nprint(n)\n")
 # The driver: mounts the tmpfs on $1 (size $2), runs the launcher (the words after $3), then copies what the run
 # left (without the filler) to $3: the next run's "bigger disk". Paths come as arguments, never inside the script.
 _DRIVER = ('set -u; mnt=$1; size=$2; out=$3; shift 3; mount -t tmpfs -o "size=$size" psworker-test "$mnt" || exit 90; '
@@ -70,7 +75,7 @@ def test_full_disk_fails_clearly_and_the_previous_checkpoint_restores(tmp_path):
     spec, mnt, after = _spec(tmp_path / "spec.yaml"), tmp_path / "mnt", tmp_path / "after"
     mnt.mkdir()
     after.mkdir()
-    launcher = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(mnt), "--max_steps", "5000",
+    launcher = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(mnt), "--max_steps", "1000000",
                 "--network", "host", "--no_live", "--verbose"]
     run = Background(["unshare", "-m", "--propagation", "private", "sh", "-c", _DRIVER, "driver", str(mnt),
                 str(TMPFS_BYTES), str(after), *launcher], tmp_path)
@@ -86,7 +91,7 @@ def test_full_disk_fails_clearly_and_the_previous_checkpoint_restores(tmp_path):
     assert code == EXIT_DISK_FULL, out[-4000:]
     first = next((line for line in out.splitlines() if line.startswith("psworker: run failed:")), None)
     assert first is not None, out[-4000:]
-    assert "disk full" in first and f"{mnt}/model.ckpt-" in first and "free of" in first, first
+    assert "disk full" in first and f"{mnt}/model.ckpt-" in first and "free of" in first, first   # a checkpoint's
     assert not [line for line in out.splitlines() if line.startswith("Traceback")], out[-4000:]
     print(first)
     assert_processes_gone(run.pids)
