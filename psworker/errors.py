@@ -199,8 +199,8 @@ class ExportExistsError(PsworkerError):
         self.path = path
 
 
-__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_DISK_FULL", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob",
+__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob",
            "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
-           "StoppedEarly", "DiskFull",
+           "StoppedEarly", "EXIT_DISK_FULL", "DiskFull",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
            "ClusterError"]

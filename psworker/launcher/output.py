@@ -138,8 +138,8 @@ class OutputCopier:
             logger.debug("cannot write the log of %s either (%s): %s", name, path, err)
             return
         free = f" ({diskspace.where_free(str(path))})" if diskspace.is_disk_errno(err) else ""
-        logger.warning("cannot write %s, the log of %s: %s%s; its output goes on to the console only, and so "
-                       "does any other task's whose log fails", path, name, err.strerror or err, free)
+        logger.warning("cannot write %s, the log of %s: %s%s; its output (and any other task's whose log fails) "
+                       "goes on to the console and the report only", path, name, err.strerror or err, free)
 
     def _error(self, name: str, err: BaseException) -> None:
         logger.error("copying the output of %s failed", name, exc_info=err)

@@ -79,9 +79,9 @@ def success_line(result: RunResult, done_jobs: Iterable[str], seconds: float) ->
 
 
 def format_report(result: RunResult) -> str:
-    """A report for people: the first failing task, its exit and its own error message, where it was (its main thread's innermost frames,
-    when its log holds a stack dump), its last log lines, then one row per task with its exit, its restarts (and
-    their causes) and, for a stopped task, its innermost frame."""
+    """A report for people: the first failing task, its exit and its own error message, where it was (its main
+    thread's innermost frames, when its log holds a stack dump), its last log lines, then one row per task with its
+    exit, its restarts (and their causes) and, for a stopped task, its innermost frame."""
     lines = []
     if result.ok:
         lines.append("psworker: run succeeded" + (f" ({result.reason})" if result.reason else ""))
