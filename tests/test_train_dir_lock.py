@@ -131,4 +131,6 @@ def test_second_launcher_refused_and_after_kill_9_the_next_takes_over(tmp_path):
     assert (f"taking over the lock of psworker launcher pid {first.proc.pid} on {socket.gethostname()}"
             in third.output), third.output[-3000:]
     assert "that process is gone" in third.output
+    print(next(line for line in second.output.splitlines() if "in use by" in line))
+    print(next(line for line in third.output.splitlines() if "taking over" in line))
     assert not processes_naming(train)
