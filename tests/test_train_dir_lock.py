@@ -134,3 +134,15 @@ def test_second_launcher_refused_and_after_kill_9_the_next_takes_over(tmp_path):
     print(next(line for line in second.output.splitlines() if "in use by" in line))
     print(next(line for line in third.output.splitlines() if "taking over" in line))
     assert not processes_naming(train)
+
+
+def test_the_launchers_chief_is_not_refused_when_restarted(tmp_path):
+    spec, train = _spec(tmp_path / "spec.yaml"), tmp_path / "train"
+    run = run_launcher([str(spec), "--train_dir", str(train), "--network", "host", "--no_live", "--max_steps", "100",
+                        "--max_restarts", "1", "--inject", "kill:worker:0@step=40"], tmp_path, RUN_SECS)
+    assert run.returncode == 0, run.output[-3000:]
+    log = (train / "logs" / "worker-0.log").read_text(errors="replace")
+    restarted = log[log.index("--- restart 1 (injected kill:worker:0@step=40)"):]
+    assert "locked by this task's launcher (psworker launcher pid" in restarted, restarted[-3000:]
+    assert re.search(r"worker:0: done at global step 1\d\d after", restarted), restarted[-3000:]   # it trained on
+    assert (train / LOCK_FILE).read_text() == ""          # the launcher released it at the end
