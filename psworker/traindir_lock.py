@@ -70,6 +70,8 @@ class Holder:
         return f"{self.pid}@{self.host}"
 
     def describe(self) -> str:
+        if self.pid == 0:       # flocked, its name not written yet (or unreadable)
+            return "a psworker process that is just starting (its lock file names nobody yet)"
         since = datetime.datetime.fromtimestamp(self.since).strftime("%Y-%m-%d %H:%M:%S")
         return f"psworker {self.role} pid {self.pid} on {self.host} since {since}"
 
