@@ -9,6 +9,7 @@ policy both read them: 1-127 are permanent, 128-255 are retryable):
 | 1 | EXIT_FAILED | an unexpected error (a bug, an unhandled exception) | no |
 | 2 | EXIT_USAGE | bad spec, flags or TF_CONFIG | no |
 | 3 | EXIT_TRAINING_FAILED | training itself failed: NaN loss, bad data dir, unusable checkpoint | no |
+| 4 | EXIT_DISK_FULL | a checkpoint, summary, export or log could not be written: disk full, quota, read-only | no |
 | 170 | EXIT_PEER_GONE | a peer went away or did not answer in time (ps down, chief gone, step timeout) | yes |
 | 171 | EXIT_PREEMPTED | an elastic job's worker got SIGTERM (a preemption), finished its step and left the job | yes |
 | 128+N | - | killed by signal N (130 SIGINT, 137 SIGKILL, 143 SIGTERM) | yes |
@@ -23,6 +24,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TRAINING_FAILED = 3
+EXIT_DISK_FULL = 4       # not retried: the same write fails again until someone frees space
 EXIT_PEER_GONE = 170
 EXIT_PREEMPTED = 171     # an elastic job's worker left on SIGTERM (a preemption); a worker scaled away exits 0
 
@@ -137,6 +139,21 @@ class TrainingFailed(PsworkerError):
     exit_code = EXIT_TRAINING_FAILED
 
 
+class DiskFull(PsworkerError):
+    """A write failed for want of space: the disk is full, a quota is exceeded, or the file system is read-only
+    (`psworker.diskspace.disk_full` recognises it in any exception). The message names the path and the free space.
+
+    Attributes:
+        path: the file that could not be written (None: not known).
+    """
+
+    exit_code = EXIT_DISK_FULL
+
+    def __init__(self, message: str, *, path: "str | None" = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class ServerError(PsworkerError):
     """This task cannot serve: its address is public, unresolvable, or its port is taken."""
 
@@ -184,6 +201,6 @@ class ExportExistsError(PsworkerError):
 
 __all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob",
            "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
-           "StoppedEarly",
+           "StoppedEarly", "EXIT_DISK_FULL", "DiskFull",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
            "ClusterError"]

@@ -120,3 +120,58 @@ class Partition:
 
     def heal(self, dev: str = "lo") -> None:
         self._tc("qdisc", "del", "dev", dev, "root")
+
+
+class Background:
+    """A command (e.g. a launcher) running in its own session while a test goes on; its merged output read by a
+    thread. `wait_for` synchronises on its lines; `close` kills its whole session if it still runs."""
+
+    def __init__(self, argv: Sequence[str], cwd: Path) -> None:
+        import threading
+
+        self.proc = subprocess.Popen(list(argv), cwd=cwd, env=task_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.pids: set[int] = set()       # every descendant seen while waiting
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
+                                        daemon=True)
+        self._reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern, timeout: float, at_least: int = 0):
+        """The first match of `pattern` (a compiled regex) in a line, whose group 1 (if any) is >= `at_least`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.pids.update(descendants(self.proc.pid))
+            for line in list(self.lines):
+                m = pattern.search(line)
+                if m and (not m.groups() or int(m.group(1)) >= at_least):
+                    return m
+            if self.proc.poll() is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        self._reader.join(2)
+        state = f"exited {self.proc.returncode}" if self.proc.poll() is not None else f"still running after {timeout:g} s"
+        raise AssertionError(f"no line matching {pattern.pattern!r} (>= {at_least}); {state}; output:\n"
+                             + "".join(self.lines[-40:]))
+
+    def wait(self, timeout: float) -> int:
+        """Its exit status; fails (after killing its session) when it runs longer than `timeout` seconds."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise AssertionError(f"still running after {timeout:g} s:\n" + "".join(self.lines[-40:])) from None
+        self._reader.join(10)
+        return self.proc.returncode
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(30)

@@ -15,6 +15,7 @@ from typing import Optional
 
 from psworker import events
 from psworker.cli.parser import LAUNCHER, TASK, build_parser
+from psworker.diskspace import disk_full
 from psworker.errors import EXIT_FAILED, EXIT_USAGE, PsworkerError
 
 __all__ = ["main", "build_parser"]
@@ -80,11 +81,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("psworker: interrupted", file=sys.stderr, flush=True)
         code = 130
-    except Exception:  # noqa: BLE001 - a bug: its traceback, then the same prompt exit for a task process
-        if not task_process:
+    except Exception as e:  # noqa: BLE001 - a bug: its traceback, then the same prompt exit for a task process
+        disk = disk_full(e)     # a checkpoint, summary or log write that found no space: no bug, no traceback
+        if disk is not None:
+            _print_error(disk)
+            code = disk.exit_code
+        elif not task_process:
             raise
-        log.exception("psworker %s failed", args.command)
-        code = EXIT_FAILED
+        else:
+            log.exception("psworker %s failed", args.command)
+            code = EXIT_FAILED
     if task_process and args.argv is not None:
         from psworker.task.main import exit_now
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
-from psworker import events
+from psworker import diskspace, events, traindir_lock
 from psworker.launcher import backends
 from psworker.launcher.backends.base import Backend
 from psworker.launcher.command import command_tasks
@@ -142,17 +142,23 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
 
 
 def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
-         install_signal_handlers: bool) -> int:
-    """Inside the backend's session: place, write, plan, supervise, report."""
+         install_signal_handlers: bool, lock_holder: str) -> int:
+    """Inside the backend's session, holding the run dir's lock (its tasks learn who holds it: `lock_holder`):
+    place, write, plan, supervise, report."""
     spec = backend.place(config.spec, run_dir)
     text = write_run_dir(run_dir, spec)
     config = dataclasses.replace(config, spec=spec, run_dir=str(run_dir))
-    tasks = plan_tasks(spec, config, backend.python, backend.spec_path(run_dir))
+    tasks = [dataclasses.replace(t, env=(*t.env, (traindir_lock.HOLDER_ENV, lock_holder)))
+             for t in plan_tasks(spec, config, backend.python, backend.spec_path(run_dir))]
     check_fault_tasks(config.faults, [t.name for t in tasks])
     backend.prepare(spec, text)
     log_dir = run_dir / LOG_SUBDIR
     print(f"psworker: {backend.banner(tasks, log_dir)}"
           + ("" if config.command else " (TensorFlow's import takes a few seconds)"), file=console, flush=True)
+    outputs = backend.outputs_dir(spec, run_dir)
+    space = diskspace.space_warning(str(outputs))      # None unless its checkpoints are here to measure
+    if space is not None:
+        print(f"psworker: warning: train dir {outputs}: {space}", file=console, flush=True)
     if getattr(spec, "elastic", None) is not None:
         e = spec.elastic
         print(f"psworker: elastic workers ({e.describe()}): worker:0-{e.start - 1} start now, the others are reserved; "
@@ -160,8 +166,7 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     started = time.monotonic()
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
                                install_signal_handlers=install_signal_handlers)
-    return _report(config, result, signum, time.monotonic() - started, backend.outputs_dir(spec, run_dir), log_dir,
-                   console)
+    return _report(config, result, signum, time.monotonic() - started, outputs, log_dir, console)
 
 
 def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_signal_handlers: bool = True) -> int:
@@ -171,13 +176,14 @@ def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_si
         0 on success; 130/143 after SIGINT/SIGTERM; else the failing task's exit status (128+N for signal N), or 1.
 
     Raises:
-        SpecError, UsageError: the spec cannot run on this backend, or an injection names no task.
+        SpecError, UsageError: the spec cannot run on this backend, an injection names no task, or another run holds
+            the run dir (`traindir_lock`).
     """
     console = console if console is not None else sys.stdout
     backend = backends.create(config.backend, config.python)
     run_dir = choose_run_dir(config.run_dir, config.spec, console)
-    with backend.session(run_dir, console):
-        return _run(config, backend, run_dir, console, install_signal_handlers)
+    with backend.session(run_dir, console), traindir_lock.hold(run_dir) as lock:   # after a re-exec, if any
+        return _run(config, backend, run_dir, console, install_signal_handlers, lock.holder.token)
 
 
 def run_local(spec: ClusterSpec, *, console: Optional[TextIO] = None, python: str = sys.executable,

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
-from psworker import events
+from psworker import diskspace, events
 from psworker.launcher.console import LineGrouper, TaskTokens, normalise
 from psworker.launcher.progress import Progress
 
@@ -29,7 +29,8 @@ _FLUSHER_JOIN_SECS = 5.0
 
 
 class OutputCopier:
-    """Shared by every reader thread of a run: the console, its lock, filter and line grouper, and the errors seen.
+    """Shared by every reader thread of a run: the console, its lock, filter and line grouper, and the errors seen
+    (a log file that cannot be written is no error: a warning, once).
 
     `close()` releases the lines still waiting for their window (call it once the readers are done)."""
 
@@ -44,6 +45,7 @@ class OutputCopier:
         self._flusher: Optional[threading.Thread] = None
         self._closed = False
         self._console_ok = True
+        self._logs_failed: list[str] = []      # the tasks whose log file could not be written
         self.errors: list[tuple[str, BaseException]] = []
 
     def pump(self, name: str, stream: Any, log: Any, tail: collections.deque, task: Any = None,
@@ -65,7 +67,10 @@ class OutputCopier:
                     try:
                         log.write(raw)
                         log.flush()
-                    except Exception as err:    # keep draining the pipe so the task never blocks on it
+                    except OSError as err:      # e.g. a full disk: keep draining the pipe, keep the console
+                        log_ok = False
+                        self._log_failed(name, log, err)
+                    except Exception as err:
                         log_ok = False
                         self._error(name, err)
                 shown = text if self._filter is None else self._filter(text)
@@ -122,6 +127,19 @@ class OutputCopier:
             who = lines[0][1:].partition("] ")[0]
             logger.warning("console copy of %s stopped, and of every other task (%r); the full logs are still "
                            "written", who, err)
+
+    def _log_failed(self, name: str, log: Any, err: OSError) -> None:
+        """A log file that cannot be written (a full disk, a quota): said once per run, naming the path and the
+        free space; that task's output goes on to the console and the report's tail, no longer to its log."""
+        path = getattr(log, "name", "?")
+        with self._cond:
+            first, self._logs_failed = not self._logs_failed, self._logs_failed + [name]
+        if not first:
+            logger.debug("cannot write the log of %s either (%s): %s", name, path, err)
+            return
+        free = f" ({diskspace.where_free(str(path))})" if diskspace.is_disk_errno(err) else ""
+        logger.warning("cannot write %s, the log of %s: %s%s; its output (and any other task's whose log fails) "
+                       "goes on to the console and the report only", path, name, err.strerror or err, free)
 
     def _error(self, name: str, err: BaseException) -> None:
         logger.error("copying the output of %s failed", name, exc_info=err)

@@ -36,6 +36,7 @@ class TaskFailure:
     log_tail: tuple[str, ...]       # the last lines of its output (current attempt)
     at: float
     reason: str = ""
+    error: str = ""                 # its own `psworker: error:` message (the first line), if it printed one
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,9 @@ def success_line(result: RunResult, done_jobs: Iterable[str], seconds: float) ->
 
 
 def format_report(result: RunResult) -> str:
-    """A report for people: the first failing task, its exit, where it was (its main thread's innermost frames,
-    when its log holds a stack dump), its last log lines, then one row per task with its exit, its restarts (and
-    their causes) and, for a stopped task, its innermost frame."""
+    """A report for people: the first failing task, its exit and its own error message, where it was (its main
+    thread's innermost frames, when its log holds a stack dump), its last log lines, then one row per task with its
+    exit, its restarts (and their causes) and, for a stopped task, its innermost frame."""
     lines = []
     if result.ok:
         lines.append("psworker: run succeeded" + (f" ({result.reason})" if result.reason else ""))
@@ -88,7 +89,7 @@ def format_report(result: RunResult) -> str:
         f = result.failure
         at = datetime.datetime.fromtimestamp(f.at).strftime("%H:%M:%S.%f")[:-3]
         lines.append(f"psworker: run failed: {f.name} {f.reason or describe_returncode(f.returncode)} "
-                     f"(first failure, at {at})")
+                     f"(first failure, at {at})" + (f": {f.error}" if f.error else ""))
         log_path = result.exits[f.name].log_path if f.name in result.exits else "?"
         stack = result.exits[f.name].stack if f.name in result.exits else ()
         if stack:

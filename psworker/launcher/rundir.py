@@ -50,7 +50,12 @@ def choose_run_dir(given: Optional[Union[str, os.PathLike]], spec: Union[Cluster
 def write_atomically(path: Path, text: str) -> None:
     """Writes `text` to `path` so that a reader sees the old file or the new one, never a part."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+    except OSError as err:       # a full disk fails the close, whose error names no file
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror, str(tmp)) from err
+        raise
     os.replace(tmp, path)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
@@ -25,6 +26,8 @@ from psworker.launcher.membership import out_of_range
 from psworker.launcher.rundir import SPEC_FILE, write_atomically
 
 __all__ = ["ACK_TIMEOUT_SECS", "ScaleInbox", "ScaleRequest", "read_state", "request_scale"]
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "elastic.json"
 REQUEST_DIR = "scale"
@@ -65,6 +68,7 @@ class ScaleInbox:
         self._last = seqs[-1] if seqs else 0          # an earlier launcher's requests are not this run's
         self._written: Optional[str] = None
         self._written_at = 0.0
+        self._write_failed = False
         self._base = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
 
     @property
@@ -96,7 +100,14 @@ class ScaleInbox:
             return
         data = json.loads(body)
         data["heartbeat"] = now
-        write_atomically(self._state, json.dumps(data, indent=1))
+        try:
+            write_atomically(self._state, json.dumps(data, indent=1))
+        except OSError as err:   # e.g. a full disk: `psworker scale` then finds no heartbeat; the run goes on
+            if not self._write_failed:
+                logger.warning("cannot write %s (%s); psworker scale will not reach this run until it can",
+                               self._state, err)
+            self._write_failed = True
+            return
         self._written, self._written_at = body, now
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
+import os
 import subprocess
 import threading
 import time
@@ -14,6 +16,8 @@ from typing import Any, Optional, Protocol, Sequence
 from psworker import events
 
 __all__ = ["SERVER_JOBS", "LOG_TAIL_LINES", "Slot", "TaskLike"]
+
+logger = logging.getLogger(__name__)
 
 SERVER_JOBS = frozenset({"ps"})   # serve until stopped; by default every other job must exit 0
 LOG_TAIL_LINES = 20
@@ -67,13 +71,21 @@ class Slot:
 
     def open_log(self, marker: Optional[events.Restart]) -> Any:
         """Opens the log for appending; a new attempt (or a new run on an old log) starts with a marker line."""
-        log = open(self.log_path, "ab")
+        try:
+            log = open(self.log_path, "ab")
+        except OSError as err:    # e.g. no space for a new file: the output still reaches the console
+            logger.warning("cannot open %s, the log of %s: %s; its output goes to the console only",
+                           self.log_path, self.name, err)
+            return open(os.devnull, "ab")
         line: Optional[events.Event] = marker
         if marker is None and self.log_path.stat().st_size > 0:
             line = events.NewRun.now(self.name)
         if line is not None:
-            log.write(f"{line.render()}\n".encode())
-            log.flush()
+            try:
+                log.write(f"{line.render()}\n".encode())
+                log.flush()
+            except OSError:      # the reader's first write fails the same way, and says so
+                pass
         return log
 
     def new_attempt(self, popen: subprocess.Popen) -> None:

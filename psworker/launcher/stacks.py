@@ -143,9 +143,13 @@ def _read_from(path: Path, offset: int) -> str:
 
 def _note(slot: Slot, text: str) -> int:
     """Appends `text` (lines) to the task's log beside its own output; returns the log's size after it."""
-    with open(slot.log_path, "ab") as log:      # O_APPEND: one write, never inside a line of the task's
-        log.write(text.rstrip("\n").encode() + b"\n")
-        return log.tell()
+    try:
+        with open(slot.log_path, "ab") as log:      # O_APPEND: one write, never inside a line of the task's
+            log.write(text.rstrip("\n").encode() + b"\n")
+            return log.tell()
+    except OSError as err:     # a full disk: the launcher's copy of the output has said so already
+        logger.debug("cannot note in %s: %s", slot.log_path, err)
+        return log_offset(slot.log_path)
 
 
 def _py_spy_dump(py_spy: str, pid: int) -> str:

@@ -458,7 +458,9 @@ class Supervisor:
         tail = tuple(slot.tail)
         if any(stackdump.is_dump_line(line) for line in tail):     # a dump fills it: the lines around the dump
             tail = _tail_without_stacks(slot.log_path, len(tail))
-        return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason)
+        said = events.last(events.TaskError, list(slot.tail))     # its own error line, for the report's first
+        return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason,
+                           error=said.message if said else "")
 
     def _restart(self, slot: Slot, cause: str) -> None:
         self._backend.signal(slot.popen, signal.SIGKILL)    # stragglers of the old attempt

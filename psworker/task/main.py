@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import contextlib
 import faulthandler
 import gc
 import logging
@@ -112,10 +113,21 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
         membership = Membership(spec, index)
         membership.signals.install()
     try:
-        return _worker(spec, index, config, allow_public_bind, membership)
+        with _chief_lock(index, config):
+            return _worker(spec, index, config, allow_public_bind, membership)
     except LeftJob as left:   # an elastic job's worker, scaled away or preempted: not an error
         log.info("%s", left)
         return left.exit_code
+
+
+def _chief_lock(index: int, config: TrainConfig):
+    """The chief holds its train dir's lock (`traindir_lock`), unless the launcher that started it does; refused
+    (UsageError) at once while another run holds it."""
+    from psworker import traindir_lock
+
+    if index != 0 or config.train_dir is None:
+        return contextlib.nullcontext()
+    return traindir_lock.chief_lock(config.train_dir)
 
 
 def _worker(spec: ClusterSpec, index: int, config: TrainConfig, allow_public_bind: bool, membership) -> int:
