@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+import yaml
 
 from psworker import events
 from psworker.testing import LocalCluster, assert_processes_gone, checkpoint_step
@@ -171,3 +172,40 @@ def test_a_stopped_straggler_loses_nothing_and_the_fast_worker_reads_most(make_c
     fast, slow = trained_by(positions_dir, "worker0"), trained_by(positions_dir, "worker1")
     assert fast + slow == 2 * N and fast > 2 * slow, (fast, slow)
     assert_processes_gone(cluster.pids)
+
+
+def test_an_elastic_job_scaled_2_to_4_to_1_reads_every_position_each_epoch(tmp_path, positions_dir, monkeypatch):
+    """Elastic `{min 1, start 2}` of 4 workers under `psworker local`, scaled 2 -> 4 -> 1 in the first epoch: the
+    workers scaled away give back the untrained rest of their leases, and every position is still read at least
+    once per epoch, the extra reads within the shards in flight."""
+    from tests.test_elastic_launcher import Launcher, finish, scale, signal_tasks
+
+    monkeypatch.setenv(dealt_model.STEP_SECS_ENV, "0.05")
+    spec = tmp_path / "elastic.yaml"
+    spec.write_text(yaml.safe_dump({
+        "cluster": {"ps": ["127.0.0.1:auto"], "worker": {"addresses": ["127.0.0.1:auto"] * 4, "min": 1, "start": 2}},
+        "train": train(num_epochs=2)}, sort_keys=False))
+    train_dir = tmp_path / "train"
+    run = Launcher([str(spec), "--train_dir", str(train_dir)], tmp_path)
+    try:
+        for w in (0, 1, "scale", 2, 3):           # each held once it trains: the deal cannot end meanwhile
+            if w == "scale":
+                assert scale(train_dir, 4)[0] == 0
+                continue
+            run.wait_until(lambda: trained_by(positions_dir, f"worker{w}") > 0, f"a step of worker:{w}")
+            signal_tasks(run, signal.SIGSTOP, f"worker:{w}")
+        assert scale(train_dir, 1)[0] == 0
+        signal_tasks(run, signal.SIGCONT, "worker:1", "worker:2", "worker:3")   # each ends its step and leaves
+        for w in ("worker:1", "worker:2", "worker:3"):
+            run.wait_for(rf"^psworker: {w} left \(scaled away\)$", f"{w} leaving")
+        signal_tasks(run, signal.SIGCONT, "worker:0")
+        finish(run, ["ps:0", "worker:0", "worker:1", "worker:2", "worker:3"])
+    finally:
+        run.close()
+    read = counts(positions_dir)
+    assert min(read.get(p, 0) for p in range(N)) >= 2, coverage(read)
+    assert sum(read.values()) - 2 * N <= 4 * SHARD, coverage(read)
+    logs = train_dir / "logs"
+    for w in (1, 2, 3):
+        assert "gave back the untrained rest of its lease" in (logs / f"worker-{w}.log").read_text(), w
+    assert set(dealt_model.read_positions(positions_dir)) == {"worker0", "worker1", "worker2", "worker3"}
