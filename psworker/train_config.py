@@ -218,9 +218,9 @@ def check_train_rules(config: TrainConfig, source: str, prefix: str,
                         f"set either save_checkpoint_steps ({config.save_checkpoint_steps}) or "
                         f"save_checkpoint_secs ({config.save_checkpoint_secs:g}), not both")
     _check_transfer_rules(config, source, prefix)
-    if config.num_epochs is not None and config.data_dealing != "dealt":
-        raise SpecError(source, _join(prefix, "num_epochs"), "epochs are counted with dealt shards only; drop "
-                        "num_epochs or use data_dealing dealt")
+    if config.num_epochs is not None and (config.data_dealing != "dealt" or config.replication == "in-graph"):
+        raise SpecError(source, _join(prefix, "num_epochs"), "epochs are counted with dealt shards only (data_dealing "
+                        "dealt, between-graph replication); drop num_epochs")
     r = config.replicas_to_aggregate
     if r is not None and num_workers is not None and not 1 <= r <= num_workers:
         raise SpecError(source, _join(prefix, "replicas_to_aggregate"),

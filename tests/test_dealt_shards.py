@@ -209,3 +209,30 @@ def test_an_elastic_job_scaled_2_to_4_to_1_reads_every_position_each_epoch(tmp_p
     for w in (1, 2, 3):
         assert "gave back the untrained rest of its lease" in (logs / f"worker-{w}.log").read_text(), w
     assert set(dealt_model.read_positions(positions_dir)) == {"worker0", "worker1", "worker2", "worker3"}
+
+
+def test_a_checkpoint_without_a_cursor_restores_and_the_data_position_starts_fresh(tmp_path, positions_dir):
+    """A checkpoint written with static slices holds no data position: a dealt run in the same train dir restores
+    its weights, says the data position starts fresh, and reads one whole epoch; its checkpoints then hold one."""
+    import tensorflow as tf
+
+    from psworker.train import dealer
+
+    train_dir = tmp_path / "train"
+    with LocalCluster(tmp_path / "static", num_workers=1,
+                      train=train(data_dealing="static", max_steps=10, train_dir=str(train_dir))) as cluster:
+        assert_all_exit_0(cluster)
+    old = tf.train.latest_checkpoint(str(train_dir))
+    assert old.endswith("-10") and not dealer.has_cursor(old)
+    for path in positions_dir.iterdir():
+        path.unlink()
+    with LocalCluster(tmp_path / "dealt", num_workers=1,
+                      train=train(num_epochs=1, train_dir=str(train_dir))) as cluster:
+        assert_all_exit_0(cluster)
+        log = cluster.log("worker:0")
+    assert "restoring the checkpoint model.ckpt-10" in log
+    assert "the checkpoint holds no data position (written before dealt shards): the data position starts fresh" \
+        in log
+    assert coverage(counts(positions_dir)) == {1: N}
+    new = tf.train.latest_checkpoint(str(train_dir))
+    assert dealer.has_cursor(new) and checkpoint_step(train_dir) == 10 + N // BATCH

@@ -450,6 +450,8 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
     examples_per_step = config.batch_size * config.num_devices * num_workers
     log.info("%s: in-graph client for %d workers x %d towers, %d examples per step", name, num_workers,
              config.num_devices, examples_per_step)
+    if config.data_dealing == "dealt":
+        log.info("%s: in-graph replication reads static slices (dealt shards are between-graph only)", name)
 
     def release(target: str) -> None:   # the serving workers can go; each tells the ps tasks itself that it is done
         shutdown.release_workers(target, spec, CLIENT_INDEX)

@@ -251,9 +251,10 @@ class _Ops:
         free = tf.cast(tf.where(s.pool_shard.read_value() < 0)[:, 0], tf.int32)[:tf.size(back_shard)]
         zero = tf.constant(0, tf.int64)[None]
         updates = [s.pool_shard.scatter_update(tf.IndexedSlices(back_shard, free)),
-                   s.pool_start.scatter_update(tf.IndexedSlices(back_start, free)),
-                   s.ring_count.scatter_update(tf.IndexedSlices(zero, who[None])),
-                   s.trained.scatter_update(tf.IndexedSlices(zero, who[None]))]
+                   s.pool_start.scatter_update(tf.IndexedSlices(back_start, free))]
+        with tf.control_dependencies([back_shard, back_start, free]):   # the ring is read before it is emptied
+            updates += [s.ring_count.scatter_update(tf.IndexedSlices(zero, who[None])),
+                        s.trained.scatter_update(tf.IndexedSlices(zero, who[None]))]
         with tf.control_dependencies(updates):
             return tf.reduce_sum(_shard_length(plan, back_shard) - back_start)
 
