@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 SCOPE = "psworker_data"
 RING = 8                          # lease entries per worker: shards read ahead of training, at least a batch each
-DEFAULT_MAX_SHARD = 2048          # the default shard: the smaller of this and an eighth of the split
+DEFAULT_MAX_SHARD = 2048          # the default shard: the smaller of this and an eighth of the split (8 batches+)
 POLL_SECS = 0.05                  # a worker waiting for its read-ahead to be trained (its ring is full)
 END_POLL_SECS = 0.2               # the chief waiting for the last leases of the others
 NO_LIMIT = np.iinfo(np.int64).max
@@ -75,15 +75,16 @@ def permutation(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples).astype(np.int64)
 
 
-def default_shard_examples(num_examples: int) -> int:
-    return max(1, min(DEFAULT_MAX_SHARD, -(-num_examples // 8)))
+def default_shard_examples(num_examples: int, batch: int) -> int:
+    """The smaller of `DEFAULT_MAX_SHARD` and an eighth of the split, but 8 batches at least (a take per shard)."""
+    return max(1, min(DEFAULT_MAX_SHARD, max(-(-num_examples // 8), 8 * batch)))
 
 
 def make_plan(num_examples: int, shard_examples: Optional[int], num_epochs: Optional[int],
               batch: int) -> ShardPlan:
     """The plan for a worker reading `batch` examples per step: a shard holds at least one batch (so that the
     lease ring always covers the read-ahead)."""
-    size = shard_examples or default_shard_examples(num_examples)
+    size = shard_examples or default_shard_examples(num_examples, batch)
     if size < batch:
         log.info("shard_examples %d is below a worker's batch (%d): shards of %d", size, batch, batch)
         size = batch
@@ -180,45 +181,48 @@ class _Ops:
         self.graph.finalize()
 
     def _take(self, plan: ShardPlan, s: DealerState):
-        """A piece from the pool, else a fresh shard, appended to the ring of `who`: `(shard, start)`;
-        `(FULL, 0)` when the ring is full, `(EXHAUSTED, 0)` when nothing is left."""
+        """Retires the first entry of the ring of `who` if it is wholly trained, then appends a piece from the pool,
+        else a fresh shard: `(shard, start)`; `(FULL, 0)` when the ring is full, `(EXHAUSTED, 0)` when nothing is
+        left. One call per shard: a worker's only round trip for its data."""
         import tensorflow as tf
 
-        who = self.who
+        who, i64 = self.who, tf.int64
         pool, pool_start = s.pool_shard.read_value(), s.pool_start.read_value()
-        fresh, count = s.next_shard.read_value(), s.ring_count.read_value()[who]
-        head = s.ring_head.read_value()[who]
+        fresh, trained = s.next_shard.read_value(), s.trained.read_value()[who]
+        done, left, head, count = self._head_done(plan, s)
+        retired = tf.cast(done, i64)
+        head, count = head + retired, count - retired
         full = count >= RING
         has = tf.reduce_any(pool >= 0)
         j = tf.argmax(tf.cast(pool >= 0, tf.int32), output_type=tf.int32)
         use_pool = has & ~full
         use_fresh = ~has & ~full & (fresh < plan.limit)
-        nothing = tf.where(full, tf.constant(FULL, tf.int64), tf.constant(EXHAUSTED, tf.int64))
+        nothing = tf.where(full, tf.constant(FULL, i64), tf.constant(EXHAUSTED, i64))
         shard = tf.where(use_pool, pool[j], tf.where(use_fresh, fresh, nothing))
-        start = tf.where(use_pool, pool_start[j], tf.constant(0, tf.int64))
+        start = tf.where(use_pool, pool_start[j], tf.constant(0, i64))
         got = use_pool | use_fresh
         slot = tf.stack([who, tf.cast(tf.math.floormod(head + count, RING), tf.int32)])[None]
         old = s.ring_shard.read_value()[who, slot[0, 1]]
         old_start = s.ring_start.read_value()[who, slot[0, 1]]
-        one = tf.cast(got, tf.int64)
+        # An empty ring has nothing in flight: what `trained` holds beyond it (a padded last batch) is void.
+        # Subtractions, never writes: the train op adds to `trained` outside the critical section.
+        void = tf.where(got & tf.equal(count, 0), trained - retired * left, tf.constant(0, i64))
         updates = [
-            s.pool_shard.scatter_update(tf.IndexedSlices(tf.where(use_pool, tf.constant(-1, tf.int64), pool[j])[None],
+            s.pool_shard.scatter_update(tf.IndexedSlices(tf.where(use_pool, tf.constant(-1, i64), pool[j])[None],
                                                          j[None])),
-            s.next_shard.assign_add(tf.cast(use_fresh, tf.int64), read_value=False),
+            s.next_shard.assign_add(tf.cast(use_fresh, i64), read_value=False),
             tf.compat.v1.scatter_nd_update(s.ring_shard, slot, tf.where(got, shard, old)[None]),
             tf.compat.v1.scatter_nd_update(s.ring_start, slot, tf.where(got, start, old_start)[None]),
-            s.ring_count.scatter_add(tf.IndexedSlices(one[None], who[None])),
-            # An empty ring has nothing in flight: what `trained` holds (a padded last batch) is void. A subtraction,
-            # never a write: the train op adds to `trained` outside the critical section.
-            s.trained.scatter_sub(tf.IndexedSlices(
-                tf.where(got & tf.equal(count, 0), s.trained.read_value()[who], tf.constant(0, tf.int64))[None],
-                who[None])),
+            s.ring_head.scatter_add(tf.IndexedSlices(retired[None], who[None])),
+            s.ring_count.scatter_add(tf.IndexedSlices((tf.cast(got, i64) - retired)[None], who[None])),
+            s.trained.scatter_sub(tf.IndexedSlices((retired * left + void)[None], who[None])),
         ]
         with tf.control_dependencies(updates):
             return tf.identity(shard), tf.identity(start)
 
-    def _retire(self, plan: ShardPlan, s: DealerState):
-        """Drops the first entry of the ring of `who` once it is wholly trained; True if it did."""
+    def _head_done(self, plan: ShardPlan, s: DealerState):
+        """`(done, left, head, count)` of the ring of `who`: whether its first entry is wholly trained, and the
+        examples that entry holds."""
         import tensorflow as tf
 
         who = self.who
@@ -226,7 +230,14 @@ class _Ops:
         at = tf.cast(tf.math.floormod(head, RING), tf.int32)
         shard, start = s.ring_shard.read_value()[who, at], s.ring_start.read_value()[who, at]
         left = _shard_length(plan, shard) - start
-        done = (count > 0) & (s.trained.read_value()[who] >= left)
+        return (count > 0) & (s.trained.read_value()[who] >= left), left, head, count
+
+    def _retire(self, plan: ShardPlan, s: DealerState):
+        """Drops the first entry of the ring of `who` once it is wholly trained; True if it did."""
+        import tensorflow as tf
+
+        who = self.who
+        done, left, _, _ = self._head_done(plan, s)
         one = tf.cast(done, tf.int64)
         updates = [s.trained.scatter_sub(tf.IndexedSlices((one * left)[None], who[None])),
                    s.ring_head.scatter_add(tf.IndexedSlices(one[None], who[None])),
@@ -345,8 +356,6 @@ class DealerClient:
     def _next_shard(self) -> tuple[Optional[int], int]:
         """The next shard to read and its start, waiting while the ring is full; None once the deal is over."""
         while True:
-            while self._run(lambda ops: ops.retire):
-                pass
             shard, start = (int(x) for x in self._run(lambda ops: ops.take))
             if shard >= 0:
                 return shard, start
