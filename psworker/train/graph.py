@@ -235,8 +235,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
         train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls, grads, opt)
         if inputs.state is not None:   # after the update: a checkpoint never counts an example not trained on
-            train_op = tf.group(train_op, inputs.state.count(task_index, tf.shape(images)[0], [train_op]),
-                                name="train_op_and_count")
+            train_op = inputs.state.count(task_index, tf.shape(images)[0], train_op)
         reset = SyncRestartReset(sync, demand) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
