@@ -143,7 +143,7 @@ def test_every_task_killed_then_restored_reads_again_what_came_after_the_checkpo
 def test_sync_with_a_backup_worker_ends_at_max_steps_and_reads_each_position_once(make_cluster, positions_dir):
     """Sync, 3 workers, 2 gradients per step (one backup): with both num_epochs and max_steps set, max_steps comes
     first here and the final global step is exactly it; no position is read twice within the epoch (a dropped stale
-    gradient's batch counts as read: it is not dealt again), and every worker took shards."""
+    gradient's batch counts as read: it is not dealt again)."""
     cluster = make_cluster(num_workers=3, train=train(mode="sync", replicas_to_aggregate=2, num_epochs=2,
                                                       max_steps=8, log_every_steps=2))
     assert_all_exit_0(cluster)
@@ -151,7 +151,6 @@ def test_sync_with_a_backup_worker_ends_at_max_steps_and_reads_each_position_onc
     read = counts(positions_dir)
     assert max(read.values()) == 1, coverage(read)
     assert sum(read.values()) >= 8 * 2 * BATCH
-    assert set(dealt_model.read_positions(positions_dir)) == {"worker0", "worker1", "worker2"}
     assert_processes_gone(cluster.pids)
 
 
