@@ -306,15 +306,30 @@ class DealerClient:
         self._waiting_for: set = set()
 
     def _run(self, fetches, who: Optional[int] = None):
+        """Runs `fetches(ops)` in the side session; a session that met a restarted ps (aborted, unavailable) is
+        left behind and the run tried once more in a new one."""
         import tensorflow as tf
 
+        for attempt in range(2):
+            with self._lock:
+                if self._ops is None:
+                    self._ops = _Ops(self.dealing.plan, self.dealing.num_workers, self._device)
+                if self._session is None:
+                    self._session = tf.compat.v1.Session(self.dealing.target, graph=self._ops.graph,
+                                                         config=self.dealing.session_config)
+                feed = {self._ops.who: self.dealing.index if who is None else who}
+                try:
+                    return self._session.run(fetches(self._ops), feed)
+                except (tf.errors.AbortedError, tf.errors.UnavailableError):
+                    self._session = None   # not closed: a close can wait on the dead ps
+                    if attempt:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _new_session(self) -> None:
+        """The next run makes a new side session (the train session was made again: a ps may have restarted)."""
         with self._lock:
-            if self._ops is None:
-                self._ops = _Ops(self.dealing.plan, self.dealing.num_workers, self._device)
-                self._session = tf.compat.v1.Session(self.dealing.target, graph=self._ops.graph,
-                                                     config=self.dealing.session_config)
-            feed = {self._ops.who: self.dealing.index if who is None else who}
-            return self._session.run(fetches(self._ops), feed)
+            self._session = None
 
     def state(self) -> dict:
         return self._run(lambda ops: ops.read)
@@ -332,6 +347,7 @@ class DealerClient:
         """This worker's positions: first the untrained rest of its own lease (a restart at its index), then shard
         after shard as it asks; ends when the deal is over (the chief: once every lease is trained)."""
         plan, me = self.dealing.plan, self.dealing.index
+        self._new_session()
         while self._run(lambda ops: ops.retire):
             pass
         state = self.state()
