@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Iterator, Optional, Sequence, TypeVar, Union
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
-           "Precision", "Exported", "Restart", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
+           "Precision", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
            "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"   # a task's log records (cli.main)
@@ -97,10 +97,13 @@ class Step(Event):
     loss: Optional[float] = None
     examples_per_sec: Optional[float] = None
     sec_per_batch: Optional[float] = None
+    epoch: Optional[float] = None          # dealt shards: examples trained / examples per epoch
+    num_epochs: Optional[int] = None       # ... of this many (None: until max_steps)
 
     regex: ClassVar[re.Pattern] = _line(
         rf"(?:(?i:step)[ \t]*[=:#]?[ \t]*(?P<step>\d+)(?:/\d+)?\b"
         rf"(?:[ \t]*[,:;|-]?[ \t]*(?i:loss)[ \t]*[=:]?[ \t]*(?P<loss>{_NUMBER})\b)?"
+        rf"(?:, epoch (?P<epoch>{_NUMBER})(?: of (?P<epochs>\d+))?)?"
         rf"(?:[ \t]*\((?P<rate>{_NUMBER}) examples/sec(?:; (?P<spb>{_NUMBER}) sec/batch)?)?"
         rf"|(?i:loss) = (?P<est_loss>{_NUMBER}), (?i:step) = (?P<est_step>\d+)\b)")   # TF Estimator's
 
@@ -108,6 +111,8 @@ class Step(Event):
         text = f"step {self.step}"
         if self.loss is not None:
             text += f", loss = {self.loss:.2f}"
+        if self.epoch is not None:
+            text += f", epoch {self.epoch:.2f}" + ("" if self.num_epochs is None else f" of {self.num_epochs}")
         if self.examples_per_sec is not None:
             spb = "" if self.sec_per_batch is None else f"; {self.sec_per_batch:.3f} sec/batch"
             text += f" ({self.examples_per_sec:.1f} examples/sec{spb})"
@@ -117,7 +122,8 @@ class Step(Event):
     def _from(cls, m: re.Match) -> "Step":
         if m.group("est_step") is not None:
             return cls(int(m.group("est_step")), _float(m.group("est_loss")))
-        return cls(int(m.group("step")), _float(m.group("loss")), _float(m.group("rate")), _float(m.group("spb")))
+        return cls(int(m.group("step")), _float(m.group("loss")), _float(m.group("rate")), _float(m.group("spb")),
+                   _float(m.group("epoch")), _int(m.group("epochs")))
 
 
 @dataclass(frozen=True)
@@ -380,10 +386,37 @@ class Traceback(Event):
         return cls()
 
 
+@dataclass(frozen=True)
+class DataDealt(Event):
+    """The chief's account of the dealt shards at its end: examples trained, how many of them were trained again
+    (read after a fault by a second worker or a second time), and the epochs that makes."""
+
+    task: Optional[str]
+    trained: int
+    again: int
+    epochs: float
+    num_epochs: Optional[int]
+    examples_per_epoch: int
+
+    regex: ClassVar[re.Pattern] = _line(
+        rf"{_TASK}data: (?P<trained>\d+) examples trained, (?P<again>\d+) of them again; epoch (?P<epochs>{_NUMBER})"
+        r"(?: of (?P<of>\d+))? \((?P<per>\d+) examples each\)")
+
+    def render(self) -> str:
+        of = "" if self.num_epochs is None else f" of {self.num_epochs}"
+        return _named(self.task, f"data: {self.trained} examples trained, {self.again} of them again; epoch "
+                                 f"{self.epochs:.2f}{of} ({self.examples_per_epoch} examples each)")
+
+    @classmethod
+    def _from(cls, m: re.Match) -> "DataDealt":
+        return cls(_task(m), int(m.group("trained")), int(m.group("again")), float(m.group("epochs")),
+                   _int(m.group("of")), int(m.group("per")))
+
+
 KINDS: tuple[type[Event], ...] = (Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision,
-                                  Exported, Restart, NewRun, RemotePid, TaskError, Traceback)
+                                  Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt)
 AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, Exported, Restart,
-                 NewRun, RemotePid, TaskError, Traceback]
+                 NewRun, RemotePid, TaskError, Traceback, DataDealt]
 
 
 # The stack-dump lines (psworker.stackdump reads the dump itself, Python's faulthandler format, around them).

@@ -21,6 +21,7 @@ from psworker.models import registry as model_registry
 MODES = ("async", "sync")
 REPLICATIONS = ("between-graph", "in-graph")
 TRANSFER_DTYPES = ("float32", "bfloat16")   # psworker.train.transfer.DTYPES (TF-free here)
+DATA_DEALINGS = ("dealt", "static")
 DEFAULT_SAVE_CHECKPOINT_SECS = 60.0       # when neither save_checkpoint_steps nor save_checkpoint_secs is set
 
 
@@ -97,6 +98,17 @@ class TrainConfig:
                                         "updates come a step later; other optimizers compute one update stale "
                                         "(then halve learning_rate); not in sync mode",
                                  metavar="{true,false}")
+    data_dealing: str = _setting("dealt", "dealt: shards of the training split dealt on demand from a cursor on the "
+                                          "ps, kept in the checkpoint (fast workers read more, nothing is lost on "
+                                          "restarts or scaling); static: each worker reads its own fixed slice, "
+                                          "forever (between-graph; in-graph replication always reads static slices)",
+                                 choices=lambda: DATA_DEALINGS)
+    num_epochs: Optional[int] = _setting(None, "dealt: end training once every example was dealt this many times "
+                                               "and trained (or at max_steps, whichever comes first; sync mode: at "
+                                               "the global step that covers them)", "none: until max_steps")
+    shard_examples: Optional[int] = _setting(None, "dealt: examples per shard (a worker takes its next shard when it "
+                                                   "runs out); at least a worker's batch",
+                                             "the smaller of 2048 and an eighth of the training split")
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
                                    choices=lambda: TRANSFER_DTYPES)
@@ -110,7 +122,8 @@ TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 # Rules for TrainConfig fields beyond their types: minimums, strictly positive numbers, enumerations.
 _MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1,
-            "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0}
+            "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0, "num_epochs": 1,
+            "shard_examples": 1}
 _POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs", "step_timeout_secs")
 _NONEMPTY = ("train_dir", "data_dir")
 
@@ -209,6 +222,9 @@ def check_train_rules(config: TrainConfig, source: str, prefix: str,
                         f"set either save_checkpoint_steps ({config.save_checkpoint_steps}) or "
                         f"save_checkpoint_secs ({config.save_checkpoint_secs:g}), not both")
     _check_transfer_rules(config, source, prefix)
+    if config.num_epochs is not None and (config.data_dealing != "dealt" or config.replication == "in-graph"):
+        raise SpecError(source, _join(prefix, "num_epochs"), "epochs are counted with dealt shards only (data_dealing "
+                        "dealt, between-graph replication); drop num_epochs")
     r = config.replicas_to_aggregate
     if r is not None and num_workers is not None and not 1 <= r <= num_workers:
         raise SpecError(source, _join(prefix, "replicas_to_aggregate"),
@@ -272,6 +288,6 @@ def merge_train(base: TrainConfig, overrides: Mapping[str, Any], source: str = "
     return train_from(base, given, source, path_prefix, True, num_workers)
 
 
-__all__ = ["MODES", "REPLICATIONS", "TRANSFER_DTYPES", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "parse_setting",
+__all__ = ["MODES", "REPLICATIONS", "TRANSFER_DTYPES", "DATA_DEALINGS", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "parse_setting",
            "TrainConfig", "TRAIN_FIELDS", "TRAIN_TYPES", "merge_train", "check_train_rules",
            "train_from"]

@@ -303,7 +303,8 @@ def test_one_sync_step_applies_the_learning_rate_times_the_mean_gradient(make_cl
         assert sorted(map(tuple, images.tolist())) == sorted(map(tuple, again.tolist()))
         shards.append((images, labels))
     cluster = make_cluster(train=dict(model="linear", mode="sync", max_steps=1, batch_size=batch, learning_rate=lr,
-                                      save_checkpoint_steps=1, log_every_steps=1, step_timeout_secs=120.0))
+                                      save_checkpoint_steps=1, log_every_steps=1, step_timeout_secs=120.0,
+                                      data_dealing="static"))   # each worker's batch: its whole static slice
     train_dir = cluster.train_dir
     assert cluster.wait_exits(240) == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, cluster.tails()
 

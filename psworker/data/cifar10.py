@@ -253,6 +253,53 @@ def train_dataset(
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+class RecordReader:
+    """Records of the training files by position (file order: position `p` is record `p - offset` of the file that
+    holds it), read through memory maps: `read(positions)` -> uint8 `[n, RECORD_BYTES]`."""
+
+    def __init__(self, paths: Sequence[str]):
+        self._paths = list(paths)
+        self._maps: Optional[list] = None
+        self.offsets = np.cumsum([0] + [os.path.getsize(p) // RECORD_BYTES for p in self._paths])
+
+    def read(self, positions: np.ndarray) -> np.ndarray:
+        if self._maps is None:
+            self._maps = [np.memmap(p, np.uint8, "r").reshape(-1, RECORD_BYTES) for p in self._paths]
+        positions = np.asarray(positions, np.int64)
+        files = np.searchsorted(self.offsets, positions, side="right") - 1
+        out = np.empty((len(positions), RECORD_BYTES), np.uint8)
+        for f in np.unique(files):
+            at = files == f
+            out[at] = self._maps[f][positions[at] - self.offsets[f]]
+        return out
+
+
+def dealt_dataset(data_dir: Optional[str], positions, batch_size: int, seed: Optional[int] = None):
+    """The training examples at `positions` (a dataset of int64 positions over the five files in order), in that
+    order, distorted as `train_dataset` does, in batches of `batch_size` (the last one may be smaller).
+
+    Raises:
+        TrainingFailed: training files are missing.
+    """
+    import tensorflow as tf
+
+    reader = RecordReader(train_files(data_dir))
+
+    def read(p):
+        raw = tf.numpy_function(reader.read, [p], tf.uint8, stateful=False)
+        return tf.reshape(raw, [-1, RECORD_BYTES])
+
+    @tf.autograph.experimental.do_not_convert   # as in train_dataset
+    def parse(raw):
+        label = tf.cast(raw[0], tf.int32)
+        image = tf.transpose(tf.reshape(raw[LABEL_BYTES:], [DEPTH, ORIGINAL_SIZE, ORIGINAL_SIZE]), [1, 2, 0])
+        return preprocess_train(image, seed), label
+
+    ds = positions.batch(batch_size).map(read).unbatch()
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size).prefetch(2)
+
+
 def eval_dataset(data_dir: Optional[str], batch_size: int):
     """The whole test split once, in file order, centrally cropped and standardized.
 
@@ -297,5 +344,7 @@ __all__ = [
     "preprocess_eval",
     "train_records",
     "train_dataset",
+    "dealt_dataset",
+    "RecordReader",
     "eval_dataset",
 ]

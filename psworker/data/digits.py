@@ -86,6 +86,17 @@ def train_dataset(batch_size: int, shard_index: int = 0, num_shards: int = 1, se
     return ds.batch(batch_size, drop_remainder=True).prefetch(2)
 
 
+def dealt_dataset(positions, batch_size: int):
+    """The examples at `positions` (a dataset of int64 positions in the training split), in order, in batches of
+    `batch_size` (the last one may be smaller)."""
+    import tensorflow as tf
+
+    x, y, _, _ = load_split()
+    x, y = tf.constant(standardize(x)), tf.constant(y)
+    ds = positions.batch(batch_size).map(lambda p: (tf.gather(x, p), tf.gather(y, p)))
+    return ds.prefetch(2)
+
+
 def eval_dataset(batch_size: int):
     """The whole test split once, in batches (the last one may be smaller)."""
     import tensorflow as tf

@@ -120,6 +120,11 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
               flush=True)
     if precision:
         print(f"psworker: {precision.summary}", file=console, flush=True)
+    dealt = events.last(events.DataDealt, chief_log)
+    if dealt:   # dealt shards: what was read, and read again
+        of = "" if dealt.num_epochs is None else f" of {dealt.num_epochs}"
+        print(f"psworker: data: epoch {dealt.epochs:.2f}{of}: {dealt.trained} examples trained, {dealt.again} of "
+              f"them dealt again ({dealt.examples_per_epoch} per epoch)", file=console, flush=True)
 
 
 def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seconds: float, outputs: Path,

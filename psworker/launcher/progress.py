@@ -39,6 +39,8 @@ class TaskProgress:
     step: Optional[int] = None       # the last global step this task reported
     loss: Optional[float] = None
     examples_per_sec: Optional[float] = None
+    epoch: Optional[float] = None    # dealt shards: the epoch its last step line showed (examples / epoch)
+    num_epochs: Optional[int] = None
     started_at: float = 0.0          # time.time() of the current attempt's start
     step_moved_at: float = 0.0       # time.time() when `step` last changed (or the attempt started)
     last_output_at: float = 0.0      # time.time() of its last output line
@@ -79,6 +81,8 @@ class Progress:
                 return None
             step, loss, rate = parsed
             moved = t.step is None or step != t.step
+            if isinstance(event, events.Step) and event.epoch is not None:
+                t = _replace(t, epoch=event.epoch, num_epochs=event.num_epochs)
             self._tasks[name] = _replace(
                 t, step=step, loss=loss if loss is not None else t.loss,
                 examples_per_sec=rate if rate is not None else t.examples_per_sec,

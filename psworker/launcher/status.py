@@ -49,6 +49,12 @@ class RunStatus:
         return latest.loss if latest else None
 
     @property
+    def epoch(self) -> Optional[tuple[float, Optional[int]]]:
+        """Dealt shards: `(epoch, num_epochs)` of the furthest step line that showed one."""
+        shown = [(t.epoch, t.num_epochs) for t in self.tasks.values() if t.epoch is not None]
+        return max(shown, key=lambda e: e[0]) if shown else None
+
+    @property
     def eta_secs(self) -> Optional[float]:
         if not self.max_steps or not self.steps_per_sec:
             return None
@@ -58,6 +64,7 @@ class RunStatus:
         return {"global_step": self.global_step, "max_steps": self.max_steps, "steps_per_sec": self.steps_per_sec,
                 "workers": None if self.workers is None else {"running": self.workers[0], "target": self.workers[1]},
                 "examples_per_sec": self.examples_per_sec, "loss": self.loss, "eta_secs": self.eta_secs,
+                "epoch": None if self.epoch is None else {"epoch": self.epoch[0], "of": self.epoch[1]},
                 "tasks": {n: {**dataclasses.asdict(t), "silent_secs": round(self.now - t.last_output_at, 1)}
                           for n, t in self.tasks.items()}}
 
@@ -90,12 +97,21 @@ def _workers(s: RunStatus) -> str:
     return "" if s.workers is None else f"workers {s.workers[0]} (target {s.workers[1]})"
 
 
+def _epoch(s: RunStatus) -> str:
+    """`epoch 1.37 of 3` (dealt shards), else empty."""
+    if s.epoch is None:
+        return ""
+    return f"epoch {s.epoch[0]:.2f}" + ("" if s.epoch[1] is None else f" of {s.epoch[1]}")
+
+
 def plain_line(s: RunStatus) -> str:
     """One line for logs and pipes."""
     of = f"/{s.max_steps}" if s.max_steps else ""
     workers = f"{_workers(s)}, " if s.workers else ""
     tasks = ", ".join(f"{n} {t.state}" + (f" @{t.step}" if t.step is not None else "") for n, t in s.tasks.items())
-    return (f"psworker: status: step {s.global_step}{of}, {workers}{_num(s.examples_per_sec, '.0f')} examples/s, "
+    epoch = f"{_epoch(s)}, " if s.epoch else ""
+    rate = _num(s.examples_per_sec, '.0f')
+    return (f"psworker: status: step {s.global_step}{of}, {epoch}{workers}{rate} examples/s, "
             f"loss {_num(s.loss, '.3f')}, eta {_eta(s.eta_secs)}; {tasks}")
 
 
@@ -105,7 +121,8 @@ def render(s: RunStatus, silent_after_secs: float = 60.0) -> Group:
     of = f"/{s.max_steps}" if s.max_steps else ""
     bar = ProgressBar(total=s.max_steps or None, completed=s.global_step, width=30)
     head.add_row(f"step {s.global_step}{of}", bar, f"eta {_eta(s.eta_secs)}",
-                 f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}", _workers(s))
+                 f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}", _epoch(s),
+                 _workers(s))
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for col in ("task", "state", "last step", "restarts", "silent"):
         table.add_column(col)

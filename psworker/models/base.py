@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Which slice of the training data one worker (or tower) reads."""
+    """What training data one worker (or tower) reads.
+
+    `positions` set (dealt shards, the default): a function that returns a finite `tf.data.Dataset` of int64
+    positions in `0..num_train_examples-1`, dealt to this worker on demand. The input must then read exactly the
+    examples at those positions, in that order, one per position (no shuffle, no repeat: the order is already a
+    per-epoch permutation), in batches of `batch_size` with the last partial batch kept, and end when it ends.
+    `positions` None (static slices): read slice `shard_index` of `num_shards`, shuffled, forever.
+    """
 
     data_dir: Optional[str]
     batch_size: int
     shard_index: int = 0
     num_shards: int = 1
     seed: Optional[int] = None
+    positions: Optional[Callable[[], Any]] = None
 
 
 class Model(abc.ABC):
@@ -40,7 +48,13 @@ class Model(abc.ABC):
 
     @abc.abstractmethod
     def train_inputs(self, spec: InputSpec):
-        """Returns `(images, labels)` batch tensors of this shard, repeating forever, shuffled."""
+        """Returns `(images, labels)` batch tensors of what `spec` deals (see `InputSpec`)."""
+
+    def train_dataset(self, spec: InputSpec):
+        """The batches of `(images, labels)` as a `tf.data.Dataset`, or None (the default): then the trainer calls
+        `train_inputs`. With a dataset the trainer makes the iterator and starts it again with each new session, so
+        that after a ps restart the input resumes exactly from the restored data position."""
+        return None
 
     @abc.abstractmethod
     def eval_dataset(self, data_dir: Optional[str], batch_size: int):

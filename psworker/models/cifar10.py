@@ -60,14 +60,19 @@ class Cifar10Model(Model):
     # ------------------------------------------------------------------------------------------ inputs
 
     def train_inputs(self, spec: InputSpec):
-        """Returns `(images [batch, 24, 24, 3] float32, labels [batch] int32)` of this shard, forever."""
+        """Returns `(images [batch, 24, 24, 3] float32, labels [batch] int32)` of what `spec` deals."""
         import tensorflow as tf
 
+        images, labels = tf.compat.v1.data.make_one_shot_iterator(self.train_dataset(spec)).get_next()
+        return images, labels
+
+    def train_dataset(self, spec: InputSpec):
+        """The batches of `train_inputs`: dealt positions (records by position), or a static slice."""
         from psworker.data import cifar10 as data
 
-        ds = data.train_dataset(spec.data_dir, spec.batch_size, spec.shard_index, spec.num_shards, spec.seed)
-        images, labels = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-        return images, labels
+        if spec.positions is not None:
+            return data.dealt_dataset(spec.data_dir, spec.positions(), spec.batch_size, spec.seed)
+        return data.train_dataset(spec.data_dir, spec.batch_size, spec.shard_index, spec.num_shards, spec.seed)
 
     def eval_dataset(self, data_dir: Optional[str], batch_size: int):
         """The whole test split once (central crops), last partial batch kept."""

@@ -21,8 +21,12 @@ class DigitsModel(Model):
     def train_inputs(self, spec: InputSpec):
         import tensorflow as tf
 
-        ds = digits.train_dataset(spec.batch_size, spec.shard_index, spec.num_shards, spec.seed)
-        return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        return tf.compat.v1.data.make_one_shot_iterator(self.train_dataset(spec)).get_next()
+
+    def train_dataset(self, spec: InputSpec):
+        if spec.positions is not None:
+            return digits.dealt_dataset(spec.positions(), spec.batch_size)
+        return digits.train_dataset(spec.batch_size, spec.shard_index, spec.num_shards, spec.seed)
 
     def eval_dataset(self, data_dir: Optional[str], batch_size: int):
         return digits.eval_dataset(batch_size)

@@ -56,6 +56,7 @@ class Replication:
             training (`SyncPeerWatch`); None otherwise.
         needed: sync: the workers each step needs gradients from.
         membership: an elastic job's non-chief worker: tells the ps tasks when it joins and leaves.
+        dealing: makes what the graph needs to deal shards to this worker (`train.dealer`); None: static slices.
     """
 
     build: Callable[[Model, TrainConfig], TrainGraph]
@@ -70,6 +71,8 @@ class Replication:
     peers: Optional[dict] = None
     needed: int = 0
     membership: Optional[Membership] = None   # an elastic job's non-chief: joins, and leaves on a signal
+    # dealt shards: `(target, model, config) -> train.dealer.Dealing` (None: the static slices)
+    dealing: Optional[Callable[[str, Model, TrainConfig], Any]] = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
 
     name = f"worker:{index}"
     model = models.get(config.model)
+    config = _epochs_as_steps(config, model, replication, name)
     if replication.is_chief:
         os.makedirs(config.train_dir, exist_ok=True)
     try:
@@ -184,7 +188,10 @@ def _hooks(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication
                              every_steps=config.log_every_steps, examples_per_step=replication.examples_per_step,
                              gated=chief_hooks(config, scaffold, name, kept) if replication.is_chief else (),
                              align_steps=(config.log_every_steps, config.save_checkpoint_steps),
-                             stride=replication.workers, emit=emit, name=name)
+                             stride=replication.workers, emit=emit, name=name,
+                             epochs=None if tg.dealer is None else (tg.dealer_state.examples_trained,
+                                                                    tg.dealer.dealing.plan.num_examples,
+                                                                    config.num_epochs))
     hooks = [progress]
     if tg.sync_optimizer is not None:
         hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
@@ -196,6 +203,23 @@ def _hooks(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication
                                        every_steps=max(1, config.log_every_steps),
                                        examples_per_step=replication.examples_per_step))
     return progress, hooks
+
+
+def _epochs_as_steps(config: TrainConfig, model: Model, replication: Replication, name: str) -> TrainConfig:
+    """Sync mode with dealt shards and `num_epochs`: the global step that covers the epochs (each step applies
+    `replicas_to_aggregate` batches), if below `max_steps`, becomes the last step; the deal itself never ends, so
+    that no worker runs dry while a step still needs its gradient."""
+    import dataclasses
+
+    if config.mode != "sync" or config.num_epochs is None or replication.dealing is None:
+        return config
+    per_step = (config.replicas_to_aggregate or replication.workers) * config.batch_size * config.num_devices
+    steps = -(-config.num_epochs * model.num_train_examples(config.data_dir) // per_step)
+    if steps >= config.max_steps:
+        return config
+    log.info("%s: sync mode: %d epochs of %d examples end at global step %d (%d examples per step)", name,
+             config.num_epochs, model.num_train_examples(config.data_dir), steps, per_step)
+    return dataclasses.replace(config, max_steps=steps)
 
 
 def _session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, replication: Replication,
@@ -211,11 +235,18 @@ def _session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, r
 
     on_live_model = (_sync_reset_on_restart(tg.sync_reset, name)
                      if replication.is_chief and tg.sync_reset is not None else None)
+    restore = None
+    if tg.dealer_state is not None:
+        from psworker.train import dealer
+
+        def restore(sess, checkpoint: str) -> None:
+            dealer.restore(scaffold.saver, sess, checkpoint, tg.dealer_state, name)
+
     return FastSessionCreator(
         scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
         checkpoint_dir=config.train_dir if replication.is_chief else None,
         max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
-        on_live_model=on_live_model, warm_up=tg.inputs, first_choice=first_choice,
+        on_live_model=on_live_model, warm_up=tg.inputs, restore=restore, first_choice=first_choice,
         allow_fresh_start=config.allow_fresh_start,
     )
 
@@ -230,9 +261,13 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
     with graph.as_default():
         if config.seed is not None:
             v1.set_random_seed(config.seed)
-        tg = replication.build(model, config)
+        dealing = replication.dealing(target, model, config) if replication.dealing is not None else None
+        tg = replication.build(model, config, dealing)
+        # dealt shards: each new session starts the input again, from the data position on the ps
+        local_init = (None if tg.input_init is None
+                      else tf.group(v1.train.Scaffold.default_local_init_op(), tg.input_init))
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
-                                                          save_relative_paths=True))
+                                                          save_relative_paths=True), local_init_op=local_init)
         choice = _first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
         progress, hooks = _hooks(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else ())
         watchdog = _watchdog(config, replication, name)
@@ -254,9 +289,13 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                 creator.abandon_on_close()
             log.info("%s: last step done (%d local steps)", name, progress.local_steps)
     if replication.membership is not None and replication.membership.signals.reason is not None:
+        if tg.dealer is not None:
+            tg.dealer.give_back()
         raise replication.membership.signals.left()
     final = progress.final_global_step if progress.final_global_step is not None else progress.last_global_step
-    if final < config.max_steps:
+    if replication.is_chief and tg.dealer is not None:
+        _report_data(tg.dealer, name)
+    if final < config.max_steps and not (tg.dealer is not None and tg.dealer.exhausted):
         why = ("the chief closed the sync token queue (did it fail or stop early?)" if tg.sync_optimizer is not None
                else "the input ran out")
         raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
@@ -275,6 +314,15 @@ def _first_choice(config: TrainConfig):
     if choice.refused and not config.allow_fresh_start:
         raise checkpoints.refusal(config.train_dir, choice)
     return choice
+
+
+def _report_data(client, name: str) -> None:
+    """The chief's line of what was dealt: examples trained, trained again, epochs."""
+    from psworker.train import dealer
+
+    plan = client.dealing.plan
+    trained, again, epochs = dealer.report(plan, client.state())
+    log.info("%s", events.DataDealt(name, trained, again, epochs, plan.num_epochs, plan.num_examples).render())
 
 
 class _CompleteOnDisk:
@@ -438,14 +486,42 @@ def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership
     peers = ({i: str(a) for i, a in enumerate(spec.worker) if i != index}
              if config.mode == "sync" and index == 0 else None)
     return Replication(
-        build=lambda model, cfg: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index,
-                                                         elastic=spec.elastic is not None),
+        build=lambda model, cfg, dealing=None: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index,
+                                                                       elastic=spec.elastic is not None,
+                                                                       dealing=dealing),
         is_chief=index == 0, examples_per_step=config.batch_size * config.num_devices,
         session_config=srv.session_config("worker", index), wait_for=srv.task_addresses(spec, ("ps",)),
         hint=hint, timeout_message=timeout, workers=len(spec.worker),
         peers=peers, needed=config.replicas_to_aggregate or len(spec.worker),
         membership=membership,
+        dealing=(lambda target, model, cfg: _dealing(spec, index, cfg, model, target))
+        if config.data_dealing == "dealt" else None,
     )
+
+
+def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, target: str):
+    """What worker `index`'s graph needs to take dealt shards. Sync mode: the deal never runs dry (the epochs end
+    at a global step, `_epochs_as_steps`). The chief gives back the lease of a worker whose port has been closed
+    for `shutdown.VANISHED_GRACE_SECS` when it waits for the last shards."""
+    from psworker.train import dealer
+
+    batch = config.batch_size * config.num_devices
+    plan = dealer.make_plan(model.num_train_examples(config.data_dir), config.shard_examples,
+                            None if config.mode == "sync" else config.num_epochs, batch)
+    gone = None
+    if index == 0:
+        watch = shutdown.GoneWatch({i: str(a) for i, a in enumerate(spec.worker) if i != index})
+
+        def gone(j: int) -> bool:
+            watch.update()
+            return watch.gone_for(j) >= shutdown.VANISHED_GRACE_SECS
+
+    log.info("worker:%d: dealt shards of %d examples (%d per epoch of %d)%s", index, plan.shard_examples,
+             plan.shards_per_epoch, plan.num_examples,
+             f", {plan.num_epochs} epochs" if plan.num_epochs else "")
+    return dealer.Dealing(plan=plan, index=index, num_workers=len(spec.worker), target=target,
+                          session_config=srv.session_config("worker", index), is_chief=index == 0, seed=config.seed,
+                          pad_to=batch if config.num_devices > 1 else 1, gone=gone)
 
 
 def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
@@ -456,6 +532,8 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
     examples_per_step = config.batch_size * config.num_devices * num_workers
     log.info("%s: in-graph client for %d workers x %d towers, %d examples per step", name, num_workers,
              config.num_devices, examples_per_step)
+    if config.data_dealing == "dealt":
+        log.info("%s: in-graph replication reads static slices (dealt shards are between-graph only)", name)
 
     def release(target: str) -> None:   # the serving workers can go; each tells the ps tasks itself that it is done
         shutdown.release_workers(target, spec, CLIENT_INDEX)
@@ -463,7 +541,7 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
     hint = ("each step needs every worker: is one down or slow? "
             f"(gives up after --step_timeout_secs {config.step_timeout_secs:g})")
     return Replication(
-        build=lambda model, cfg: build_in_graph_train_graph(model, cfg, cluster=cluster),
+        build=lambda model, cfg, dealing=None: build_in_graph_train_graph(model, cfg, cluster=cluster),
         is_chief=True, examples_per_step=examples_per_step,
         # No device filters: this client places ops on every worker task.
         session_config=srv.session_config("worker", CLIENT_INDEX, filter_devices=False),

@@ -100,6 +100,9 @@ def listed_paths(train_dir: str) -> list[str]:
     return paths
 
 
+OPTIONAL_SCOPE = "psworker_data/"   # train.dealer.SCOPE: the data position, which old checkpoints lack
+
+
 def expected_variables(var_list=None) -> dict:
     """The checkpoint keys a `Saver` of `var_list` (default: every global variable and saveable object of the
     default graph) writes and reads, each with its full shape and dtype (a split variable's shards as one)."""
@@ -161,7 +164,12 @@ def problem(found: Found, expected: Optional[Expected] = None, *, read_tensors: 
 
 def _variables_differ(shapes: Mapping, dtypes: Mapping, expected: Expected) -> Optional[str]:
     problems = []
+    # a checkpoint written before dealt shards holds no data position: it restores, and the position starts fresh
+    # (train.dealer.restore); one holding part of it does not
+    old = not any(key.startswith(OPTIONAL_SCOPE) for key in shapes)
     for key, (shape, dtype) in sorted(expected.items()):
+        if key not in shapes and old and key.startswith(OPTIONAL_SCOPE):
+            continue
         if key not in shapes:
             problems.append(f"variable {key} missing")
         elif shape is not None and tuple(shapes[key]) != tuple(shape):

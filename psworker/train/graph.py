@@ -37,6 +37,9 @@ class TrainGraph:
     sync_reset: object = None   # a SyncRestartReset in sync mode (the chief runs it when it restarts on a live ps)
     inputs: object = None       # this worker's input batch (the session's input warm-up fetches one)
     pulls: object = None        # a transfer.Pulls when staged variables or a transfer dtype are on
+    dealer: object = None       # dealt shards: this worker's dealer.DealerClient
+    dealer_state: object = None  # dealt shards: the dealer.DealerState (its variables)
+    input_init: object = None   # dealt shards: the input iterator's initializer (run with each new session)
 
 
 SYNC_RESET_RUN_SECS = 10.0   # one run of the sync reset (a take of what an accumulator holds cannot wait long)
@@ -185,14 +188,15 @@ class CappedOptimizer:
 
 
 def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[dict], task_index: int,
-                      elastic: bool = False) -> TrainGraph:
+                      elastic: bool = False, dealing: Optional[Any] = None) -> TrainGraph:
     """Builds one worker's replica of the training graph in the current default graph.
 
     Variables go to the ps tasks, large ones split into a shard per ps (`placement.partitioned_variables`), placed
     greedily by bytes (every worker builds the same graph in the same order, so all compute the same placement);
     compute and input ops stay on this worker. `cluster=None` builds the same graph for one process without servers
     (no placement, no shards; async updates only). `elastic`: an elastic job's sync tokens are handed out on demand
-    (`sync_tokens`).
+    (`sync_tokens`). `dealing` (a `dealer.Dealing`): the input reads shards dealt on demand (`train.dealer`), and
+    the train op records the examples it trained; None: the static slice `task_index` of the workers.
     """
     import tensorflow as tf
 
@@ -215,11 +219,8 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     num_ps = len(cluster["ps"]) if cluster else 1
     with tf.compat.v1.device(placement), partitioned_variables(num_ps):
         global_step = v1.train.get_or_create_global_step()
-        with tf.device(input_device):
-            images, labels = model.train_inputs(InputSpec(
-                data_dir=config.data_dir, batch_size=config.batch_size * config.num_devices,
-                shard_index=task_index, num_shards=num_workers, seed=config.seed,
-            ))
+        inputs = _inputs(model, config, dealing, global_step, input_device, task_index, num_workers)
+        images, labels = inputs.batch
         opt = optimization(model, config, global_step, config.batch_size * config.num_devices, num_workers)
         lr, optimizer, ema = opt.learning_rate, opt.optimizer, opt.ema
         pulls = transfer.Pulls(transfer.options_of(config), worker_device)
@@ -233,9 +234,47 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             apply_op = tf.group(apply_op, demand.register(task_index))
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
         train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls, grads, opt)
+        if inputs.state is not None:   # after the update: a checkpoint never counts an example not trained on
+            train_op = inputs.state.count(task_index, tf.shape(images)[0], train_op)
         reset = SyncRestartReset(sync, demand) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
-                      sync_reset=reset, inputs=(images, labels), pulls=pulls if pulls.options.active else None)
+                      sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
+                      pulls=pulls if pulls.options.active else None, dealer=inputs.client,
+                      dealer_state=inputs.state, input_init=inputs.init)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    batch: tuple            # (images, labels)
+    state: Any = None       # dealt: the DealerState
+    client: Any = None      # dealt: the DealerClient
+    init: Any = None        # dealt: the iterator's initializer, when the model gives its dataset
+
+
+def _inputs(model: Model, config: TrainConfig, dealing: Any, global_step, input_device: str, task_index: int,
+            num_workers: int) -> _Inputs:
+    """This worker's input batch: a static slice, or positions dealt by `dealing` (the dealer's variables beside
+    the global step, its client, and an initializable iterator when the model gives its dataset)."""
+    import tensorflow as tf
+
+    batch = config.batch_size * config.num_devices
+    if dealing is None:
+        with tf.device(input_device):
+            return _Inputs(model.train_inputs(InputSpec(data_dir=config.data_dir, batch_size=batch,
+                                                        shard_index=task_index, num_shards=num_workers,
+                                                        seed=config.seed)))
+    from psworker.train import dealer
+
+    state = dealer.DealerState(dealing.num_workers, global_step.device, config.seed)
+    client = dealer.DealerClient(dealing, global_step.device)
+    spec = InputSpec(data_dir=config.data_dir, batch_size=batch, shard_index=task_index, num_shards=num_workers,
+                     seed=config.seed, positions=lambda: dealer.positions_dataset(client))
+    with tf.device(input_device):
+        ds = model.train_dataset(spec)
+        if ds is None:
+            return _Inputs(model.train_inputs(spec), state, client)
+        iterator = tf.compat.v1.data.make_initializable_iterator(ds)
+        return _Inputs(iterator.get_next(), state, client, iterator.initializer)
 
 
 def _gradients(model: Model, optimizer: Any, pulls: Any, images, labels, config: TrainConfig, worker_device: str):

@@ -35,13 +35,16 @@ class TrainLoopHook(_hook_base()):
     step (the number of workers), or by the most any fetch has shown since (a worker slowed by load sees the others
     run several steps per step of its own): once it may be within reach of `last_step`, every step fetches it, so
     training stops there exactly as TF's `StopAtStepHook` does. Every `every_steps` local steps it prints
-    `step 120, loss = 0.42 (1830.2 examples/sec; 0.035 sec/batch)`. At the end of a session that finished without
+    `step 120, loss = 0.42 (1830.2 examples/sec; 0.035 sec/batch)`, with dealt shards (`epochs`) also the epoch:
+    `step 120, loss = 0.42, epoch 1.37 of 3 (...)`. At the end of a session that finished without
     error `final_global_step` holds the global step read once more.
     """
 
     def __init__(self, loss, global_step, *, last_step: int, every_steps: int, examples_per_step: int,
-                 gated: tuple = (), align_steps: tuple = (), stride: int = 1, emit=print, name: str = "worker"):
+                 gated: tuple = (), align_steps: tuple = (), stride: int = 1, emit=print, name: str = "worker",
+                 epochs: Optional[tuple] = None):
         self._name = name
+        self._epochs = epochs          # dealt shards: (examples-trained tensor, examples per epoch, num_epochs)
         self._loss = loss
         self._global_step = global_step
         self._last_step = last_step
@@ -92,6 +95,8 @@ class TrainLoopHook(_hook_base()):
         import tensorflow as tf
 
         fetches = {"step": self._global_step, "loss": self._loss}
+        if self._epochs is not None:
+            fetches["examples"] = self._epochs[0]
         for i, hook in enumerate(self._gated):
             args = hook.before_run(run_context)
             if args is not None:
@@ -124,8 +129,10 @@ class TrainLoopHook(_hook_base()):
                 now = time.monotonic()
                 duration = max(now - self._t0, 1e-9)
                 self._t0 = now
-                self._emit(events.Step(step, loss, self._every * self._examples / duration,
-                                       duration / self._every).render(), flush=True)
+                epoch = None if self._epochs is None else int(results["examples"]) / self._epochs[1]
+                self._emit(events.Step(step, loss, self._every * self._examples / duration, duration / self._every,
+                                       epoch, None if self._epochs is None else self._epochs[2]).render(),
+                           flush=True)
         if step + self._stride >= self._last_step:   # the fetched value may predate this step's update: read again
             step = int(run_context.session.run(self._global_step))
             self._fetched_at = self.last_global_step = step

@@ -1,0 +1,107 @@
+"""A test-only model whose training examples carry their position, and which logs each position it trains on.
+
+Registered as `positions` when imported (name this module in `PSWORKER_MODELS`; `tests.test_dealt_shards` does).
+Every training step appends the batch's positions to `$PSWORKER_POSITIONS_DIR/<task>-<pid>.txt`, one line per
+step, before its update: a line written by a step that never updated (a kill in between) is read again later,
+so the lines count every position trained at least once, and each position read again at most once too often.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from psworker.models import registry
+from psworker.models.base import InputSpec, Model
+
+NUM_EXAMPLES = int(os.environ.get("PSWORKER_POSITIONS_EXAMPLES", "300"))
+POSITIONS_DIR_ENV = "PSWORKER_POSITIONS_DIR"
+STEP_SECS_ENV = "PSWORKER_POSITIONS_STEP_SECS"
+
+
+def _task_name() -> str:
+    argv = sys.argv
+    job = next((a for a in argv if a in ("worker", "ps")), "worker")
+    index = argv[argv.index("--task_index") + 1] if "--task_index" in argv else "0"
+    return f"{job}{index}"
+
+
+def _log_positions(positions: np.ndarray) -> np.ndarray:
+    time.sleep(float(os.environ.get(STEP_SECS_ENV, "0")))   # a slower step: room to kill a worker mid-shard
+    folder = os.environ.get(POSITIONS_DIR_ENV)
+    if folder:
+        path = Path(folder) / f"{_task_name()}-{os.getpid()}.txt"
+        with open(path, "a") as f:
+            f.write(" ".join(str(int(p)) for p in positions) + "\n")
+    return np.int64(len(positions))
+
+
+def _examples(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = np.stack([positions.astype(np.float32), np.ones(len(positions), np.float32)], axis=1)
+    return x, (positions % 10).astype(np.int32)
+
+
+class PositionsModel(Model):
+    """Linear softmax on `[position / N, 1]`; label `position % 10`."""
+
+    name = "positions"
+    default_learning_rate = 0.1
+    image_shape = (2,)
+
+    def train_inputs(self, spec: InputSpec):
+        import tensorflow as tf
+
+        return tf.compat.v1.data.make_one_shot_iterator(self.train_dataset(spec)).get_next()
+
+    def train_dataset(self, spec: InputSpec):
+        import tensorflow as tf
+
+        if spec.positions is not None:
+            positions = spec.positions()
+        else:
+            positions = tf.data.Dataset.range(spec.shard_index, NUM_EXAMPLES, spec.num_shards).repeat()
+        x, y = _examples(np.arange(NUM_EXAMPLES))
+        x, y = tf.constant(x), tf.constant(y)
+        return positions.batch(spec.batch_size).map(lambda p: (tf.gather(x, p), tf.gather(y, p))).prefetch(2)
+
+    def eval_dataset(self, data_dir: Optional[str], batch_size: int):
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices(_examples(np.arange(NUM_EXAMPLES))).batch(batch_size)
+
+    def num_train_examples(self, data_dir: Optional[str]) -> int:
+        return NUM_EXAMPLES
+
+    def inference(self, images, *, training: bool):
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        x = images * tf.constant([1.0 / NUM_EXAMPLES, 1.0])
+        if training:
+            logged = tf.numpy_function(_log_positions, [tf.cast(images[:, 0], tf.int64)], tf.int64)
+            with tf.control_dependencies([logged]):
+                x = tf.identity(x)
+        w = v1.get_variable("weights", [2, self.num_classes], tf.float32, v1.zeros_initializer())
+        b = v1.get_variable("biases", [self.num_classes], tf.float32, v1.zeros_initializer())
+        return tf.add(tf.matmul(x, w), b, name="logits")
+
+
+def read_positions(folder: Path) -> dict[str, list[list[int]]]:
+    """Every position trained, per task (`worker0`), one list per step, from the files of every process."""
+    out: dict[str, list[list[int]]] = {}
+    for path in sorted(Path(folder).glob("*.txt")):
+        task = path.stem.rsplit("-", 1)[0]
+        steps = [[int(p) for p in line.split()] for line in path.read_text().splitlines() if line.strip()]
+        out.setdefault(task, []).extend(steps)
+    return out
+
+
+try:
+    registry.register("positions", PositionsModel)
+except ValueError:   # imported again under another name (a test imports it, PSWORKER_MODELS names it)
+    pass
