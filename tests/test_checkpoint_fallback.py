@@ -14,6 +14,7 @@ import pytest
 
 from psworker.errors import EXIT_TRAINING_FAILED
 from psworker.testing import LocalCluster, checkpoint_step
+from psworker.traindir_lock import LOCK_FILE
 
 TRAIN = {"model": "linear", "mode": "async", "save_checkpoint_steps": 20, "log_every_steps": 20, "seed": 1}
 FIRST_STEPS = 60      # the first run's checkpoints: 0, 20, 40, 60 (one worker: each at the step it was due)
@@ -59,8 +60,9 @@ def _truncate_half(path: Path) -> None:
 
 
 def _snapshot(train_dir: Path) -> dict:
+    """Every file's size and mtime, but the launcher's lock (traindir_lock), which each run takes."""
     return {str(p.relative_to(train_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in train_dir.rglob("*")}
+            for p in train_dir.rglob("*") if p.name != LOCK_FILE}
 
 
 def _held(train_dir: Path, step: int) -> int:
