@@ -16,6 +16,7 @@ from typing import Optional
 from psworker import events
 from psworker.cli.parser import LAUNCHER, TASK, build_parser
 from psworker.errors import EXIT_FAILED, EXIT_USAGE, PsworkerError
+from psworker.models import registry
 
 __all__ = ["main", "build_parser"]
 
@@ -65,6 +66,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     Returns:
         The exit status: 0 on success, the error's `exit_code` (see `psworker.errors`), 130 on Ctrl-C.
     """
+    try:
+        registry.import_plugins()        # a broken PSWORKER_MODELS module fails every command, before any flag
+    except PsworkerError as e:
+        _print_error(e)
+        return e.exit_code
     try:
         args = _parse(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # --help or a usage error already printed by argparse
