@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Optional
 
-from psworker import events
+from psworker import environment, events
 from psworker.cli.parser import LAUNCHER, TASK, build_parser
 from psworker.errors import EXIT_FAILED, EXIT_USAGE, PsworkerError
 from psworker.models import registry
@@ -66,8 +66,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     Returns:
         The exit status: 0 on success, the error's `exit_code` (see `psworker.errors`), 130 on Ctrl-C.
     """
-    try:
-        registry.import_plugins()        # a broken PSWORKER_MODELS module fails every command, before any flag
+    try:   # a bad PSWORKER_* value or a broken PSWORKER_MODELS module fails every command before it reads a flag
+        environment.check()
+        registry.import_plugins()
     except PsworkerError as e:
         _print_error(e)
         return e.exit_code

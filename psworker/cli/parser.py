@@ -4,13 +4,14 @@ and the flag groups it takes."""
 from __future__ import annotations
 
 import argparse
+import difflib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from psworker.cli import k8s, launchers, outputs, scale, slurm, specs, tasks
 from psworker.cli.flags import add_cluster_flags, add_train_flags
 
-__all__ = ["COMMANDS", "Command", "build_parser"]
+__all__ = ["COMMANDS", "Command", "Parser", "build_parser", "unrecognized"]
 
 TASK, LAUNCHER, OTHER = "task", "launcher", "other"   # how a command logs (see `psworker.cli.main`)
 
@@ -81,9 +82,28 @@ COMMANDS = (
 )
 
 
+def unrecognized(extras: list[str], options: list[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the closest of `options` to each unknown flag."""
+    close = [m for word in extras if word.startswith("-")
+             for m in difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.6)]
+    hint = f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
+    return f"unrecognized arguments: {' '.join(extras)}{hint}"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose commands (the parsers without subcommands) refuse unknown flags themselves,
+    suggesting the closest flag (`--max_stesp`: did you mean --max_steps?), exit 2."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self._subparsers is None and any(word.startswith("-") for word in extras):
+            self.error(unrecognized(extras, [s for a in self._actions for s in a.option_strings]))
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser from `COMMANDS` (no side effects; called by `main`)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker "
                                      "tasks locally, over SSH, on Slurm or Kubernetes; train, evaluate, export.")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
