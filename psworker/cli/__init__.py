@@ -9,9 +9,10 @@ Heavy modules (TensorFlow, the trainer, backends) are imported inside the comman
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from typing import Optional
+from typing import ContextManager, Optional
 
 from psworker import environment, events
 from psworker.cli.parser import LAUNCHER, TASK, build_parser
@@ -37,6 +38,15 @@ def _configure_logging(args: argparse.Namespace) -> None:
 def _print_error(exc: BaseException) -> None:
     """The one place that reports an error to a person: `psworker: error: MESSAGE` on stderr."""
     print(events.TaskError(str(exc)).render(), file=sys.stderr, flush=True)
+
+
+def _quiet(args: argparse.Namespace) -> ContextManager[None]:
+    """A one-shot command that imports TensorFlow runs with its C++ start-up chatter hidden (`cli.quiet`)."""
+    if not args.quiet_tf:
+        return contextlib.nullcontext()
+    from psworker.cli.quiet import cpp_chatter_hidden
+
+    return cpp_chatter_hidden()
 
 
 def _parse(given: list[str]) -> argparse.Namespace:
@@ -80,7 +90,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     task_process = args.kind == TASK
     _configure_logging(args)
     try:
-        code = int(args.func(args) or 0)
+        with _quiet(args):
+            code = int(args.func(args) or 0)
     except PsworkerError as e:
         _print_error(e)
         code = e.exit_code

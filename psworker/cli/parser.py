@@ -26,6 +26,7 @@ class Command:
     flags: tuple[Callable[[argparse.ArgumentParser], None], ...] = ()
     kind: str = OTHER
     takes_command: bool = False      # `-- COMMAND...` after its flags
+    quiet_tf: bool = False           # imports TensorFlow in this process: its C++ chatter hidden (`cli.quiet`)
     description: Optional[str] = None
 
 
@@ -35,7 +36,7 @@ GROUPS = {"slurm": "run a spec's cluster as a Slurm job",
 COMMANDS = (
     Command("validate", specs.cmd_validate, "check cluster spec files", (specs.validate_flags,)),
     Command("plan", specs.cmd_plan, "show the tasks a spec starts and how to start them by hand",
-            (specs.plan_flags,)),
+            (specs.plan_flags,), quiet_tf=True),
     Command("tf-config", specs.cmd_tf_config, "print one task's TF_CONFIG JSON", (specs.tf_config_flags,)),
     Command("ps", tasks.cmd_ps, "run one parameter server task", (add_cluster_flags, tasks.ps_flags), TASK),
     Command("worker", tasks.cmd_worker, "run one worker task (worker 0 is the chief)",
@@ -52,9 +53,10 @@ COMMANDS = (
             "the lowest reserved workers start, or the highest running ones (never worker 0) finish their step, "
             "leave and exit 0. Waits for the launcher's answer."),
     Command("data", outputs.cmd_data, "download or write a data set", (outputs.data_flags,)),
-    Command("eval", outputs.cmd_eval, "evaluate checkpoints from a train_dir", (outputs.eval_flags,)),
+    Command("eval", outputs.cmd_eval, "evaluate checkpoints from a train_dir", (outputs.eval_flags,), quiet_tf=True),
     Command("export", outputs.cmd_export,
-            "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>", (outputs.export_flags,)),
+            "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>", (outputs.export_flags,),
+            quiet_tf=True),
     Command("tensorboard", outputs.cmd_tensorboard, "serve a run dir with TensorBoard on 127.0.0.1 until Ctrl-C",
             (outputs.tensorboard_flags,)),
     Command("slurm submit", slurm.cmd_slurm_submit,
@@ -116,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         metavar=f"{group.upper()}_COMMAND")
         p = (groups[group] if group else top).add_parser(name, help=command.help,
                                                          description=command.description or command.help)
-        p.set_defaults(func=command.run, kind=command.kind, takes_command=command.takes_command)
+        p.set_defaults(func=command.run, kind=command.kind, takes_command=command.takes_command,
+                       quiet_tf=command.quiet_tf)
         for add in command.flags:
             add(p)
     return parser
