@@ -82,6 +82,10 @@ def show_status(run_dir: str, as_json: bool, silent_secs: float) -> int:
     for name, since in silent.items():
         stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
         print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
+    if status.ended is not None:
+        print(f"ended: the run {status.ended.describe()}")
+    if status.precision is not None:
+        print(f"final evaluation: {status.precision.summary}")
     return 0
 
 

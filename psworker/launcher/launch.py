@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import signal
 import sys
 import threading
@@ -21,8 +22,8 @@ from psworker.launcher.command import command_tasks
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.report import RunResult, exit_status, format_report, success_line
-from psworker.launcher.rundir import LOG_SUBDIR, choose_run_dir, write_run_dir
+from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
+from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, write_end, write_run_dir
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, plan
 from psworker.spec import ClusterSpec
@@ -144,6 +145,7 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
 def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
          install_signal_handlers: bool) -> int:
     """Inside the backend's session: place, write, plan, supervise, report."""
+    write_end(run_dir, None)        # an earlier run's record, in a run dir that goes on
     spec = backend.place(config.spec, run_dir)
     text = write_run_dir(run_dir, spec)
     config = dataclasses.replace(config, spec=spec, run_dir=str(run_dir))
@@ -160,8 +162,19 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     started = time.monotonic()
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
                                install_signal_handlers=install_signal_handlers)
-    return _report(config, result, signum, time.monotonic() - started, backend.outputs_dir(spec, run_dir), log_dir,
-                   console)
+    seconds = time.monotonic() - started
+    code = _report(config, result, signum, seconds, backend.outputs_dir(spec, run_dir), log_dir, console)
+    write_end(run_dir, run_end(result, signum, code, seconds))
+    return code
+
+
+def run_end(result: RunResult, signum: Optional[int], code: int, seconds: float) -> RunEnd:
+    """The record of how the run ended (`psworker status` shows it)."""
+    outcome = "stopped" if signum is not None and not result.ok else "succeeded" if result.ok else "failed"
+    f = result.failure
+    reason = f"{f.name} {f.reason or describe_returncode(f.returncode)}" if f is not None else result.reason
+    return RunEnd(outcome=outcome, exit_status=code, reason=reason, seconds=round(seconds, 1),
+                  ended_at=f"{datetime.datetime.now():%Y-%m-%d %H:%M:%S}", first_failure=f and f.name)
 
 
 def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_signal_handlers: bool = True) -> int:

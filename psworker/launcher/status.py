@@ -19,7 +19,7 @@ from rich.table import Table
 
 from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress
-from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
 
@@ -36,6 +36,8 @@ class RunStatus:
     steps_per_sec: Optional[float]
     now: float
     workers: Optional[tuple[int, int]] = None    # an elastic job's (running, target) worker counts
+    ended: Optional[RunEnd] = None               # how the run ended, as its launcher recorded (None: not yet/unknown)
+    precision: Optional[events.Precision] = None   # the chief's last evaluation
 
     @property
     def examples_per_sec(self) -> Optional[float]:
@@ -59,7 +61,11 @@ class RunStatus:
                 "workers": None if self.workers is None else {"running": self.workers[0], "target": self.workers[1]},
                 "examples_per_sec": self.examples_per_sec, "loss": self.loss, "eta_secs": self.eta_secs,
                 "tasks": {n: {**dataclasses.asdict(t), "silent_secs": round(self.now - t.last_output_at, 1)}
-                          for n, t in self.tasks.items()}}
+                          for n, t in self.tasks.items()},
+                "ended": None if self.ended is None else dataclasses.asdict(self.ended),
+                "precision": None if self.precision is None else {
+                    "precision": self.precision.precision, "examples": self.precision.examples,
+                    "global_step": self.precision.global_step}}
 
 
 class _Rate:
@@ -214,7 +220,8 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
 
     spec = load_spec(Path(run_dir) / SPEC_FILE)
     names = [f"{j}:{i}" for j in spec.jobs() for i in range(len(spec.addresses(j)))]
-    progress = Progress(names)
+    chief = "chief:0" if "chief:0" in names else "worker:0"
+    progress, precision = Progress(names), None
     now = time.time() if now is None else now
     for name in names:
         log = Path(run_dir) / LOG_SUBDIR / f"{name.replace(':', '-')}.log"
@@ -229,12 +236,15 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
                 restarts, state = getattr(event, "number", 0), "running"
             progress.record(name, event, heard)
             state = _state_after(event, state)
+            if name == chief and isinstance(event, events.Precision):
+                precision = event
         progress.started(name, restarts, heard)        # restarts, and the time it was last heard of
         if state == "running":
             state = "running" if progress.snapshot()[name].step is None else "training"
         progress.set_state(name, state)
     workers = _members_into(progress, run_dir) if spec.elastic is not None else None
-    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now, workers)
+    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now, workers,
+                     read_end(Path(run_dir)), precision)
 
 
 def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:
