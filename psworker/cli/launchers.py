@@ -114,7 +114,8 @@ def run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train_dir", default=None,
                    help="the run directory (cluster.yaml, logs/); default: a fresh runs/<spec>-<time>")
     p.epilog = ("after '--': the program and its arguments; {job_name} {task_index} {ps_hosts} {worker_hosts} "
-                "are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name}")
+                "{train_dir} are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name} "
+                "--checkpoint_dir={train_dir}")
 
 
 def ssh_flags(p: argparse.ArgumentParser) -> None:

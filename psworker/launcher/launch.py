@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 from psworker import events
 from psworker.launcher import backends
 from psworker.launcher.backends.base import Backend
-from psworker.launcher.command import command_tasks
+from psworker.launcher.command import command_tasks, names_train_dir, worker_warnings
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
@@ -68,7 +68,7 @@ def plan_tasks(spec: ClusterSpec, config: LaunchConfig, python: str, spec_path: 
     """The run's tasks, once: the user's command per task, or psworker's own tasks (each ps with the rejoin grace
     that `config.policy`'s restarts need)."""
     if config.command:
-        return command_tasks(spec, config.command)
+        return command_tasks(spec, config.command, str(spec.train.train_dir or config.run_dir or ""))
     return with_rejoin_grace(plan(spec, spec_path, python=python), config.policy)
 
 
@@ -110,7 +110,10 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
     print(success_line(result, config.done_jobs, seconds), file=console, flush=True)
     if any(e.restarts or e.stopped for e in result.exits.values()):
         print(format_report(result), file=console, flush=True)
-    print(f"psworker: checkpoints and summaries in {outputs}/, task logs in {log_dir}/", file=console, flush=True)
+    if config.command:
+        for line in worker_warnings(*_idle_workers(result)):
+            print(f"psworker: warning: {line}", file=console, flush=True)
+    print(f"psworker: {_where(config, outputs, log_dir)}", file=console, flush=True)
     try:
         chief_log = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -123,6 +126,30 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
         print(f"psworker: {precision.summary}", file=console, flush=True)
 
 
+def _where(config: LaunchConfig, outputs: Path, log_dir: Path, logs_first: bool = False) -> str:
+    """Where the run's outputs are: the checkpoints only where the launcher knows (its own trainer, or a command
+    given `{train_dir}`)."""
+    if config.command and not names_train_dir(config.command):
+        return (f"task logs in {log_dir}/ (checkpoints and summaries: wherever your command writes them; pass it "
+                f"{{train_dir}} to have them in {outputs}/)")
+    parts = [f"checkpoints and summaries in {outputs}/", f"task logs in {log_dir}/"]
+    return ", ".join(parts[::-1] if logs_first else parts)
+
+
+def _idle_workers(result: RunResult) -> tuple[list[str], list[str]]:
+    """The worker (and chief) tasks whose latest attempt printed no step line, and those the launcher stopped."""
+    workers = {name: e for name, e in result.exits.items() if name.partition(":")[0] in ("worker", "chief")}
+    never = []
+    for name, e in workers.items():
+        try:
+            log = Path(e.log_path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if events.last(events.Step, events.current_attempt(log)) is None:
+            never.append(name)
+    return never, [name for name, e in workers.items() if e.stopped]
+
+
 def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seconds: float, outputs: Path,
             log_dir: Path, console: TextIO) -> int:
     """Prints how the run ended and returns the launcher's exit status."""
@@ -132,8 +159,7 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
               file=sys.stderr, flush=True)
         print(format_report(result), file=sys.stderr, flush=True)
         again = "" if config.command else " (the same command goes on from the latest checkpoint)"
-        print(f"psworker: task logs in {log_dir}/, checkpoints and summaries in {outputs}/{again}", file=sys.stderr,
-              flush=True)
+        print(f"psworker: {_where(config, outputs, log_dir, logs_first=True)}{again}", file=sys.stderr, flush=True)
         return 128 + signum
     if result.ok:
         report_success(config, result, seconds, outputs, log_dir, console)
