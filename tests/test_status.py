@@ -154,3 +154,19 @@ def test_a_run_stopped_by_a_signal_is_recorded_as_stopped():
     end = run_end(RunResult(ok=False, exits={}, failure=None, reason="launcher received SIGINT"), 2, 130, 12.34)
     assert (end.outcome, end.exit_status, end.seconds) == ("stopped", 130, 12.3)
     assert end.describe() == f"was stopped after 12.3 s (exit 130) at {end.ended_at}: launcher received SIGINT"
+
+
+def test_the_step_is_never_shown_past_max_steps():
+    """Async workers finishing the steps they had begun push the global step past max_steps (6001 of 6000)."""
+    from rich.console import Console
+
+    from psworker.launcher.progress import Progress
+    from psworker.launcher.status import RunStatus, plain_line, render
+
+    progress = Progress(["worker:0"])
+    for max_steps, shown in ((6000, "step 6000/6000"), (7000, "step 6001/7000"), (None, "step 6001")):
+        s = RunStatus(progress.snapshot(), 6001, max_steps, None, time.time())
+        assert plain_line(s).startswith(f"psworker: status: {shown}, "), plain_line(s)
+        out = io.StringIO()
+        Console(file=out, width=200).print(render(s))
+        assert out.getvalue().startswith(shown + " "), out.getvalue()

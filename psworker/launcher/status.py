@@ -96,21 +96,27 @@ def _workers(s: RunStatus) -> str:
     return "" if s.workers is None else f"workers {s.workers[0]} (target {s.workers[1]})"
 
 
+def _step_of(s: RunStatus) -> str:
+    """`step 600/600`: the global step, never shown past max_steps (async workers may push it a step or two past,
+    as they finish the steps they had begun)."""
+    if not s.max_steps:
+        return f"step {s.global_step}"
+    return f"step {min(s.global_step, s.max_steps)}/{s.max_steps}"
+
+
 def plain_line(s: RunStatus) -> str:
     """One line for logs and pipes."""
-    of = f"/{s.max_steps}" if s.max_steps else ""
     workers = f"{_workers(s)}, " if s.workers else ""
     tasks = ", ".join(f"{n} {t.state}" + (f" @{t.step}" if t.step is not None else "") for n, t in s.tasks.items())
-    return (f"psworker: status: step {s.global_step}{of}, {workers}{_num(s.examples_per_sec, '.0f')} examples/s, "
+    return (f"psworker: status: {_step_of(s)}, {workers}{_num(s.examples_per_sec, '.0f')} examples/s, "
             f"loss {_num(s.loss, '.3f')}, eta {_eta(s.eta_secs)}; {tasks}")
 
 
 def render(s: RunStatus, silent_after_secs: float = 60.0) -> Group:
     """A progress bar line and a task table (rich renderables)."""
     head = Table.grid(padding=(0, 1))
-    of = f"/{s.max_steps}" if s.max_steps else ""
-    bar = ProgressBar(total=s.max_steps or None, completed=s.global_step, width=30)
-    head.add_row(f"step {s.global_step}{of}", bar, f"eta {_eta(s.eta_secs)}",
+    bar = ProgressBar(total=s.max_steps or None, completed=min(s.global_step, s.max_steps or s.global_step), width=30)
+    head.add_row(_step_of(s), bar, f"eta {_eta(s.eta_secs)}",
                  f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}", _workers(s))
     table = Table(box=None, padding=(0, 2), show_edge=False)
     for col in ("task", "state", "last step", "restarts", "silent"):
