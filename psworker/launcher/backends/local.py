@@ -211,6 +211,8 @@ class LocalBackend(Backend):
         finally:
             if pid is not None:
                 tensorboard.stop_pid(int(pid))
+                print(f"psworker: TensorBoard stopped with the run; psworker tensorboard --logdir {run_dir} serves it "
+                      "again", file=console, flush=True)
             self._report_link_bytes(console)
 
     def prepare(self, spec: ClusterSpec, text: str) -> None:
