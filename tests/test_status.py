@@ -170,3 +170,18 @@ def test_the_step_is_never_shown_past_max_steps():
         out = io.StringIO()
         Console(file=out, width=200).print(render(s))
         assert out.getvalue().startswith(shown + " "), out.getvalue()
+
+
+def test_only_psworker_status_has_a_silent_column(tmp_path):
+    """The live view has no "silent" column (empty in a short run; a serving ps prints nothing); status fills it."""
+    from rich.console import Console
+
+    from psworker.launcher.status import render
+
+    now = time.time()
+    status = read_run_dir(make_run_dir(tmp_path, now - 120), now=now)
+    for silent_after, header, cell in ((None, False, False), (60.0, True, True)):
+        out = io.StringIO()
+        Console(file=out, width=200).print(render(status, silent_after))
+        table = out.getvalue().splitlines()
+        assert ("silent" in table[1]) is header and (" 120 s" in table[3]) is cell, out.getvalue()  # worker:0's row

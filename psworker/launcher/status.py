@@ -112,19 +112,24 @@ def plain_line(s: RunStatus) -> str:
             f"loss {_num(s.loss, '.3f')}, eta {_eta(s.eta_secs)}; {tasks}")
 
 
-def render(s: RunStatus, silent_after_secs: float = 60.0) -> Group:
-    """A progress bar line and a task table (rich renderables)."""
+def render(s: RunStatus, silent_after_secs: Optional[float] = None) -> Group:
+    """A progress bar line and a task table (rich renderables); with `silent_after_secs` (`psworker status`), a
+    "silent" column: how long each running task has printed nothing, once that is at least so long. The live view
+    has none: in a run of seconds it would stay empty, and a ps prints nothing while it serves."""
     head = Table.grid(padding=(0, 1))
     bar = ProgressBar(total=s.max_steps or None, completed=min(s.global_step, s.max_steps or s.global_step), width=30)
     head.add_row(_step_of(s), bar, f"eta {_eta(s.eta_secs)}",
                  f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}", _workers(s))
     table = Table(box=None, padding=(0, 2), show_edge=False)
-    for col in ("task", "state", "last step", "restarts", "silent"):
+    columns = ("task", "state", "last step", "restarts") + (("silent",) if silent_after_secs is not None else ())
+    for col in columns:
         table.add_column(col)
     for name, t in s.tasks.items():
         quiet = s.now - t.last_output_at
-        table.add_row(name, t.state, "-" if t.step is None else str(t.step), str(t.restarts),
-                      f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state in _ACTIVE else "")
+        row = [name, t.state, "-" if t.step is None else str(t.step), str(t.restarts)]
+        if silent_after_secs is not None:
+            row.append(f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state in _ACTIVE else "")
+        table.add_row(*row)
     return Group(head, table)
 
 
