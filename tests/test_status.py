@@ -185,3 +185,31 @@ def test_only_psworker_status_has_a_silent_column(tmp_path):
         Console(file=out, width=200).print(render(status, silent_after))
         table = out.getvalue().splitlines()
         assert ("silent" in table[1]) is header and (" 120 s" in table[3]) is cell, out.getvalue()  # worker:0's row
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_launchers_own_lines_print_above_the_live_view():
+    """The launcher's events (scale, join, leave, restarts) are log records: on a terminal they go above the live
+    view, not to the raw stream that the view's next refresh overwrites (rich's Live replaces sys.stderr while it
+    runs, so the handlers must be found by the streams they had before)."""
+    import logging
+    from types import SimpleNamespace
+
+    from psworker.launcher.status import live_view
+
+    handler = logging.StreamHandler(sys.stderr)      # as `psworker.cli` configures the launcher's logging
+    root = logging.getLogger()
+    root.addHandler(handler)
+    terminal = _Terminal()
+    config = SimpleNamespace(command=("x",), live=True, status_every_secs=60.0)
+    try:
+        with live_view(config, [], terminal):
+            logging.getLogger("psworker.launcher.elastic").warning("scale 2 -> 4 workers (request 1)")
+    finally:
+        root.removeHandler(handler)
+    assert "scale 2 -> 4 workers (request 1)" in terminal.getvalue(), terminal.getvalue()
+    assert handler.stream is sys.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import sys
 import threading
 import time
 from pathlib import Path
@@ -170,8 +171,9 @@ def live_view(config: Any, tasks: Sequence[Any], console: TextIO) -> Iterator[tu
                 s = status()
                 return render(s) if s is not None else "starting..."
 
+        consoles = (sys.stderr, sys.stdout)      # before Live replaces them with its own
         with Live(_View(), console=Console(file=console), refresh_per_second=2, transient=False) as live, \
-                _logging_to(_LiveConsole(live)):
+                _logging_to(_LiveConsole(live), consoles):
             yield _LiveConsole(live), lambda p: holder.setdefault("p", p)
         return
     stop = threading.Event()
@@ -195,13 +197,13 @@ def live_view(config: Any, tasks: Sequence[Any], console: TextIO) -> Iterator[tu
 
 
 @contextlib.contextmanager
-def _logging_to(stream: TextIO) -> Iterator[None]:
-    """The root logger's console handlers write to `stream` while inside (so they print above a live view)."""
+def _logging_to(stream: TextIO, consoles: Sequence[TextIO]) -> Iterator[None]:
+    """The root logger's handlers that write to one of `consoles` write to `stream` while inside (so they print
+    above a live view). `consoles`: sys.stderr and sys.stdout as they were before rich's Live replaced them."""
     import logging
-    import sys
 
     handlers = [h for h in logging.getLogger().handlers
-                if isinstance(h, logging.StreamHandler) and h.stream in (sys.stderr, sys.stdout)]
+                if isinstance(h, logging.StreamHandler) and any(h.stream is c for c in consoles)]
     old = [h.setStream(stream) for h in handlers]
     try:
         yield
