@@ -5,6 +5,10 @@ from psworker.launcher.console import for_console
 HIDDEN = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     "I0000 00:00:1796091826.657988    2432 port.cc:153] oneDNN custom operations are on. You may see slightly",
+    "E0000 00:00:1796236452.434074    7818 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed "
+    "call to cuInit: UNKNOWN ERROR (303)",
+    "To enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 AVX_VNNI FMA, in other operations, "
+    "rebuild TensorFlow with the appropriate compiler flags.",
     "W0000 00:00:1796091832.372185    2885 local_rendezvous.cc:412] Local rendezvous is aborting with status: "
     "ABORTED: Cleanup 25307370291026197 [type.googleapis.com/tensorflow.DerivedStatus='']",
     "2026-12-01 02:23:51,599 INFO tensorflow: Create CheckpointSaverHook.",

@@ -246,3 +246,25 @@ def test_export_command(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "export" / "5")
     assert main(["export", "--train_dir", str(tmp_path), "--model", "cifar10"]) != 0
     assert "exists already" in capsys.readouterr().err
+
+
+NO_TENSORFLOW = ("import sys; sys.modules['tensorflow'] = None\n"   # any import of TensorFlow fails
+                 "from psworker.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+
+
+def test_an_existing_export_is_refused_before_tensorflow_is_imported(tmp_path):
+    """Each export records its checkpoint; `psworker export` of the same checkpoint (the latest, or named) is refused
+    from that record, in a process where TensorFlow cannot even be imported."""
+    from psworker.models.linear import LinearModel
+
+    checkpoint = write_checkpoint(tmp_path, 7, model=LinearModel(), favoured_class=None)
+    path = export_saved_model(LinearModel(), checkpoint, str(tmp_path / "export"))
+    for extra in ([], ["--checkpoint", checkpoint]):
+        r = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, "export", "--train_dir", str(tmp_path), *extra],
+                           cwd=tmp_path, env=task_env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr == f"psworker: error: {path} exists already: exports are never " \
+                                                  "overwritten\n", r.stderr
+    write_checkpoint(tmp_path, 8, model=LinearModel(), favoured_class=None)   # the latest now: not exported yet
+    r = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, "export", "--train_dir", str(tmp_path)], cwd=tmp_path,
+                       env=task_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "ModuleNotFoundError: import of tensorflow halted" in r.stderr, r.stderr

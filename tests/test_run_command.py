@@ -60,6 +60,62 @@ def test_a_permanent_failure_fails_the_run(tmp_path):
     assert_no_processes(run.pids)
 
 
+WORKERS_SCRIPT = """
+import os, pathlib, sys, time
+job, index, train_dir = os.environ["PSWORKER_JOB_NAME"], int(os.environ["PSWORKER_TASK_INDEX"]), sys.argv[1]
+if train_dir != "-":
+    assert train_dir == os.environ["PSWORKER_TRAIN_DIR"] and os.path.isdir(train_dir), train_dir
+marks = pathlib.Path(os.environ["MARKS"])
+if job == "ps":
+    time.sleep(60)
+elif index == 0:     # the chief: succeeds once the others have done what they do
+    deadline = time.monotonic() + 60
+    while not all((marks / f"ready-{k}").exists() for k in (1, 2, 3)):
+        if time.monotonic() > deadline:
+            sys.exit("the other workers did not get ready")
+        time.sleep(0.05)
+    print("step 5, loss = 0.5")
+elif index == 1:     # trains, then never exits by itself
+    print("step 3, loss = 0.7", flush=True)
+    (marks / "ready-1").touch()
+    time.sleep(60)
+elif index == 2:     # waits forever without a step, like a TF1 non-chief without device filters
+    (marks / "ready-2").touch()
+    time.sleep(60)
+else:                # exits 0 without a step line
+    (marks / "ready-3").touch()
+"""
+
+
+@pytest.mark.parametrize("given_train_dir", [True, False])
+def test_the_report_names_workers_without_steps_or_stopped_and_knows_the_train_dir(tmp_path, monkeypatch,
+                                                                                     given_train_dir):
+    spec = write(tmp_path / "c.yaml", "cluster: {ps: ['localhost:auto'], worker: [" +
+                 ", ".join(["'localhost:auto'"] * 4) + "]}\n")
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv("MARKS", str(tmp_path / "marks"))
+    run_dir = tmp_path / "run"
+    run = run_launcher([str(spec), "--train_dir", str(run_dir), "--no_live", "--worker_exit_grace_secs", "0.5", "--",
+                        sys.executable, "-c", WORKERS_SCRIPT, "{train_dir}" if given_train_dir else "-"],
+                       cwd=tmp_path, timeout=120, command="run")
+    assert run.returncode == 0, run.output
+    lines = run.output.splitlines()
+    assert ("psworker: warning: worker:2: no step line, and the launcher stopped it: it may never have trained (a "
+            "TF1 non-chief without device filters waits for the chief's session forever; see 'psworker run' in the "
+            "README)") in lines, run.output
+    assert "psworker: warning: worker:3: exited without printing a step line (no progress seen)" in lines
+    assert ("psworker: warning: worker:1: did not exit by itself; the launcher stopped it after the run had "
+            "succeeded") in lines
+    assert not [line for line in lines if "warning: worker:0" in line]
+    if given_train_dir:
+        assert f"psworker: checkpoints and summaries in {run_dir}/, task logs in {run_dir}/logs/" in lines
+    else:
+        assert (f"psworker: task logs in {run_dir}/logs/ (checkpoints and summaries: wherever your command writes "
+                f"them; pass it {{train_dir}} to have them in {run_dir}/)") in lines
+        assert "checkpoints and summaries in" not in run.output.replace("checkpoints and summaries: wherever", "")
+    assert_no_processes(run.pids)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_classic_tf1_script_runs_unchanged(tmp_path):

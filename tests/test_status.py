@@ -99,3 +99,117 @@ def test_the_live_view_shows_task_output_and_the_task_table(tmp_path, fake_pytho
     out = console.getvalue()
     assert {"worker:1 step 24", "<task> step 24"} & set(by_task(out)["worker:1"]), out[-2000:]   # maybe grouped
     assert "task" in out and "worker:1" in out and "done" in out and "state" in out, out[-2000:]
+
+
+def _status(run) -> str:
+    out = subprocess.run([sys.executable, "-m", "psworker", "status", str(run)], capture_output=True, text=True,
+                         env=task_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_status_of_a_finished_run_says_how_it_ended_and_its_final_precision(tmp_path, fake_python, monkeypatch):
+    from psworker import events
+    from psworker.launcher.rundir import read_end
+
+    run = tmp_path / "t"
+    monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "60")
+    monkeypatch.setenv("PSWORKER_FAKE_EXIT", "worker:1=3")
+    assert run_local(spec(run), console=io.StringIO(), python=fake_python, grace_period_secs=2.0,
+                     ps_exit_grace_secs=0.2) == 3
+    end = read_end(run)
+    assert (end.outcome, end.exit_status, end.first_failure) == ("failed", 3, "worker:1"), end
+    out = _status(run)
+    assert (f"ended: the run failed after {end.seconds:.1f} s (exit 3) at {end.ended_at}: worker:1 exited with "
+            "exit code 3\n") in out
+    assert "final evaluation" not in out
+
+    monkeypatch.delenv("PSWORKER_FAKE_EXIT")      # the same run dir goes on, and succeeds: a new record
+    assert run_local(spec(run), console=io.StringIO(), python=fake_python, grace_period_secs=2.0,
+                     ps_exit_grace_secs=0.2) == 0
+    with open(run / "logs" / "worker-0.log", "a") as log:     # the chief's last line, as it prints it
+        print(events.Precision(0.972, 359, 7, at="2026-12-02 12:00:00").render(), file=log)
+    end = read_end(run)
+    assert (end.outcome, end.exit_status, end.first_failure) == ("succeeded", 0, None), end
+    out = _status(run)
+    assert f"ended: the run succeeded after {end.seconds:.1f} s (exit 0) at {end.ended_at}\n" in out
+    assert "final evaluation: precision @ 1 = 0.972 (359 examples, global step 7)\n" in out
+    doc = json.loads(subprocess.run([sys.executable, "-m", "psworker", "status", str(run), "--json"],
+                                    capture_output=True, text=True, env=task_env(), timeout=60).stdout)
+    assert doc["ended"]["outcome"] == "succeeded" and doc["precision"] == {"precision": 0.972, "examples": 359,
+                                                                           "global_step": 7}
+
+
+def test_a_run_in_progress_has_no_ending(tmp_path):
+    now = time.time()
+    run = make_run_dir(tmp_path, now - 120)
+    assert read_run_dir(run, now=now).ended is None
+    assert "ended:" not in _status(run)
+
+
+def test_a_run_stopped_by_a_signal_is_recorded_as_stopped():
+    from psworker.launcher.launch import run_end
+    from psworker.launcher.report import RunResult
+
+    end = run_end(RunResult(ok=False, exits={}, failure=None, reason="launcher received SIGINT"), 2, 130, 12.34)
+    assert (end.outcome, end.exit_status, end.seconds) == ("stopped", 130, 12.3)
+    assert end.describe() == f"was stopped after 12.3 s (exit 130) at {end.ended_at}: launcher received SIGINT"
+
+
+def test_the_step_is_never_shown_past_max_steps():
+    """Async workers finishing the steps they had begun push the global step past max_steps (6001 of 6000)."""
+    from rich.console import Console
+
+    from psworker.launcher.progress import Progress
+    from psworker.launcher.status import RunStatus, plain_line, render
+
+    progress = Progress(["worker:0"])
+    for max_steps, shown in ((6000, "step 6000/6000"), (7000, "step 6001/7000"), (None, "step 6001")):
+        s = RunStatus(progress.snapshot(), 6001, max_steps, None, time.time())
+        assert plain_line(s).startswith(f"psworker: status: {shown}, "), plain_line(s)
+        out = io.StringIO()
+        Console(file=out, width=200).print(render(s))
+        assert out.getvalue().startswith(shown + " "), out.getvalue()
+
+
+def test_only_psworker_status_has_a_silent_column(tmp_path):
+    """The live view has no "silent" column (empty in a short run; a serving ps prints nothing); status fills it."""
+    from rich.console import Console
+
+    from psworker.launcher.status import render
+
+    now = time.time()
+    status = read_run_dir(make_run_dir(tmp_path, now - 120), now=now)
+    for silent_after, header, cell in ((None, False, False), (60.0, True, True)):
+        out = io.StringIO()
+        Console(file=out, width=200).print(render(status, silent_after))
+        table = out.getvalue().splitlines()
+        assert ("silent" in table[1]) is header and (" 120 s" in table[3]) is cell, out.getvalue()  # worker:0's row
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_launchers_own_lines_print_above_the_live_view():
+    """The launcher's events (scale, join, leave, restarts) are log records: on a terminal they go above the live
+    view, not to the raw stream that the view's next refresh overwrites (rich's Live replaces sys.stderr while it
+    runs, so the handlers must be found by the streams they had before)."""
+    import logging
+    from types import SimpleNamespace
+
+    from psworker.launcher.status import live_view
+
+    handler = logging.StreamHandler(sys.stderr)      # as `psworker.cli` configures the launcher's logging
+    root = logging.getLogger()
+    root.addHandler(handler)
+    terminal = _Terminal()
+    config = SimpleNamespace(command=("x",), live=True, status_every_secs=60.0)
+    try:
+        with live_view(config, [], terminal):
+            logging.getLogger("psworker.launcher.elastic").warning("scale 2 -> 4 workers (request 1)")
+    finally:
+        root.removeHandler(handler)
+    assert "scale 2 -> 4 workers (request 1)" in terminal.getvalue(), terminal.getvalue()
+    assert handler.stream is sys.stderr

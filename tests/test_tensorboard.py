@@ -221,6 +221,9 @@ def test_local_tensorboard_serves_the_run_while_it_lasts_and_stops_with_it(tmp_p
                         "--inject", "stop:worker:1@step=200,for=600"], tmp_path, 420, on_line=probe)
     assert any(r.startswith("worker_") for r in seen.get("runs") or ()), (seen, run.output[-3000:])
     assert run.returncode == 0, run.output[-3000:]
+    assert run.output.splitlines()[-1] == (f"psworker: TensorBoard stopped with the run; psworker tensorboard "
+                                           f"--logdir {run.output.split('train_dir is ')[1].split()[0]} serves it "
+                                           "again"), run.output[-3000:]
     assert_processes_gone(run.pids)
     with pytest.raises(OSError):
         urllib.request.urlopen(str(seen["url"]) + "data/runs", timeout=2.0)

@@ -9,14 +9,16 @@ Heavy modules (TensorFlow, the trainer, backends) are imported inside the comman
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from typing import Optional
+from typing import ContextManager, Optional
 
-from psworker import events
+from psworker import environment, events
 from psworker.cli.parser import LAUNCHER, TASK, build_parser
 from psworker.diskspace import disk_full
 from psworker.errors import EXIT_FAILED, EXIT_USAGE, PsworkerError
+from psworker.models import registry
 
 __all__ = ["main", "build_parser"]
 
@@ -37,6 +39,15 @@ def _configure_logging(args: argparse.Namespace) -> None:
 def _print_error(exc: BaseException) -> None:
     """The one place that reports an error to a person: `psworker: error: MESSAGE` on stderr."""
     print(events.TaskError(str(exc)).render(), file=sys.stderr, flush=True)
+
+
+def _quiet(args: argparse.Namespace) -> ContextManager[None]:
+    """A one-shot command that imports TensorFlow runs with its C++ start-up chatter hidden (`cli.quiet`)."""
+    if not args.quiet_tf:
+        return contextlib.nullcontext()
+    from psworker.cli.quiet import cpp_chatter_hidden
+
+    return cpp_chatter_hidden()
 
 
 def _parse(given: list[str]) -> argparse.Namespace:
@@ -66,6 +77,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     Returns:
         The exit status: 0 on success, the error's `exit_code` (see `psworker.errors`), 130 on Ctrl-C.
     """
+    try:   # a bad PSWORKER_* value or a broken PSWORKER_MODELS module fails every command before it reads a flag
+        environment.check()
+        registry.import_plugins()
+    except PsworkerError as e:
+        _print_error(e)
+        return e.exit_code
     try:
         args = _parse(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # --help or a usage error already printed by argparse
@@ -74,7 +91,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     task_process = args.kind == TASK
     _configure_logging(args)
     try:
-        code = int(args.func(args) or 0)
+        with _quiet(args):
+            code = int(args.func(args) or 0)
     except PsworkerError as e:
         _print_error(e)
         code = e.exit_code

@@ -92,7 +92,7 @@ class _LiveChoices:
     def _names(self) -> tuple[str, ...]:
         try:
             return self._read()
-        except PsworkerError:         # e.g. a PSWORKER_MODELS module that fails: the value check says so
+        except PsworkerError:         # a PSWORKER_MODELS module that fails (`cli.main` reports it before parsing)
             return ()
 
     def __iter__(self) -> Iterator[str]:

@@ -82,6 +82,10 @@ def show_status(run_dir: str, as_json: bool, silent_secs: float) -> int:
     for name, since in silent.items():
         stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
         print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
+    if status.ended is not None:
+        print(f"ended: the run {status.ended.describe()}")
+    if status.precision is not None:
+        print(f"final evaluation: {status.precision.summary}")
     return 0
 
 
@@ -110,7 +114,8 @@ def run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train_dir", default=None,
                    help="the run directory (cluster.yaml, logs/); default: a fresh runs/<spec>-<time>")
     p.epilog = ("after '--': the program and its arguments; {job_name} {task_index} {ps_hosts} {worker_hosts} "
-                "are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name}")
+                "{train_dir} are replaced per task, e.g. psworker run SPEC -- python train.py --job_name={job_name} "
+                "--checkpoint_dir={train_dir}")
 
 
 def ssh_flags(p: argparse.ArgumentParser) -> None:

@@ -4,13 +4,14 @@ and the flag groups it takes."""
 from __future__ import annotations
 
 import argparse
+import difflib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from psworker.cli import k8s, launchers, outputs, scale, slurm, specs, tasks
 from psworker.cli.flags import add_cluster_flags, add_train_flags
 
-__all__ = ["COMMANDS", "Command", "build_parser"]
+__all__ = ["COMMANDS", "Command", "Parser", "build_parser", "unrecognized"]
 
 TASK, LAUNCHER, OTHER = "task", "launcher", "other"   # how a command logs (see `psworker.cli.main`)
 
@@ -25,6 +26,7 @@ class Command:
     flags: tuple[Callable[[argparse.ArgumentParser], None], ...] = ()
     kind: str = OTHER
     takes_command: bool = False      # `-- COMMAND...` after its flags
+    quiet_tf: bool = False           # imports TensorFlow in this process: its C++ chatter hidden (`cli.quiet`)
     description: Optional[str] = None
 
 
@@ -34,7 +36,7 @@ GROUPS = {"slurm": "run a spec's cluster as a Slurm job",
 COMMANDS = (
     Command("validate", specs.cmd_validate, "check cluster spec files", (specs.validate_flags,)),
     Command("plan", specs.cmd_plan, "show the tasks a spec starts and how to start them by hand",
-            (specs.plan_flags,)),
+            (specs.plan_flags,), quiet_tf=True),
     Command("tf-config", specs.cmd_tf_config, "print one task's TF_CONFIG JSON", (specs.tf_config_flags,)),
     Command("ps", tasks.cmd_ps, "run one parameter server task", (add_cluster_flags, tasks.ps_flags), TASK),
     Command("worker", tasks.cmd_worker, "run one worker task (worker 0 is the chief)",
@@ -51,9 +53,10 @@ COMMANDS = (
             "the lowest reserved workers start, or the highest running ones (never worker 0) finish their step, "
             "leave and exit 0. Waits for the launcher's answer."),
     Command("data", outputs.cmd_data, "download or write a data set", (outputs.data_flags,)),
-    Command("eval", outputs.cmd_eval, "evaluate checkpoints from a train_dir", (outputs.eval_flags,)),
+    Command("eval", outputs.cmd_eval, "evaluate checkpoints from a train_dir", (outputs.eval_flags,), quiet_tf=True),
     Command("export", outputs.cmd_export,
-            "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>", (outputs.export_flags,)),
+            "export a checkpoint as a SavedModel into <train_dir>/export/<global_step>", (outputs.export_flags,),
+            quiet_tf=True),
     Command("tensorboard", outputs.cmd_tensorboard, "serve a run dir with TensorBoard on 127.0.0.1 until Ctrl-C",
             (outputs.tensorboard_flags,)),
     Command("slurm submit", slurm.cmd_slurm_submit,
@@ -81,9 +84,28 @@ COMMANDS = (
 )
 
 
+def unrecognized(extras: list[str], options: list[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the closest of `options` to each unknown flag."""
+    close = [m for word in extras if word.startswith("-")
+             for m in difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.6)]
+    hint = f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
+    return f"unrecognized arguments: {' '.join(extras)}{hint}"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose commands (the parsers without subcommands) refuse unknown flags themselves,
+    suggesting the closest flag (`--max_stesp`: did you mean --max_steps?), exit 2."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self._subparsers is None and any(word.startswith("-") for word in extras):
+            self.error(unrecognized(extras, [s for a in self._actions for s in a.option_strings]))
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser from `COMMANDS` (no side effects; called by `main`)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="psworker", description="Parameter-server clusters for TensorFlow: validate specs, start ps and worker "
                                      "tasks locally, over SSH, on Slurm or Kubernetes; train, evaluate, export.")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -96,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         metavar=f"{group.upper()}_COMMAND")
         p = (groups[group] if group else top).add_parser(name, help=command.help,
                                                          description=command.description or command.help)
-        p.set_defaults(func=command.run, kind=command.kind, takes_command=command.takes_command)
+        p.set_defaults(func=command.run, kind=command.kind, takes_command=command.takes_command,
+                       quiet_tf=command.quiet_tf)
         for add in command.flags:
             add(p)
     return parser

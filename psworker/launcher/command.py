@@ -3,8 +3,9 @@ task it is the ways distributed-TensorFlow programs expect.
 
 Each task's environment has `TF_CONFIG` (cluster and task, as `psworker tf-config` prints it) and
 `PSWORKER_JOB_NAME`, `PSWORKER_TASK_INDEX`, `PSWORKER_PS_HOSTS`, `PSWORKER_WORKER_HOSTS` (comma-separated
-host:port lists); in COMMAND the placeholders `{job_name} {task_index} {ps_hosts} {worker_hosts}` are replaced,
-so a classic script with `--ps_hosts/--worker_hosts/--job_name/--task_index` flags runs unchanged.
+host:port lists) and `PSWORKER_TRAIN_DIR`; in COMMAND the placeholders `{job_name} {task_index} {ps_hosts}
+{worker_hosts} {train_dir}` are replaced, so a classic script with `--ps_hosts/--worker_hosts/--job_name/
+--task_index` flags runs unchanged, and writes its checkpoints into the run's train dir when given `{train_dir}`.
 """
 
 from __future__ import annotations
@@ -16,15 +17,41 @@ from psworker.interop import to_tf_config
 from psworker.plan import Task
 from psworker.spec import ClusterSpec, format_address
 
-__all__ = ["command_tasks", "format_command_plan", "task_values"]
+__all__ = ["command_tasks", "format_command_plan", "names_train_dir", "task_values", "worker_warnings"]
 
-PLACEHOLDERS = ("job_name", "task_index", "ps_hosts", "worker_hosts")
+PLACEHOLDERS = ("job_name", "task_index", "ps_hosts", "worker_hosts", "train_dir")
 
 
-def task_values(spec: ClusterSpec, job: str, index: int) -> dict[str, str]:
-    """The placeholder values of one task."""
-    return {"job_name": job, "task_index": str(index),
-            "ps_hosts": ",".join(str(a) for a in spec.ps), "worker_hosts": ",".join(str(a) for a in spec.worker)}
+def task_values(spec: ClusterSpec, job: str, index: int, train_dir: str = "") -> dict[str, str]:
+    """The placeholder values of one task (`train_dir`: the run's, as the launcher knows it)."""
+    return {"job_name": job, "task_index": str(index), "ps_hosts": ",".join(str(a) for a in spec.ps),
+            "worker_hosts": ",".join(str(a) for a in spec.worker), "train_dir": train_dir}
+
+
+def names_train_dir(command: Sequence[str]) -> bool:
+    """Whether the command is told the run's train dir (`{train_dir}`): only then does the launcher know where its
+    checkpoints are."""
+    return any("{train_dir}" in arg for arg in command)
+
+
+def worker_warnings(never_stepped: Sequence[str], stopped: Sequence[str]) -> list[str]:
+    """What a successful run of a user's command says about its workers (and chief) that printed no step line
+    (they may never have trained) or did not exit by themselves (the launcher stopped them), a line per kind."""
+    from psworker.launcher.console import format_tasks
+
+    both = [n for n in never_stepped if n in stopped]
+    lines = []
+    if both:
+        lines.append(f"{format_tasks(both)}: no step line, and the launcher stopped it: it may never have trained "
+                     "(a TF1 non-chief without device filters waits for the chief's session forever; see 'psworker "
+                     "run' in the README)")
+    if [n for n in never_stepped if n not in both]:
+        lines.append(f"{format_tasks(n for n in never_stepped if n not in both)}: exited without printing a step "
+                     "line (no progress seen)")
+    if [n for n in stopped if n not in both]:
+        lines.append(f"{format_tasks(n for n in stopped if n not in both)}: did not exit by itself; the launcher "
+                     "stopped it after the run had succeeded")
+    return lines
 
 
 def _substitute(arg: str, values: dict[str, str]) -> str:
@@ -33,12 +60,13 @@ def _substitute(arg: str, values: dict[str, str]) -> str:
     return arg
 
 
-def command_tasks(spec: ClusterSpec, command: Sequence[str]) -> list[Task]:
+def command_tasks(spec: ClusterSpec, command: Sequence[str], train_dir: str = "") -> list[Task]:
     """One Task per task of `spec` (chief, ps, worker, evaluator order), each running `command`.
 
     Args:
         spec: the cluster, with every port fixed (as a local run resolves it).
         command: argv of the user's program; placeholders are replaced per task.
+        train_dir: the run's train dir (`{train_dir}`, `PSWORKER_TRAIN_DIR`).
 
     Returns:
         The tasks, in start order. The chief is the `chief` task, else worker 0.
@@ -47,7 +75,7 @@ def command_tasks(spec: ClusterSpec, command: Sequence[str]) -> list[Task]:
     has_chief = bool(spec.chief)
     for job in spec.jobs():
         for i, address in enumerate(spec.addresses(job)):
-            values = task_values(spec, job, i)
+            values = task_values(spec, job, i, train_dir)
             env = {"TF_CONFIG": json.dumps(to_tf_config(spec, job, i)),
                    **{f"PSWORKER_{k.upper()}": v for k, v in values.items()}}
             is_chief = job == "chief" or (not has_chief and job == "worker" and i == 0)
@@ -66,5 +94,6 @@ def format_command_plan(spec: ClusterSpec) -> str:
     lines = [f"cluster {spec.source or ''}: {jobs}; tasks run a script: psworker run SPEC -- python train.py ...", ""]
     lines += [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows]
     lines += ["", "each task gets TF_CONFIG (see `psworker tf-config SPEC --job J --task_index I`) and "
-                  "PSWORKER_JOB_NAME, PSWORKER_TASK_INDEX, PSWORKER_PS_HOSTS, PSWORKER_WORKER_HOSTS"]
+                  "PSWORKER_JOB_NAME, PSWORKER_TASK_INDEX, PSWORKER_PS_HOSTS, PSWORKER_WORKER_HOSTS, "
+                  "PSWORKER_TRAIN_DIR"]
     return "\n".join(lines)

@@ -30,6 +30,8 @@ __all__ = ["is_noise", "for_console", "PeopleFormatter", "TaskTokens", "normalis
 _CPP_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+\s+\d+ \S+:\d+\]")
 _NOISE = (
     re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called"),
+    # the second line of cpu_feature_guard's info line (a script that does not set TF_CPP_MIN_LOG_LEVEL)
+    re.compile(r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags"),
     # Python logging from TensorFlow's own loggers (INFO and deprecation warnings), in psworker's task format
     re.compile(r"^\S+ \S+ (INFO|WARNING) (tensorflow|absl|h5py)\b"),
     re.compile(r"^(INFO|WARNING):tensorflow:"),

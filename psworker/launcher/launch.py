@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import signal
 import sys
 import threading
@@ -17,12 +18,12 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 from psworker import diskspace, events, traindir_lock
 from psworker.launcher import backends
 from psworker.launcher.backends.base import Backend
-from psworker.launcher.command import command_tasks
+from psworker.launcher.command import command_tasks, names_train_dir, worker_warnings
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.report import RunResult, exit_status, format_report, success_line
-from psworker.launcher.rundir import LOG_SUBDIR, choose_run_dir, write_run_dir
+from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
+from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, write_end, write_run_dir
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, plan
 from psworker.spec import ClusterSpec
@@ -67,7 +68,7 @@ def plan_tasks(spec: ClusterSpec, config: LaunchConfig, python: str, spec_path: 
     """The run's tasks, once: the user's command per task, or psworker's own tasks (each ps with the rejoin grace
     that `config.policy`'s restarts need)."""
     if config.command:
-        return command_tasks(spec, config.command)
+        return command_tasks(spec, config.command, str(spec.train.train_dir or config.run_dir or ""))
     return with_rejoin_grace(plan(spec, spec_path, python=python), config.policy)
 
 
@@ -109,7 +110,10 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
     print(success_line(result, config.done_jobs, seconds), file=console, flush=True)
     if any(e.restarts or e.stopped for e in result.exits.values()):
         print(format_report(result), file=console, flush=True)
-    print(f"psworker: checkpoints and summaries in {outputs}/, task logs in {log_dir}/", file=console, flush=True)
+    if config.command:
+        for line in worker_warnings(*_idle_workers(result)):
+            print(f"psworker: warning: {line}", file=console, flush=True)
+    print(f"psworker: {_where(config, outputs, log_dir)}", file=console, flush=True)
     try:
         chief_log = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -127,6 +131,30 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
               f"them dealt again ({dealt.examples_per_epoch} per epoch)", file=console, flush=True)
 
 
+def _where(config: LaunchConfig, outputs: Path, log_dir: Path, logs_first: bool = False) -> str:
+    """Where the run's outputs are: the checkpoints only where the launcher knows (its own trainer, or a command
+    given `{train_dir}`)."""
+    if config.command and not names_train_dir(config.command):
+        return (f"task logs in {log_dir}/ (checkpoints and summaries: wherever your command writes them; pass it "
+                f"{{train_dir}} to have them in {outputs}/)")
+    parts = [f"checkpoints and summaries in {outputs}/", f"task logs in {log_dir}/"]
+    return ", ".join(parts[::-1] if logs_first else parts)
+
+
+def _idle_workers(result: RunResult) -> tuple[list[str], list[str]]:
+    """The worker (and chief) tasks whose latest attempt printed no step line, and those the launcher stopped."""
+    workers = {name: e for name, e in result.exits.items() if name.partition(":")[0] in ("worker", "chief")}
+    never = []
+    for name, e in workers.items():
+        try:
+            log = Path(e.log_path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if events.last(events.Step, events.current_attempt(log)) is None:
+            never.append(name)
+    return never, [name for name, e in workers.items() if e.stopped]
+
+
 def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seconds: float, outputs: Path,
             log_dir: Path, console: TextIO) -> int:
     """Prints how the run ended and returns the launcher's exit status."""
@@ -136,8 +164,7 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
               file=sys.stderr, flush=True)
         print(format_report(result), file=sys.stderr, flush=True)
         again = "" if config.command else " (the same command goes on from the latest checkpoint)"
-        print(f"psworker: task logs in {log_dir}/, checkpoints and summaries in {outputs}/{again}", file=sys.stderr,
-              flush=True)
+        print(f"psworker: {_where(config, outputs, log_dir, logs_first=True)}{again}", file=sys.stderr, flush=True)
         return 128 + signum
     if result.ok:
         report_success(config, result, seconds, outputs, log_dir, console)
@@ -150,6 +177,7 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
          install_signal_handlers: bool, lock_holder: str) -> int:
     """Inside the backend's session, holding the run dir's lock (its tasks learn who holds it: `lock_holder`):
     place, write, plan, supervise, report."""
+    write_end(run_dir, None)        # an earlier run's record, in a run dir that goes on
     spec = backend.place(config.spec, run_dir)
     text = write_run_dir(run_dir, spec)
     config = dataclasses.replace(config, spec=spec, run_dir=str(run_dir))
@@ -171,7 +199,19 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     started = time.monotonic()
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
                                install_signal_handlers=install_signal_handlers)
-    return _report(config, result, signum, time.monotonic() - started, outputs, log_dir, console)
+    seconds = time.monotonic() - started
+    code = _report(config, result, signum, seconds, outputs, log_dir, console)
+    write_end(run_dir, run_end(result, signum, code, seconds))
+    return code
+
+
+def run_end(result: RunResult, signum: Optional[int], code: int, seconds: float) -> RunEnd:
+    """The record of how the run ended (`psworker status` shows it)."""
+    outcome = "stopped" if signum is not None and not result.ok else "succeeded" if result.ok else "failed"
+    f = result.failure
+    reason = f"{f.name} {f.reason or describe_returncode(f.returncode)}" if f is not None else result.reason
+    return RunEnd(outcome=outcome, exit_status=code, reason=reason, seconds=round(seconds, 1),
+                  ended_at=f"{datetime.datetime.now():%Y-%m-%d %H:%M:%S}", first_failure=f and f.name)
 
 
 def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_signal_handlers: bool = True) -> int:

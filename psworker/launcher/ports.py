@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import threading
+from typing import Iterable
 
-__all__ = ["pick_free_ports"]
+__all__ = ["pick_free_ports", "ports_in_use"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,3 +45,22 @@ def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             ports.append(sock.getsockname()[1])
     logger.debug("free ports on %s: %s", host, ports)
     return ports
+
+
+def ports_in_use(ports: Iterable[int]) -> list[int]:
+    """Which of `ports` another socket listens on here, on any address (TensorFlow's servers bind every interface).
+
+    Probes by binding the wildcard address with SO_REUSEADDR, as gRPC does, so a port a finished run left in
+    TIME_WAIT counts as free.
+    """
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                busy.append(port)
+    return busy

@@ -3,7 +3,9 @@ resolved `cluster.yaml` and `logs/<job>-<index>.log`, written once, here."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import os
 from pathlib import Path
 from typing import Optional, TextIO, Union
@@ -11,9 +13,11 @@ from typing import Optional, TextIO, Union
 from psworker.launcher.backends.base import SPEC_FILE
 from psworker.spec import ClusterSpec, CountSpec, dump_spec
 
-__all__ = ["LOG_SUBDIR", "SPEC_FILE", "choose_run_dir", "fresh_run_dir", "write_atomically", "write_run_dir"]
+__all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "choose_run_dir", "fresh_run_dir", "read_end",
+           "write_atomically", "write_end", "write_run_dir"]
 
 LOG_SUBDIR = "logs"
+END_FILE = "ended.json"   # how the run ended, written by its launcher (`psworker status` reads it)
 
 
 def fresh_run_dir(spec: Union[ClusterSpec, CountSpec], base: Union[str, os.PathLike] = ".") -> Path:
@@ -65,3 +69,40 @@ def write_run_dir(run_dir: Path, spec: ClusterSpec) -> str:
     (run_dir / LOG_SUBDIR).mkdir(parents=True, exist_ok=True)
     write_atomically(run_dir / SPEC_FILE, text)
     return text
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEnd:
+    """How a launcher's run ended: `succeeded`, `failed` or `stopped` (by a signal), with the launcher's exit
+    status, its reason in words, the first failing task (if any), how long it ran and when it ended."""
+
+    outcome: str
+    exit_status: int
+    reason: str
+    seconds: float
+    ended_at: str                   # local time, `YYYY-MM-DD HH:MM:SS`
+    first_failure: Optional[str] = None
+
+    def describe(self) -> str:
+        """`succeeded in 61.3 s (exit 0) at 2026-12-02 18:30:01` and the like, for people."""
+        what = {"succeeded": "succeeded", "failed": "failed", "stopped": "was stopped"}.get(self.outcome, self.outcome)
+        why = f": {self.reason}" if self.reason and self.outcome != "succeeded" else ""
+        return f"{what} after {self.seconds:.1f} s (exit {self.exit_status}) at {self.ended_at}{why}"
+
+
+def write_end(run_dir: Path, end: Optional[RunEnd]) -> None:
+    """Records how the run ended in `<run_dir>/ended.json`; None removes an earlier run's record (a new run starts
+    in the same directory)."""
+    path = Path(run_dir) / END_FILE
+    if end is None:
+        path.unlink(missing_ok=True)
+    else:
+        write_atomically(path, json.dumps(dataclasses.asdict(end), indent=2) + "\n")
+
+
+def read_end(run_dir: Path) -> Optional[RunEnd]:
+    """The launcher's record of how the run ended, or None (still running, started elsewhere, or unreadable)."""
+    try:
+        return RunEnd(**json.loads((Path(run_dir) / END_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress
-from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
 
@@ -36,6 +37,8 @@ class RunStatus:
     steps_per_sec: Optional[float]
     now: float
     workers: Optional[tuple[int, int]] = None    # an elastic job's (running, target) worker counts
+    ended: Optional[RunEnd] = None               # how the run ended, as its launcher recorded (None: not yet/unknown)
+    precision: Optional[events.Precision] = None   # the chief's last evaluation
 
     @property
     def examples_per_sec(self) -> Optional[float]:
@@ -66,7 +69,11 @@ class RunStatus:
                 "examples_per_sec": self.examples_per_sec, "loss": self.loss, "eta_secs": self.eta_secs,
                 "epoch": None if self.epoch is None else {"epoch": self.epoch[0], "of": self.epoch[1]},
                 "tasks": {n: {**dataclasses.asdict(t), "silent_secs": round(self.now - t.last_output_at, 1)}
-                          for n, t in self.tasks.items()}}
+                          for n, t in self.tasks.items()},
+                "ended": None if self.ended is None else dataclasses.asdict(self.ended),
+                "precision": None if self.precision is None else {
+                    "precision": self.precision.precision, "examples": self.precision.examples,
+                    "global_step": self.precision.global_step}}
 
 
 class _Rate:
@@ -104,32 +111,43 @@ def _epoch(s: RunStatus) -> str:
     return f"epoch {s.epoch[0]:.2f}" + ("" if s.epoch[1] is None else f" of {s.epoch[1]}")
 
 
+def _step_of(s: RunStatus) -> str:
+    """`step 600/600`: the global step, never shown past max_steps (async workers may push it a step or two past,
+    as they finish the steps they had begun)."""
+    if not s.max_steps:
+        return f"step {s.global_step}"
+    return f"step {min(s.global_step, s.max_steps)}/{s.max_steps}"
+
+
 def plain_line(s: RunStatus) -> str:
     """One line for logs and pipes."""
-    of = f"/{s.max_steps}" if s.max_steps else ""
     workers = f"{_workers(s)}, " if s.workers else ""
     tasks = ", ".join(f"{n} {t.state}" + (f" @{t.step}" if t.step is not None else "") for n, t in s.tasks.items())
     epoch = f"{_epoch(s)}, " if s.epoch else ""
     rate = _num(s.examples_per_sec, '.0f')
-    return (f"psworker: status: step {s.global_step}{of}, {epoch}{workers}{rate} examples/s, "
+    return (f"psworker: status: {_step_of(s)}, {epoch}{workers}{rate} examples/s, "
             f"loss {_num(s.loss, '.3f')}, eta {_eta(s.eta_secs)}; {tasks}")
 
 
-def render(s: RunStatus, silent_after_secs: float = 60.0) -> Group:
-    """A progress bar line and a task table (rich renderables)."""
+def render(s: RunStatus, silent_after_secs: Optional[float] = None) -> Group:
+    """A progress bar line and a task table (rich renderables); with `silent_after_secs` (`psworker status`), a
+    "silent" column: how long each running task has printed nothing, once that is at least so long. The live view
+    has none: in a run of seconds it would stay empty, and a ps prints nothing while it serves."""
     head = Table.grid(padding=(0, 1))
-    of = f"/{s.max_steps}" if s.max_steps else ""
-    bar = ProgressBar(total=s.max_steps or None, completed=s.global_step, width=30)
-    head.add_row(f"step {s.global_step}{of}", bar, f"eta {_eta(s.eta_secs)}",
+    bar = ProgressBar(total=s.max_steps or None, completed=min(s.global_step, s.max_steps or s.global_step), width=30)
+    head.add_row(_step_of(s), bar, f"eta {_eta(s.eta_secs)}",
                  f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}", _epoch(s),
                  _workers(s))
     table = Table(box=None, padding=(0, 2), show_edge=False)
-    for col in ("task", "state", "last step", "restarts", "silent"):
+    columns = ("task", "state", "last step", "restarts") + (("silent",) if silent_after_secs is not None else ())
+    for col in columns:
         table.add_column(col)
     for name, t in s.tasks.items():
         quiet = s.now - t.last_output_at
-        table.add_row(name, t.state, "-" if t.step is None else str(t.step), str(t.restarts),
-                      f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state in _ACTIVE else "")
+        row = [name, t.state, "-" if t.step is None else str(t.step), str(t.restarts)]
+        if silent_after_secs is not None:
+            row.append(f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state in _ACTIVE else "")
+        table.add_row(*row)
     return Group(head, table)
 
 
@@ -170,8 +188,9 @@ def live_view(config: Any, tasks: Sequence[Any], console: TextIO) -> Iterator[tu
                 s = status()
                 return render(s) if s is not None else "starting..."
 
+        consoles = (sys.stderr, sys.stdout)      # before Live replaces them with its own
         with Live(_View(), console=Console(file=console), refresh_per_second=2, transient=False) as live, \
-                _logging_to(_LiveConsole(live)):
+                _logging_to(_LiveConsole(live), consoles):
             yield _LiveConsole(live), lambda p: holder.setdefault("p", p)
         return
     stop = threading.Event()
@@ -195,13 +214,13 @@ def live_view(config: Any, tasks: Sequence[Any], console: TextIO) -> Iterator[tu
 
 
 @contextlib.contextmanager
-def _logging_to(stream: TextIO) -> Iterator[None]:
-    """The root logger's console handlers write to `stream` while inside (so they print above a live view)."""
+def _logging_to(stream: TextIO, consoles: Sequence[TextIO]) -> Iterator[None]:
+    """The root logger's handlers that write to one of `consoles` write to `stream` while inside (so they print
+    above a live view). `consoles`: sys.stderr and sys.stdout as they were before rich's Live replaced them."""
     import logging
-    import sys
 
     handlers = [h for h in logging.getLogger().handlers
-                if isinstance(h, logging.StreamHandler) and h.stream in (sys.stderr, sys.stdout)]
+                if isinstance(h, logging.StreamHandler) and any(h.stream is c for c in consoles)]
     old = [h.setStream(stream) for h in handlers]
     try:
         yield
@@ -231,7 +250,8 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
 
     spec = load_spec(Path(run_dir) / SPEC_FILE)
     names = [f"{j}:{i}" for j in spec.jobs() for i in range(len(spec.addresses(j)))]
-    progress = Progress(names)
+    chief = "chief:0" if "chief:0" in names else "worker:0"
+    progress, precision = Progress(names), None
     now = time.time() if now is None else now
     for name in names:
         log = Path(run_dir) / LOG_SUBDIR / f"{name.replace(':', '-')}.log"
@@ -246,12 +266,15 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
                 restarts, state = getattr(event, "number", 0), "running"
             progress.record(name, event, heard)
             state = _state_after(event, state)
+            if name == chief and isinstance(event, events.Precision):
+                precision = event
         progress.started(name, restarts, heard)        # restarts, and the time it was last heard of
         if state == "running":
             state = "running" if progress.snapshot()[name].step is None else "training"
         progress.set_state(name, state)
     workers = _members_into(progress, run_dir) if spec.elastic is not None else None
-    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now, workers)
+    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now, workers,
+                     read_end(Path(run_dir)), precision)
 
 
 def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:

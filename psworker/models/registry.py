@@ -26,16 +26,35 @@ _FACTORIES: dict[str, Callable[[], Model]] = {}
 _imported: set[str] = set()
 
 
-def _import_plugins() -> None:
-    """Imports the modules named in `PSWORKER_MODELS` (once each); they register their models."""
-    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+def plugin_modules() -> tuple[str, ...]:
+    """The modules `PSWORKER_MODELS` names (comma-separated, blanks ignored)."""
+    return tuple(filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))))
+
+
+def _import_failure(module: str, exc: BaseException) -> str:
+    """One line on why `module` failed to import; a module not found at all gets the PYTHONPATH hint."""
+    missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None and \
+        (module == exc.name or module.startswith(exc.name + "."))
+    hint = " (is its directory on PYTHONPATH? every task process imports it too)" if missing else ""
+    return f"{PLUGINS_ENV}: cannot import the model module {module!r}: {type(exc).__name__}: {exc}{hint}"
+
+
+def import_plugins() -> None:
+    """Imports the modules named in `PSWORKER_MODELS`, each once it has imported cleanly; they register their
+    models. `psworker.cli.main` calls it before anything else, so every command fails at once on a broken module.
+
+    Raises:
+        UsageError: a module failed to import (any exception it raised, named with its message); it is tried
+            again at the next call.
+    """
+    for module in plugin_modules():
         if module in _imported:
             continue
-        _imported.add(module)
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise UsageError(f"{PLUGINS_ENV}: cannot import the model module {module!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - whatever the user's module raises is its failure to import
+            raise UsageError(_import_failure(module, exc)) from None
+        _imported.add(module)
 
 
 def register(name: str, factory: Callable[[], Model]) -> None:
@@ -51,7 +70,7 @@ def register(name: str, factory: Callable[[], Model]) -> None:
 
 def names() -> tuple[str, ...]:
     """Every registered model name: the built-in ones, then the others sorted (imports no built-in model)."""
-    _import_plugins()
+    import_plugins()
     return (*BUILTIN, *sorted(_FACTORIES))
 
 
@@ -61,7 +80,7 @@ def get(name: str) -> Model:
     Raises:
         KeyError: no such model; the message lists the registered names.
     """
-    _import_plugins()
+    import_plugins()
     if name in BUILTIN:
         module, _, attr = BUILTIN[name].partition(":")
         return getattr(importlib.import_module(module), attr)()
@@ -72,4 +91,4 @@ def get(name: str) -> Model:
     return factory()
 
 
-__all__ = ["BUILTIN", "PLUGINS_ENV", "register", "names", "get"]
+__all__ = ["BUILTIN", "PLUGINS_ENV", "plugin_modules", "import_plugins", "register", "names", "get"]

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Mapping, Optional, Union
 
+from psworker.environment import SPINNING_ENV, spinning_setting
 from psworker.errors import UsageError
 from psworker.fieldtypes import AUTO
 from psworker.spec import TrainConfig
 
 log = logging.getLogger(__name__)
-
-SPINNING_ENV = "PSWORKER_TF_THREAD_SPINNING"
-SPINNING_CHOICES = ("on", "ps-off", "off")   # the first is the default
 
 
 def visible_gpus() -> int:
@@ -72,9 +69,7 @@ def thread_spinning(job: str, env: Optional[Mapping[str, str]] = None) -> bool:
     Raises:
         UsageError: the variable holds something else than `on`, `ps-off` or `off`.
     """
-    value = (os.environ if env is None else env).get(SPINNING_ENV, SPINNING_CHOICES[0]).strip().lower()
-    if value not in SPINNING_CHOICES:
-        raise UsageError(f"{SPINNING_ENV}={value!r}: expected one of {', '.join(SPINNING_CHOICES)}")
+    value = spinning_setting(env)
     return value == "on" or (value == "ps-off" and job != "ps")
 
 

@@ -11,8 +11,10 @@ Two signatures, each with one input `images` and the outputs `logits` (float32 `
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import re
 import shutil
 import uuid
 from typing import Optional
@@ -29,6 +31,7 @@ INPUT_KEY = "images"
 PREPROCESSED_INPUT_NAME = "preprocessed_images"
 OUTPUT_KEYS = ("logits", "classes")
 EXPORT_SUBDIR = "export"
+SOURCE_RECORD = os.path.join("assets.extra", "psworker_checkpoint")   # the checkpoint an export came from
 
 
 def checkpoint_global_step(checkpoint: str) -> int:
@@ -77,6 +80,7 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
     temp = os.path.join(export_base, f".{step}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         _write(model, checkpoint, temp)
+        _record_source(checkpoint, temp)
         try:
             os.rename(temp, final)
         except OSError as exc:
@@ -86,6 +90,49 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
             shutil.rmtree(temp, ignore_errors=True)
     log.info("%s", events.Exported(checkpoint, step, final).render())
     return final
+
+
+def _checkpoint_identity(checkpoint: str) -> Optional[str]:
+    """Which checkpoint this is, read without TensorFlow: its index file's absolute path, size and mtime (None: no
+    such file)."""
+    try:
+        st = os.stat(checkpoint + ".index")
+    except OSError:
+        return None
+    return f"{os.path.abspath(checkpoint)}.index {st.st_size} {st.st_mtime_ns}"
+
+
+def _record_source(checkpoint: str, export_dir: str) -> None:
+    """Writes the checkpoint's identity into the export's `assets.extra/` (extra files, which loaders ignore)."""
+    identity = _checkpoint_identity(checkpoint)
+    if identity is not None:
+        os.makedirs(os.path.join(export_dir, "assets.extra"), exist_ok=True)
+        with open(os.path.join(export_dir, SOURCE_RECORD), "w", encoding="utf-8") as f:
+            f.write(identity + "\n")
+
+
+def _latest_checkpoint_name(train_dir: str) -> Optional[str]:
+    """The latest checkpoint prefix the `checkpoint` state file names, read as text (None: none found)."""
+    try:
+        with open(os.path.join(train_dir, "checkpoint"), encoding="utf-8") as f:
+            found = re.search(r'^model_checkpoint_path: "(.*)"$', f.read(), re.M)
+    except OSError:
+        return None
+    return None if found is None else os.path.join(train_dir, found.group(1))
+
+
+def existing_export(checkpoint: Optional[str], train_dir: str, export_base: str) -> Optional[str]:
+    """The export an earlier `psworker export` made of `checkpoint` (default: the latest in `train_dir`), found
+    without importing TensorFlow by the source each export records; None when there is none (or it cannot tell)."""
+    checkpoint = checkpoint or _latest_checkpoint_name(train_dir)
+    identity = checkpoint and _checkpoint_identity(checkpoint)
+    if not identity:
+        return None
+    for record in sorted(glob.glob(os.path.join(glob.escape(export_base), "*", SOURCE_RECORD))):
+        with open(record, encoding="utf-8") as f:
+            if f.read().strip() == identity:
+                return os.path.dirname(os.path.dirname(record))
+    return None
 
 
 def _signature(model, images, *, preprocess: bool):
@@ -142,10 +189,14 @@ def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: 
     Raises:
         UsageError, TrainingFailed, ExportExistsError: no train dir or unknown model; no checkpoint; the export exists.
     """
-    from psworker import models
-
     if not os.path.isdir(train_dir):
         raise UsageError(f"--train_dir {train_dir} does not exist")
+    export_base = export_base or os.path.join(train_dir, EXPORT_SUBDIR)
+    done = existing_export(checkpoint, train_dir, export_base)   # before TensorFlow's import (seconds)
+    if done is not None:
+        raise ExportExistsError(f"{done} exists already: exports are never overwritten", path=done)
+    from psworker import models
+
     if checkpoint is None:
         from psworker.train.evaluate import latest_checkpoint
 
@@ -158,7 +209,7 @@ def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: 
         model = models.get(model_name)
     except KeyError as exc:
         raise UsageError(str(exc.args[0])) from None
-    return export_saved_model(model, checkpoint, export_base or os.path.join(train_dir, EXPORT_SUBDIR))
+    return export_saved_model(model, checkpoint, export_base)
 
 
 def recorded_model(train_dir: str) -> Optional[str]:

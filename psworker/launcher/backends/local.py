@@ -19,7 +19,7 @@ import psutil
 
 from psworker.errors import SpecError, UsageError
 from psworker.launcher.backends.base import Backend, popen_task
-from psworker.launcher.ports import pick_free_ports
+from psworker.launcher.ports import pick_free_ports, ports_in_use
 from psworker.plan import Task
 from psworker.spec import Address, ClusterSpec, format_address, with_addresses
 
@@ -62,17 +62,23 @@ def resolve_local_spec(spec: ClusterSpec, train_dir: str | os.PathLike) -> Clust
 
     Raises:
         SpecError: two tasks would share a port on 127.0.0.1 (e.g. `a:2222` and `b:2222`).
+        UsageError: a fixed port is in use on this machine (in the run's network namespace, where it has one).
     """
-    fixed: dict[int, str] = {}
+    fixed: dict[int, tuple[str, int]] = {}
     for job in spec.jobs():
         for i, a in enumerate(spec.addresses(job)):
             if a.port == 0:
                 continue
-            here = f"cluster.{job}[{i}]"
             if a.port in fixed:
-                raise SpecError(spec.source or "spec", here, f"port {a.port} is also used by {fixed[a.port]}; a "
-                                f"local run binds every task to {LOCAL_HOST}, so ports must differ")
-            fixed[a.port] = here
+                raise SpecError(spec.source or "spec", f"cluster.{job}[{i}]", f"port {a.port} is also used by "
+                                f"cluster.{fixed[a.port][0]}[{fixed[a.port][1]}]; a local run binds every task to "
+                                f"{LOCAL_HOST}, so ports must differ")
+            fixed[a.port] = (job, i)
+    busy = ports_in_use(fixed)
+    if busy:
+        named = ", ".join(f"port {p} ({fixed[p][0]}:{fixed[p][1]})" for p in busy)
+        raise UsageError(f"{spec.source or 'the spec'}: {named} {'is' if len(busy) == 1 else 'are'} in use on this "
+                         "machine: stop what listens there, or give the spec free ports ('auto')")
     n_auto = sum(a.port == 0 for job in spec.jobs() for a in spec.addresses(job))
     auto = iter([p for p in pick_free_ports(n_auto + len(fixed), LOCAL_HOST) if p not in fixed][:n_auto])
     new = {job: [Address(LOCAL_HOST, a.port or next(auto)) for a in spec.addresses(job)] for job in spec.jobs()}
@@ -205,6 +211,8 @@ class LocalBackend(Backend):
         finally:
             if pid is not None:
                 tensorboard.stop_pid(int(pid))
+                print(f"psworker: TensorBoard stopped with the run; psworker tensorboard --logdir {run_dir} serves it "
+                      "again", file=console, flush=True)
             self._report_link_bytes(console)
 
     def prepare(self, spec: ClusterSpec, text: str) -> None:

@@ -1,0 +1,81 @@
+"""The `PSWORKER_*` environment variables a person sets, each with its check, in one table.
+
+`psworker.cli.main` checks them all before it reads a flag, so a bad value is one line and exit 2 from the
+launcher before any task starts (and from every other command), not an error in each task after its TensorFlow
+import. The variables psworker sets itself (a `psworker run` task's `PSWORKER_JOB_NAME`, `PSWORKER_TASK_INDEX`,
+`PSWORKER_PS_HOSTS`, `PSWORKER_WORKER_HOSTS`; the launcher's own marks) are not listed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+from psworker.errors import UsageError
+
+SPINNING_ENV = "PSWORKER_TF_THREAD_SPINNING"
+SPINNING_CHOICES = ("on", "ps-off", "off")   # the first is the default
+
+
+def _spinning(value: str) -> Optional[str]:
+    return None if value.strip().lower() in SPINNING_CHOICES else f"expected one of {', '.join(SPINNING_CHOICES)}"
+
+
+def spinning_setting(env: Optional[Mapping[str, str]] = None) -> str:
+    """`PSWORKER_TF_THREAD_SPINNING` in `env` (default `os.environ`), lower-cased; `on` when unset.
+
+    Raises:
+        UsageError: it holds something else than `on`, `ps-off` or `off`.
+    """
+    value = (os.environ if env is None else env).get(SPINNING_ENV, SPINNING_CHOICES[0]).strip().lower()
+    problem = _spinning(value)
+    if problem is not None:
+        raise UsageError(f"{SPINNING_ENV}={value!r}: {problem}")
+    return value
+
+
+def _spec_file(value: str) -> Optional[str]:
+    if not value:   # empty: unset (`interop.resolve_cluster` skips it)
+        return None
+    return None if os.path.isfile(value) else "no such file"
+
+
+def _program(value: str) -> Optional[str]:
+    return None if shutil.which(value) else "no such program (the launch/ scripts run it as the interpreter)"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One variable: its name, what it is for, and its check (the problem with a value, or None)."""
+
+    name: str
+    meaning: str
+    check: Callable[[str], Optional[str]]
+
+
+VARIABLES = (
+    Variable("PSWORKER_MODELS", "modules that register models of your own, comma-separated (imported by "
+             "`models.registry.import_plugins`, which reports a failure itself)", lambda value: None),
+    Variable(SPINNING_ENV, f"TensorFlow's thread spinning: {', '.join(SPINNING_CHOICES)}", _spinning),
+    Variable("PSWORKER_SPEC", "a `ps` or `worker` task's spec file, when no flag names the cluster", _spec_file),
+    Variable("PSWORKER_PYTHON", "the interpreter of the launch/ start scripts", _program),
+)
+
+
+def check(env: Optional[Mapping[str, str]] = None) -> None:
+    """Checks every set `PSWORKER_*` variable of `env` (default `os.environ`).
+
+    Raises:
+        UsageError: the first bad value, in one line: `NAME='VALUE': the problem`.
+    """
+    env = os.environ if env is None else env
+    for variable in VARIABLES:
+        value = env.get(variable.name)
+        problem = None if value is None else variable.check(value)
+        if problem is not None:
+            raise UsageError(f"{variable.name}={value!r}: {problem}")
+
+
+__all__ = ["SPINNING_ENV", "SPINNING_CHOICES", "Variable", "VARIABLES", "check", "spinning_setting"]
