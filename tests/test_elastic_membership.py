@@ -19,7 +19,7 @@ import pytest
 from tests.fake_tasks.fakes import fake, poll_until, stop_supervisors, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
-from psworker.launcher.backends.ssh import SshOptions
+from psworker.launcher.backends.ssh.backend import SshOptions
 from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.scaling import STATE_FILE, ScaleInbox, read_state, request_scale
@@ -255,7 +255,7 @@ class RemoteTask:
 
 
 def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
-    from psworker.launcher.backends.ssh import SshBackend
+    from psworker.launcher.backends.ssh.backend import SshBackend
 
     go = tmp_path / "go"
     chief = fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)
@@ -282,7 +282,7 @@ def test_ssh_keeps_a_leave_asked_before_the_remote_pid_is_known_and_sends_it_the
     """A scale-down right after a scale-up may ask a worker to leave before its connection has said the remote pid:
     the SIGUSR2 is kept and sent once the pid line is read (it used to be dropped with a warning, and the worker
     never left)."""
-    from psworker.launcher.backends.ssh import SshBackend
+    from psworker.launcher.backends.ssh.backend import SshBackend
 
     joiner = fake("worker", 1, "elastic_worker", "--to", 100000)
     backend = SshBackend(SshOptions(ssh_config=str(sshd.client_config)))
@@ -304,8 +304,8 @@ def test_ssh_keeps_a_leave_asked_before_the_remote_pid_is_known_and_sends_it_the
 def test_slurm_lays_out_every_worker_up_to_max_and_keeps_the_range(tmp_path):
     """The allocation a Slurm run checks and lays out holds a slot for every worker up to max (a late worker is an
     srun step in its own slot), and the placed spec is still elastic (a listed spec as well as a count spec)."""
+    from psworker.launcher.backends.slurm import allocation as sched
     from psworker.plan import layout
-    from psworker.schedulers import slurm as sched
     from psworker.spec import load_spec
 
     write_run(tmp_path)

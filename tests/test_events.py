@@ -68,7 +68,7 @@ REAL = {
 NOT_EVENTS = [
     "[worker:1] last step done (387 local steps)",
     "[worker:0] checkpoint of global step 401 saved",
-    "2026-12-01 21:21:14,012 WARNING psworker.launcher.backends.slurm: worker:0: step 12.3 not seen in squeue within 30 s",
+    "2026-12-01 21:21:14,012 WARNING psworker.launcher.backends.slurm.backend: worker:0: step 12.3 not seen in squeue within 30 s",
     "I0000 00:00:1796091826.657988    2432 port.cc:153] oneDNN custom operations are on.",
     "2026-12-01 02:23:52,077 INFO tensorflow: Saving checkpoints for 0 into runs/x/model.ckpt.",
     "the loss at step 5 is 0.3",

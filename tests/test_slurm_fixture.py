@@ -6,7 +6,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from psworker.schedulers.slurm import expand_hostlist
+from psworker.launcher.backends.slurm.allocation import expand_hostlist
 
 
 def test_srun_runs_three_tasks_on_the_node(slurm):

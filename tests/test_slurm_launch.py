@@ -129,7 +129,7 @@ def test_status_of_a_job_slurm_has_forgotten_comes_from_its_run_dir(tmp_path, mo
     assert main(["slurm", "status", "987654", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["global_step"] == 40 and status["tasks"]["ps:0"]["state"] == "not started", status
-    monkeypatch.setattr("psworker.launcher.backends.sbatch.SCONTROL_TIMEOUT_SECS", 2.0)
+    monkeypatch.setattr("psworker.launcher.backends.slurm.job.SCONTROL_TIMEOUT_SECS", 2.0)
     assert main(["slurm", "status", "123"]) == 2
     assert "pass its run dir instead" in capsys.readouterr().err
 

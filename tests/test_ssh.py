@@ -9,9 +9,9 @@ import time
 import psutil
 import pytest
 
-from psworker.errors import UsageError
-from psworker.schedulers.ssh import (UnreachableHosts, check_reachable, remote_command, require_reachable,
-                                     ssh_argv)
+from psworker.errors import UnreachableHosts, UsageError
+from psworker.launcher.backends.ssh.hosts import check_reachable, require_reachable
+from psworker.launcher.backends.ssh.remote import remote_command, ssh_argv
 
 AWKWARD = "it's \"$HOME\" `id` ; rm -rf / \\ *"
 
@@ -122,8 +122,7 @@ def test_remote_task_dies_with_its_connection(sshd, signal_name):
 
 def test_without_a_terminal_the_remote_task_would_survive(sshd):
     """Why ssh_argv uses -tt: the same command without it outlives its connection."""
-    argv = ssh_argv("127.0.0.3", ["sleep", "302"], ssh_config=sshd.client_config)
-    argv.remove("-tt")
+    argv = ssh_argv("127.0.0.3", ["sleep", "302"], ssh_config=sshd.client_config, tty=False)
     local = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     remote = []
     try:
@@ -131,7 +130,7 @@ def test_without_a_terminal_the_remote_task_would_survive(sshd):
         local.kill()
         local.wait(10)
         _, alive = psutil.wait_procs(remote, timeout=2)
-        assert alive, "without -tt the remote sleep ended too: the -tt rationale in psworker/schedulers/ssh.py is stale"
+        assert alive, "without -tt the remote sleep ended too: the -tt rationale in psworker/launcher/backends/ssh/remote.py is stale"
     finally:
         if local.poll() is None:
             local.kill()
