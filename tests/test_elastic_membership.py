@@ -1,6 +1,6 @@
 """Elastic membership without processes (`psworker.launcher.membership`), then the supervisor's membership with
 fake workers (tests/fake_tasks/elastic_worker.py: SIGUSR2 -> exit 0, SIGTERM -> exit 171) and the run-dir
-protocol of `psworker scale` (`psworker.launcher.scaling`) against a real supervisor."""
+protocol of `psworker scale` (`psworker.launcher.scale_inbox`) against a real supervisor."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from psworker.launcher import membership as ms
 from psworker.launcher.backends.ssh.backend import SshOptions
 from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
-from psworker.launcher.scaling import STATE_FILE, ScaleInbox, read_state, request_scale
+from psworker.launcher.scale_inbox import STATE_FILE, ScaleInbox, read_state, request_scale
 from psworker.launcher.supervisor import Supervisor
 from psworker.addresses import Address
 from psworker.spec import Elastic

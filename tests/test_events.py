@@ -209,4 +209,4 @@ def test_the_stack_dump_lines_render_and_parse_back():
     assert events.StacksReady.parse(ready.render()) == ready
     asked = events.StacksRequested.now("worker:1", "stalled: no step line for 10 s", "SIGUSR1")
     assert events.StacksRequested.parse(asked.render()) == asked
-    assert list(events.StacksRequested.finditer(["x", asked.render(), "y"])) == [asked]
+    assert list(events.StacksRequested.finditer(f"x\n{asked.render()}\r\ny")) == [asked]

@@ -23,7 +23,7 @@ def test_graph_puts_a_tower_on_every_worker_and_variables_on_the_ps(cifar_dir, n
 
     from psworker import models
     from psworker.train.ingraph import build_in_graph_train_graph
-    from psworker.train.report import placement_report
+    from psworker.train.plan_report import placement_report
     from psworker.spec import TrainConfig
 
     cluster = {"ps": ["p0:1", "p1:1"], "worker": ["w0:1", "w1:1", "w2:1"]}

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from psworker import stackdump
+from psworker import events, stackdump
 from psworker.launcher import stacks
 from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
@@ -119,11 +119,11 @@ def test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_th
 
 
 def test_lines_of_the_protocol_render_and_parse_back():
-    ready = stackdump.Ready(4242)
-    assert stackdump.Ready.parse(ready.render() + "\n") == ready
-    asked = stackdump.Requested.now("worker:1", "stalled: step 40 unchanged for 20 s", "SIGUSR1")
-    assert stackdump.Requested.parse(asked.render()) == asked
-    assert list(stackdump.Requested.finditer(["x", asked.render()])) == [asked]
+    ready = events.StacksReady(4242)
+    assert events.StacksReady.parse(ready.render() + "\n") == ready
+    asked = events.StacksRequested.now("worker:1", "stalled: step 40 unchanged for 20 s", "SIGUSR1")
+    assert events.StacksRequested.parse(asked.render()) == asked
+    assert list(events.StacksRequested.finditer(f"x\n{asked.render()}\n")) == [asked]
     assert stackdump.is_dump_line(ready.render())
     # a Python traceback's frame lines (with a comma) stay on the console; a dump's go to the log only
     assert not stackdump.is_dump_line('  File "train.py", line 3, in main')

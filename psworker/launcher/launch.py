@@ -81,7 +81,7 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
     from psworker.launcher import stacks
     from psworker.launcher.console import for_console
     from psworker.launcher.output import GROUP_WINDOW_SECS
-    from psworker.launcher.scaling import ScaleInbox
+    from psworker.launcher.scale_inbox import ScaleInbox
     from psworker.launcher.status import live_view
 
     # A worker being restarted near the end gets as long to come back as the ps wait for it (`with_rejoin_grace`).

@@ -240,7 +240,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
 def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:
     """An elastic job's membership from the launcher's state file into `progress` (workers that are reserved,
     leaving or left say so); returns (running, target), None without a state file."""
-    from psworker.launcher.scaling import read_state
+    from psworker.launcher.scale_inbox import read_state
 
     members = (read_state(run_dir) or {}).get("members")
     if not isinstance(members, dict):
