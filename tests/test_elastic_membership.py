@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from tests.fake_tasks.fakes import fake, poll_until, stop_supervisors, task_state, wait_for
+from tests.fake_tasks.fakes import fake, poll_until, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
 from psworker.launcher.backends.ssh.backend import SshOptions
@@ -69,25 +69,19 @@ def test_a_target_outside_the_range_names_the_range(workers):
 # -- the supervisor's membership, with fake workers ----------------------------------------------------------
 
 @pytest.fixture
-def elastic_run(tmp_path):
+def elastic_run(tmp_path, make_supervisor):
     """Builds a supervisor of one fake ps and `max` fake elastic workers (worker 0 holds at step 3, the others step
     on, until the test lets them finish: touch `go`); stops whatever is left at teardown."""
-    made: list[Supervisor] = []
     go = tmp_path / "go"
 
     def make(elastic: Elastic, **kwargs) -> Supervisor:
         tasks = [fake("ps", 0, "sleep_forever")]
         tasks += [fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)]
         tasks += [fake("worker", i, "elastic_worker", "--until", go, "--to", 100000) for i in range(1, elastic.max)]
-        kwargs.setdefault("console", io.StringIO())
-        sup = Supervisor(tasks, tmp_path / "logs", grace_period_secs=2.0, ps_exit_grace_secs=0.5, elastic=elastic,
-                         **kwargs)
-        made.append(sup)
-        return sup
+        return make_supervisor(tasks, elastic=elastic, **kwargs)
 
     make.go = go
-    yield make
-    stop_supervisors(made)
+    return make
 
 
 def stepping(sup: Supervisor, *names: str) -> None:
