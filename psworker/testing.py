@@ -32,7 +32,7 @@ from psworker import events
 from psworker.plan import Task, plan
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
-from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, task_log_name
 from psworker.launcher.supervisor import Supervisor
 
 STEP_LINE = events.Step.regex                                # a worker's progress line (global step)
@@ -181,7 +181,7 @@ class LocalCluster:
     # -- logs ---------------------------------------------------------------------------------------------
 
     def log_path(self, name: str) -> Path:
-        return self.log_dir / f"{self._tasks[name].job}-{self._tasks[name].index}.log"
+        return self.log_dir / task_log_name(self._tasks[name].name)
 
     def log(self, name: str, *, current: bool = False) -> str:
         """Task `name`'s log; with `current`, only what its latest (re)start wrote."""

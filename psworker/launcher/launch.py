@@ -22,7 +22,7 @@ from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.report import RunResult, exit_status, format_report, success_line
-from psworker.launcher.rundir import LOG_SUBDIR, choose_run_dir, write_run_dir
+from psworker.launcher.rundir import LOG_SUBDIR, choose_run_dir, task_log_name, write_run_dir
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, plan
 from psworker.spec import ClusterSpec
@@ -111,7 +111,7 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
         print(format_report(result), file=console, flush=True)
     print(f"psworker: checkpoints and summaries in {outputs}/, task logs in {log_dir}/", file=console, flush=True)
     try:
-        chief_log = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace")
+        chief_log = (log_dir / task_log_name("worker:0")).read_text(encoding="utf-8", errors="replace")
     except OSError:
         chief_log = ""
     exported, precision = events.last(events.Exported, chief_log), events.last(events.Precision, chief_log)

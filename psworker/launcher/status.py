@@ -19,7 +19,7 @@ from rich.table import Table
 
 from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress
-from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, task_log_name
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
 
@@ -217,7 +217,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
     progress = Progress(names)
     now = time.time() if now is None else now
     for name in names:
-        log = Path(run_dir) / LOG_SUBDIR / f"{name.replace(':', '-')}.log"
+        log = Path(run_dir) / LOG_SUBDIR / task_log_name(name)
         if not log.exists():
             progress.set_state(name, "not started")
             continue

@@ -27,9 +27,10 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 from psworker import events
 from psworker.errors import PsworkerError, SpecError
-from psworker.launcher.backends.base import SPEC_FILE, Backend, popen_task
+from psworker.launcher.backends.base import Backend, popen_task
 from psworker.launcher.backends.ssh.hosts import require_reachable, run_on_hosts
 from psworker.launcher.backends.ssh.remote import ssh_argv
+from psworker.launcher.rundir import SPEC_FILE
 from psworker.plan import Task
 from psworker.spec import ClusterSpec
 
