@@ -38,6 +38,14 @@ def task_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def descendants(pid: int) -> list[int]:
+    """Every descendant process of `pid` now (none once it is gone)."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def launch_script(task: Task, extra: Sequence[str]) -> list[str]:
     """For `LocalCluster(argv=...)`: starts the task through `launch/start_<job>.sh`, as on a real host."""
     return [str(LAUNCH / f"start_{task.job}.sh"), *task.argv[task.argv.index("--spec"):], *extra]
@@ -174,10 +182,7 @@ class Launcher:
             return []
 
     def _descendants(self) -> set[int]:
-        try:
-            return {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
-        except psutil.Error:
-            return set()
+        return set(descendants(self.proc.pid))
 
 
 @dataclass(frozen=True)
