@@ -100,7 +100,8 @@ def session_give_up() -> dict[str, float]:
 
 def ssh_checks(sshd, workdir: Path) -> dict[str, float]:
     """One round of the SSH measurements against a running test sshd."""
-    from psworker.schedulers.ssh import UnreachableHosts, check_reachable, require_reachable
+    from psworker.errors import UnreachableHosts
+    from psworker.launcher.backends.ssh.hosts import check_reachable, require_reachable
 
     cfg = sshd.client_config
     out = {"ssh: refused host": timed(lambda: sshd.ssh("127.0.0.4", "true"))}

@@ -28,15 +28,17 @@ sys.path.insert(0, str(REPO))   # run from a checkout without installing
 
 from psworker.launcher.stacks import StackAsker  # noqa: E402
 from psworker.launcher.supervisor import Supervisor  # noqa: E402
-from tests.fake_tasks.fakes import fake, poll_until  # noqa: E402
+from psworker.testing import ProgramTask, poll_until  # noqa: E402
+
+FAKE_TASKS = REPO / "tests" / "fake_tasks"       # the programs only: benchmarks import nothing of tests/
 
 GOAL_EXTRA_S = 1.0
 
 
 def stop_time(n: int, asker, exited: bool) -> float:
     """Seconds `Supervisor.stop` takes over `n` tasks, once each is ready (or, `exited`, once all have exited)."""
-    program = ("echo_exit", "0") if exited else ("stuck",)
-    tasks = [fake("worker", i, *program) for i in range(n)]
+    program = (str(FAKE_TASKS / "echo_exit.py"), "0") if exited else (str(FAKE_TASKS / "stuck.py"),)
+    tasks = [ProgramTask("worker", i, (sys.executable, *program)) for i in range(n)]
     with tempfile.TemporaryDirectory() as logs:
         sup = Supervisor(tasks, logs, console=io.StringIO(), stacks=asker, grace_period_secs=5.0)
         sup.start()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Optional, Sequence, TypeVar, Union
+from typing import ClassVar, Iterator, Optional, TypeVar, Union
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
            "Precision", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
@@ -419,29 +419,29 @@ AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported,
                  NewRun, RemotePid, TaskError, Traceback, DataDealt]
 
 
-# The stack-dump lines (psworker.stackdump reads the dump itself, Python's faulthandler format, around them).
+# The stack-dump lines (psworker.stackdump reads the dump itself, Python's faulthandler format, around them). They
+# stand alone on their line (no prefix) and are not in KINDS: `parse_line` leaves them to the stack-dump reader.
 
 
 @dataclass(frozen=True)
-class StacksReady:
+class StacksReady(Event):
     """A psworker task's first line: its handler is in place (so the launcher may send `SIGNAL`)."""
 
     pid: int
 
     regex: ClassVar[re.Pattern] = re.compile(r"^stacks: `kill -USR1 (?P<pid>\d+)` writes every thread's Python stack "
-                                             r"into this log$")
+                                             r"into this log\r?$", re.MULTILINE)
 
     def render(self) -> str:
         return f"stacks: `kill -USR1 {self.pid}` writes every thread's Python stack into this log"
 
     @classmethod
-    def parse(cls, line: str) -> Optional["StacksReady"]:
-        m = cls.regex.match(line.rstrip("\r\n"))
-        return None if m is None else cls(int(m["pid"]))
+    def _from(cls, m: re.Match) -> "StacksReady":
+        return cls(int(m["pid"]))
 
 
 @dataclass(frozen=True)
-class StacksRequested:
+class StacksRequested(Event):
     """The launcher's line in a task's log before the task's stacks: why and how they were asked for."""
 
     task: str
@@ -450,7 +450,8 @@ class StacksRequested:
     at: str
 
     regex: ClassVar[re.Pattern] = re.compile(
-        r"^--- stacks of (?P<task>\S+) asked for by (?P<how>\S+) \((?P<why>.*)\) at (?P<at>\S+) ---[ \t]*$")
+        r"^--- stacks of (?P<task>\S+) asked for by (?P<how>\S+) \((?P<why>.*)\) at (?P<at>\S+) ---[ \t\r]*$",
+        re.MULTILINE)
 
     def render(self) -> str:
         return f"--- stacks of {self.task} asked for by {self.how} ({self.why}) at {self.at} ---"
@@ -460,16 +461,8 @@ class StacksRequested:
         return cls(task, why, how, datetime.datetime.now().isoformat(timespec="milliseconds"))
 
     @classmethod
-    def parse(cls, line: str) -> Optional["StacksRequested"]:
-        m = cls.regex.match(line.rstrip("\r\n"))
-        return None if m is None else cls(m["task"], m["why"], m["how"], m["at"])
-
-    @classmethod
-    def finditer(cls, lines: Sequence[str]) -> Iterator["StacksRequested"]:
-        for line in lines:
-            found = cls.parse(line)
-            if found is not None:
-                yield found
+    def _from(cls, m: re.Match) -> "StacksRequested":
+        return cls(m["task"], m["why"], m["how"], m["at"])
 
 
 def parse_line(line: str) -> Optional[AnyEvent]:

@@ -1,6 +1,9 @@
 """Other ways to describe a cluster: TF_CONFIG JSON, the classic `--ps_hosts/--worker_hosts` flags, env.
 
-Also `resolve_cluster`, which decides where a task process gets its cluster from.
+Also `resolve_cluster`, which decides where a task process gets its cluster from, and the contract of a user's
+command (`psworker run`, `-- COMMAND` on every backend and in pods): the placeholders `{job_name} {task_index}
+{ps_hosts} {worker_hosts}` replaced in its argv (`fill_command`), and the same values as `PSWORKER_*` variables
+(`command_env`), beside TF_CONFIG.
 """
 
 from __future__ import annotations
@@ -248,5 +251,29 @@ def resolve_cluster(job: str, *, spec_path: Optional[str] = None, ps_hosts: Opti
     return spec, index
 
 
+def command_values(spec: ClusterSpec, job: str, index: Union[int, str], train_dir: str = "") -> dict[str, str]:
+    """The placeholder values of one task of a user's command (`index` may be text a pod expands itself;
+    `train_dir`: the run's, as the launcher knows it)."""
+    return {"job_name": job, "task_index": str(index),
+            "ps_hosts": ",".join(str(a) for a in spec.ps), "worker_hosts": ",".join(str(a) for a in spec.worker),
+            "train_dir": train_dir}
+
+
+def fill_command(command: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """`command` with every `{placeholder}` replaced by its value."""
+    out = []
+    for arg in command:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+def command_env(values: Mapping[str, str]) -> dict[str, str]:
+    """The `PSWORKER_JOB_NAME`, `PSWORKER_TASK_INDEX`, `PSWORKER_PS_HOSTS`, `PSWORKER_WORKER_HOSTS`,
+    `PSWORKER_TRAIN_DIR` of a task."""
+    return {f"PSWORKER_{key.upper()}": value for key, value in values.items()}
+
+
 __all__ = ["to_tf_config", "from_tf_config", "to_flags", "from_flags", "resolve_cluster", "check_task",
-           "SPEC_ENV", "TF_CONFIG_ENV"]
+           "SPEC_ENV", "TF_CONFIG_ENV", "command_values", "fill_command", "command_env"]

@@ -1,4 +1,4 @@
-"""Python's stack dumps in a task's log, between psworker's own lines (`Ready`, `Requested`: in `psworker.events`) and
+"""Python's stack dumps in a task's log, between psworker's own lines (`events.StacksReady`, `events.StacksRequested`) and
 the dump itself in `faulthandler`'s format, which psworker's tasks write on `SIGNAL` and when a step times out,
 and into which the launcher turns py-spy's dump of a user's program. `parse_dumps` reads them back for the
 failure report (`innermost` frames of the main thread) and for the launcher's wait (`is_complete`).
@@ -23,10 +23,9 @@ import signal
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from psworker.events import StacksReady as Ready, StacksRequested as Requested
+from psworker.events import StacksReady
 
-__all__ = ["SIGNAL", "Frame", "ThreadStack", "Dump", "Ready", "Requested", "is_dump_line", "parse_dumps", "last_dump",
-           "from_py_spy"]
+__all__ = ["SIGNAL", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump", "from_py_spy"]
 
 SIGNAL = signal.SIGUSR1          # psworker's tasks dump every thread's stack on it (faulthandler), and go on
 
@@ -108,9 +107,9 @@ class Dump:
 
 
 def is_dump_line(line: str) -> bool:
-    """A line of a dump (a thread's header, a frame, a cut) or `Ready`: the console leaves them to the log."""
+    """A line of a dump (a thread's header, a frame, a cut) or `StacksReady`: the console leaves them to the log."""
     line = line.rstrip("\r\n")
-    return bool(_HEADER.match(line) or _FRAME.match(line) or _MORE.match(line) or Ready.parse(line))
+    return bool(_HEADER.match(line) or _FRAME.match(line) or _MORE.match(line) or StacksReady.parse(line))
 
 
 def parse_dumps(text: str) -> list[Dump]:

@@ -19,6 +19,7 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -31,13 +32,29 @@ from psworker import events
 from psworker.plan import Task, plan
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
-from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, task_log_name
 from psworker.launcher.supervisor import Supervisor
 
 STEP_LINE = events.Step.regex                                # a worker's progress line (global step)
 POLL_SECS = 0.05
 GRACE_PERIOD_SECS = 5.0                                      # teardown: SIGTERM, then SIGKILL after this long
 LOG_TAIL_LINES = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramTask:
+    """Any program as a task of a `Supervisor`: what it reads from `psworker.plan.Task`."""
+
+    job: str
+    index: int
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    is_chief: bool = False
+    address: str = ""             # host:port, for programs that print their own
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
 
 
 class ClusterTimeout(AssertionError):
@@ -164,7 +181,7 @@ class LocalCluster:
     # -- logs ---------------------------------------------------------------------------------------------
 
     def log_path(self, name: str) -> Path:
-        return self.log_dir / f"{self._tasks[name].job}-{self._tasks[name].index}.log"
+        return self.log_dir / task_log_name(self._tasks[name].name)
 
     def log(self, name: str, *, current: bool = False) -> str:
         """Task `name`'s log; with `current`, only what its latest (re)start wrote."""
@@ -310,12 +327,54 @@ def processes_naming(marker: Union[str, os.PathLike]) -> list[psutil.Process]:
     return found
 
 
+def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition",
+             interval: float = POLL_SECS) -> object:
+    """Polls `predicate` until it returns something truthy, which it returns; `ClusterTimeout` naming `what` after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ClusterTimeout(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def poll_until(sup: Supervisor, predicate: Callable[[], object], timeout: float, what: str = "condition") -> object:
+    """Runs a supervisor's loop (`sup.poll()`) until `predicate` holds; fails if the run ends first or after
+    `timeout` seconds. A test drives the loop itself to act between two of its decisions (e.g. let a ps exit only
+    once the supervisor has seen the chief's exit)."""
+    def check() -> object:
+        result = sup.poll()
+        if result is not None:
+            raise AssertionError(f"the run ended ({result.reason}) before {what}")
+        return predicate()
+
+    return wait_for(check, timeout, what)
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
+    """Whether something accepts TCP connections on `host:port` now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.settimeout(timeout)
+        return sock.connect_ex((host, port)) == 0
+
+
+def gone(pid: int) -> bool:
+    """True when `pid` no longer runs (a zombie counts as gone: it runs no code and holds no port)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def assert_processes_gone(pids: Iterable[int], timeout: float = 10.0) -> None:
     """Fails unless every pid in `pids` is gone (zombies count as gone) within `timeout` seconds."""
     pids = list(pids)
     deadline = time.monotonic() + timeout
     while True:
-        alive = [p for p in pids if _alive(p)]
+        alive = [p for p in pids if not gone(p)]
         if not alive:
             return
         if time.monotonic() >= deadline:
@@ -323,11 +382,9 @@ def assert_processes_gone(pids: Iterable[int], timeout: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def console_steps(text: str) -> list[tuple[str, int]]:
+    """`(task, global step)` of every step line in a console's text (`[worker:0] step 120, loss = ...`), in order."""
+    return [(m["console_task"], int(m["step"])) for m in STEP_LINE.finditer(text) if m["console_task"] and m["step"]]
 
 
 def log_time(line: str) -> float:
@@ -338,5 +395,5 @@ def log_time(line: str) -> float:
     return at
 
 
-__all__ = ["LocalCluster", "ClusterTimeout", "TaskExited", "write_spec", "checkpoint_step",
-           "assert_processes_gone", "log_time", "STEP_LINE"]
+__all__ = ["LocalCluster", "ClusterTimeout", "TaskExited", "write_spec", "checkpoint_step", "processes_naming",
+           "assert_processes_gone", "console_steps", "gone", "log_time", "poll_until", "port_open", "ProgramTask", "wait_for", "STEP_LINE"]

@@ -1,16 +1,22 @@
 """Test-only helpers beside `psworker.testing` (which starts and watches the clusters): the repository's paths,
-the start scripts, and running the `psworker local` launcher itself to the end."""
+the start scripts, and the one driver of a real launcher process (`Launcher`; `run_launcher` runs one to its end)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import psutil
 
@@ -18,6 +24,10 @@ from psworker.plan import Task
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = REPO / "launch"
+TIMEOUT_SECS = 240.0         # for each event waited for (a loaded 2-core machine starts TensorFlow slowly)
+# A terminal's cursor moves and line erases (the live view redrawing itself) end a line; other escapes go.
+_LINE_BREAKS = re.compile(r"\x1b\[[0-9;]*[ABEFGHJK]|\r")
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]")
 
 
 def task_env(**extra: str) -> dict[str, str]:
@@ -28,16 +38,151 @@ def task_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def descendants(pid: int) -> list[int]:
+    """Every descendant process of `pid` now (none once it is gone)."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def launch_script(task: Task, extra: Sequence[str]) -> list[str]:
     """For `LocalCluster(argv=...)`: starts the task through `launch/start_<job>.sh`, as on a real host."""
     return [str(LAUNCH / f"start_{task.job}.sh"), *task.argv[task.argv.index("--spec"):], *extra]
 
 
-def descendants(pid: int) -> list[int]:
-    try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
+class Launcher:
+    """`psworker COMMAND ARGS` (`local` by default) in its own session, its console read line by line (on a pipe, or
+    on a pseudo-terminal with `tty=True`, escape sequences removed); every descendant pid it ever had is kept."""
+
+    def __init__(self, args: Sequence[str], cwd: Path, *, tty: bool = False, env: Optional[dict] = None,
+                 command: str = "local") -> None:
+        argv = [sys.executable, "-m", "psworker", command, *args]
+        env = task_env(**(env or {}))
+        if tty:
+            self._fd, slave = os.openpty()
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 200, 0, 0))
+            self.proc = subprocess.Popen(argv, cwd=cwd, env={**env, "TERM": "xterm-256color"},
+                                         stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True)
+            os.close(slave)
+        else:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self._fd = self.proc.stdout.fileno()
+        self.lines: list[str] = []
+        self.pids: set[int] = set()
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except OSError:     # a pty's EIO once every writer is gone
+                chunk = b""
+            pending += chunk
+            *whole, pending = pending.split(b"\n")
+            if not chunk and pending:           # the end: a last line without its newline
+                whole, pending = [*whole, pending], b""
+            if whole:
+                text = "\n".join(raw.decode("utf-8", "replace") for raw in whole)
+                with self._lock:
+                    self.lines += _ESCAPES.sub("", _LINE_BREAKS.sub("\n", text)).split("\n")
+            if not chunk:
+                break
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return list(self.lines)
+
+    def find(self, pattern: str, after: int = 0) -> Optional[tuple[int, re.Match]]:
+        """The first line at index >= `after` that matches `pattern` (re.search), with its index."""
+        for i, line in enumerate(self.snapshot()[after:], after):
+            m = re.search(pattern, line)
+            if m:
+                return i, m
+        return None
+
+    def wait_until(self, done: Callable[[], bool], what: str, timeout: float = TIMEOUT_SECS,
+                   each_poll: Callable[[], None] = lambda: None) -> None:
+        """Polls `done()` (and `each_poll()`) every 0.1 s; fails naming `what` if the launcher exits or time is up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.pids.update(self._descendants())
+            each_poll()
+            if done():
+                return
+            if self.proc.poll() is not None:
+                self._reader.join(10)
+                raise AssertionError(f"the launcher exited ({self.proc.returncode}) before {what}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout:g} s:\n{self.tail()}")
+            time.sleep(0.1)
+
+    def wait_for(self, pattern: str, what: str, after: int = 0) -> tuple[int, re.Match]:
+        self.wait_until(lambda: self.find(pattern, after) is not None, what)
+        return self.find(pattern, after)
+
+    def task_pids(self) -> dict[str, int]:
+        """`job:index` -> pid of each task process running now (the launcher's children)."""
+        found = {}
+        for child in self._children():
+            try:
+                argv = child.cmdline()
+            except psutil.Error:
+                continue
+            if "psworker" in argv and "--task_index" in argv:
+                job = argv[argv.index("psworker") + 1]
+                found[f"{job}:{argv[argv.index('--task_index') + 1]}"] = child.pid
+        return found
+
+    def end(self, sig: int, timeout: float = 120.0) -> int:
+        """Sends `sig` to the launcher only (its tasks are in sessions of their own) and waits for its exit."""
+        self.pids.update(self._descendants())
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launcher still runs {timeout:g} s after {sig!r}:\n{self.tail()}") from None
+        self._reader.join(10)
+        return self.proc.returncode
+
+    def wait_exit(self, timeout: float = TIMEOUT_SECS, each_poll: Callable[[], None] = lambda: None) -> int:
+        """Waits (polling `each_poll()`) until the launcher exits by itself and its output is read; its status."""
+        self.wait_until(lambda: self.proc.poll() is not None, "exit of the launcher", timeout, each_poll)
+        self._reader.join(10)
+        return self.proc.returncode
+
+    def close(self, kill_tasks: bool = True) -> None:
+        """Kills the launcher's session if it still runs and, with `kill_tasks`, every psworker process it started."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        for pid in self.pids if kill_tasks else ():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if "psworker" in proc.cmdline():
+                    proc.kill()
+        self._reader.join(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        else:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.snapshot()[-n:])
+
+    def _children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return []
+
+    def _descendants(self) -> set[int]:
+        return set(descendants(self.proc.pid))
 
 
 @dataclass(frozen=True)
@@ -50,41 +195,30 @@ class LauncherRun:
 
 
 def run_launcher(args: Sequence[str], cwd: Path, timeout: float, on_line=None, command: str = "local") -> LauncherRun:
-    """Runs `psworker COMMAND ARGS` (`local` by default) to the end (killing its process group after `timeout` seconds, then failing).
+    """Runs `psworker COMMAND ARGS` (`local` by default) to the end in a `Launcher`; after `timeout` seconds it
+    fails (with the last output lines) and the launcher's session is killed. The tasks it left are left for the
+    test to find (`assert_processes_gone(run.pids)`).
 
     Args:
-        args: arguments after `psworker local`.
-        cwd: working directory.
-        timeout: seconds; the failure message holds the last output lines.
-        on_line: optional `callback(lines, proc) -> bool` polled while it runs; once it returns True it is not
-            called again (e.g. to send a signal once training has started).
+        on_line: optional `callback(lines, proc) -> bool` polled while it runs (the console lines so far, without
+            their newlines); once it returns True it is not called again (e.g. to send a signal once training has
+            started).
     """
-    import threading
+    run = Launcher(args, cwd, command=command)
+    callbacks = [on_line] if on_line is not None else []
 
-    proc = subprocess.Popen([sys.executable, "-m", "psworker", command, *args], cwd=cwd, env=task_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    pids: set[int] = set()
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + timeout
+    def poll() -> None:
+        if callbacks and callbacks[0](run.snapshot(), run.proc):
+            callbacks.clear()
+
     try:
-        while proc.poll() is None:
-            pids.update(descendants(proc.pid))
-            if on_line is not None and on_line(lines, proc):
-                on_line = None
-            if time.monotonic() > deadline:
-                raise AssertionError(f"launcher still running after {timeout:g} s:\n" + "".join(lines[-40:]))
-            time.sleep(0.2)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=30)
-    return LauncherRun(proc.returncode, "".join(lines), pids)
+        returncode = run.wait_exit(timeout, each_poll=poll)
+    except BaseException:
+        run.close()
+        raise
+    run.close(kill_tasks=False)
+    lines = run.snapshot()
+    return LauncherRun(returncode, "".join(f"{line}\n" for line in lines), run.pids)
 
 
 class Partition:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from psworker.testing import LocalCluster
-from tests.fake_tasks.fakes import HERE
+from tests.fake_tasks.fakes import HERE, stop_supervisors
 
 # Synthetic CIFAR-10 examples per class (train, test) when a test module does not set CIFAR_PER_CLASS.
 DEFAULT_CIFAR_PER_CLASS = (100, 20)
@@ -82,6 +83,29 @@ def make_cluster(tmp_path):
     finally:
         for cluster in made:
             cluster.close()
+
+
+@pytest.fixture
+def make_supervisor(tmp_path):
+    """`make_supervisor(tasks, start=False, log_dir=tmp_path/logs, **Supervisor kwargs)`: a launcher `Supervisor` of
+    (fake) tasks with a captured console and short grace periods (2 s, the ps 0.5 s) unless given; started with
+    `start=True`. Every one made is stopped at teardown, and whatever it left is killed."""
+    from psworker.launcher.supervisor import Supervisor
+
+    made: list[Supervisor] = []
+
+    def make(tasks, *, start: bool = False, log_dir: Path | None = None, **kwargs) -> Supervisor:
+        kwargs.setdefault("console", io.StringIO())
+        kwargs.setdefault("grace_period_secs", 2.0)
+        kwargs.setdefault("ps_exit_grace_secs", 0.5)
+        sup = Supervisor(tasks, log_dir or tmp_path / "logs", **kwargs)
+        made.append(sup)
+        if start:
+            sup.start()
+        return sup
+
+    yield make
+    stop_supervisors(made)
 
 
 @pytest.fixture(scope="session")

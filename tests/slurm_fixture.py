@@ -16,12 +16,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import psutil
+import yaml
+
+from psworker.launcher.ports import pick_free_ports
+from psworker.testing import ClusterTimeout, wait_for
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "squeue", "sbatch", "srun", "scancel", "scontrol")
@@ -42,19 +45,6 @@ def why_no_slurm() -> Optional[str]:
     if missing:
         return f"Slurm/munge not installed (missing {', '.join(missing)}); .ci/run installs slurm-wlm and munge"
     return None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _node_hardware() -> str:
@@ -90,12 +80,10 @@ class SlurmCluster:
 
     def wait_until(self, predicate, timeout: float, what: str) -> None:
         """Polls `predicate()` every 0.2 s; raises TimeoutError naming `what` and the daemon logs after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"test Slurm: {what} not reached within {timeout:g} s\n{self.log_tail()}")
+        try:
+            wait_for(predicate, timeout, what, interval=0.2)
+        except ClusterTimeout as e:
+            raise TimeoutError(f"test Slurm: {e}\n{self.log_tail()}") from None
 
     def jobs(self) -> list[str]:
         """Ids of the jobs in the queue (any state squeue still lists)."""
@@ -187,7 +175,7 @@ def running_slurm(root: Path, *, timeout: float = START_TIMEOUT_SECS) -> Iterato
     key.chmod(0o600)
     socket_path = root / "munge" / "munge.socket"
     node = socket.gethostname().split(".")[0]
-    ctld_port, slurmd_port = _free_ports(2)
+    ctld_port, slurmd_port = pick_free_ports(2)
     conf = root / "slurm.conf"
     conf.write_text(f"""\
 # A one-node test cluster written by tests/slurm_fixture.py.
@@ -247,3 +235,56 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         yield cluster
     finally:
         cluster.forced = _stop(cluster)
+
+
+# -- a psworker job in it ------------------------------------------------------------------------------------
+
+JOB_TIMEOUT_SECS = 420        # TensorFlow's import in 3 tasks on a small, shared machine
+
+
+def free_port_base(n: int = 3) -> int:
+    """A port p with p .. p+n-1 free on every interface (the tasks listen on all of them)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            for port in range(base + 1, base + n):
+                with socket.socket() as t:
+                    t.bind(("", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def counts_spec(tmp_path: Path, **train) -> Path:
+    """`tmp_path/counts.yaml`: 1 ps and 2 workers by count, the MLP, and the given train settings."""
+    path = tmp_path / "counts.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"ps": 1, "worker": 2},
+                                    "train": {"model": "mlp", "batch_size": 32, "log_every_steps": 10, **train}}))
+    return path
+
+
+def submit_counts(slurm, monkeypatch, capsys, tmp_path: Path, *extra: str, **train) -> tuple[str, Path]:
+    """`psworker slurm submit` of `counts_spec` (1 ps, 2 workers) into `tmp_path/run`: (job id, run dir)."""
+    from psworker.cli import main
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    run_dir = tmp_path / "run"
+    rc = main(["slurm", "submit", str(counts_spec(tmp_path, **train)), "--run_dir", str(run_dir), "--overcommit",
+               "--time", "0:10:00", "--port_base", str(free_port_base()), *extra])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    job_id = out.strip().splitlines()[-1]
+    assert job_id.isdigit() and (run_dir / "slurm-job-id").read_text().strip() == job_id
+    return job_id, run_dir
+
+
+def wait_done(slurm, job_id: str, run_dir: Path) -> str:
+    """Waits for a job `submit_counts` queued to leave the queue; its output file."""
+    out = run_dir / f"slurm-{job_id}.out"
+    slurm.wait_until(lambda: job_id not in slurm.jobs(), JOB_TIMEOUT_SECS, f"job {job_id} finished ({out})")
+    return out.read_text(errors="replace")

@@ -133,7 +133,7 @@ def test_plan_reports_the_cifar10_placement():
 
 def test_placement_report_on_two_ps_matches_the_trainer():
     """The report reads the trainer's own graph: bytes per ps add up, moving averages sit with their variables."""
-    from psworker.train.report import placement_report
+    from psworker.train.plan_report import placement_report
 
     report = placement_report("cifar10", 2)
     assert report.trainable_parameters == NUM_PARAMS

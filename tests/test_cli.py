@@ -267,13 +267,13 @@ def test_the_default_checkpoint_interval_in_words_is_the_trainers():
 
 @pytest.mark.parametrize("text", ["1", "2-4", "16", "3-3"])
 def test_sbatch_nodes_accepted(text):
-    from psworker.schedulers.slurm import check_nodes
+    from psworker.launcher.backends.slurm.script import check_nodes
     assert check_nodes(text) == text
 
 
 @pytest.mark.parametrize("text", ["0", "zero", "", "2-", "-2", "2 ", "4-2", "0-2", "1,2", "1-9:4", "02"])
 def test_sbatch_nodes_refused(text):
-    from psworker.schedulers.slurm import check_nodes
+    from psworker.launcher.backends.slurm.script import check_nodes
     with pytest.raises(ValueError, match="node count|backwards"):
         check_nodes(text)
 
@@ -281,14 +281,14 @@ def test_sbatch_nodes_refused(text):
 @pytest.mark.parametrize("text", ["0", "90", "10:30", "1:00:00", "100:59:59", "2-12", "2-12:30", "2-12:30:15",
                                   "1:75", "UNLIMITED", "infinite", "-1"])
 def test_sbatch_time_accepted(text):
-    from psworker.schedulers.slurm import check_time
+    from psworker.launcher.backends.slurm.script import check_time
     assert check_time(text) == text
 
 
 @pytest.mark.parametrize("text", ["", "1h", "1:2:3:4", "1-2:3:4:5", "-2", "1.5", "2-", "-1:00", " 1:00:00",
                                   "1:00:00\n", "1:"])
 def test_sbatch_time_refused(text):
-    from psworker.schedulers.slurm import check_time
+    from psworker.launcher.backends.slurm.script import check_time
     with pytest.raises(ValueError, match="is not a Slurm time limit"):
         check_time(text)
 
@@ -297,7 +297,7 @@ def test_sbatch_time_refused(text):
                                       ("", False), ("a b", False), ("a\tb", False), ("a\n#SBATCH", False),
                                       ("a\x00", False), ('"q"', False), ("a\\b", False), ("a#b", False)])
 def test_sbatch_values(text, ok):
-    from psworker.schedulers.slurm import check_sbatch_value
+    from psworker.launcher.backends.slurm.script import check_sbatch_value
     if ok:
         assert check_sbatch_value(text) == text
     else:

@@ -16,7 +16,8 @@ from psworker.launcher.output import GROUP_WINDOW_SECS
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, write_spec
 from tests.cluster_utils import run_launcher
-from tests.fake_tasks.fakes import HERE, FakeTask, poll_until
+from psworker.testing import ProgramTask, poll_until
+from tests.fake_tasks.fakes import HERE
 
 W3 = TaskTokens("worker", 3, "127.0.0.1", 42105, 22438)
 
@@ -193,12 +194,12 @@ def test_random_schedules_lose_nothing_delay_nothing_past_the_window_and_keep_ea
 # -- through the supervisor: real processes, real pipes, real log files -------------------------------------
 
 
-def chorus(job: str, index: int, *args: str) -> FakeTask:
+def chorus(job: str, index: int, *args: str) -> ProgramTask:
     import sys
 
     address = f"127.0.0.1:{41000 + 100 * (job == 'ps') + index}"
     argv = (sys.executable, str(HERE / "chorus.py"), job, str(index), address, *args)
-    return FakeTask(job, index, argv, address=address)
+    return ProgramTask(job, index, argv, address=address)
 
 
 def same_lines(console_lines: list[str], log: Path, tokens: TaskTokens) -> None:

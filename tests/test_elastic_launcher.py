@@ -17,13 +17,10 @@ import psutil
 import pytest
 import yaml
 
-from psworker.testing import assert_processes_gone, checkpoint_step
-from tests.cluster_utils import task_env
-from tests.test_real_launcher import TIMEOUT_SECS, Launcher
+from psworker.testing import assert_processes_gone, checkpoint_step, console_steps
+from tests.cluster_utils import TIMEOUT_SECS, Launcher, task_env
 
 pytestmark = pytest.mark.slow
-
-STEP = re.compile(r"\[(worker:\d)\] step (\d+), loss = ")
 
 
 def write_spec(path: Path, workers: int, elastic: dict, **train) -> str:
@@ -48,8 +45,8 @@ def signal_tasks(run: Launcher, sig: int, *names: str) -> None:
 
 def steps(run: Launcher) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
-    for m in filter(None, map(STEP.search, run.snapshot())):
-        found.setdefault(m.group(1), []).append(int(m.group(2)))
+    for task, step in console_steps("\n".join(run.snapshot())):
+        found.setdefault(task, []).append(step)
     return found
 
 

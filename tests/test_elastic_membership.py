@@ -1,6 +1,6 @@
 """Elastic membership without processes (`psworker.launcher.membership`), then the supervisor's membership with
 fake workers (tests/fake_tasks/elastic_worker.py: SIGUSR2 -> exit 0, SIGTERM -> exit 171) and the run-dir
-protocol of `psworker scale` (`psworker.launcher.scaling`) against a real supervisor."""
+protocol of `psworker scale` (`psworker.launcher.scale_inbox`) against a real supervisor."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import threading
 
 import pytest
 
-from tests.fake_tasks.fakes import fake, poll_until, stop_supervisors, task_state, wait_for
+from tests.fake_tasks.fakes import fake, poll_until, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
+from psworker.launcher.backends.ssh.backend import SshOptions
 from psworker.launcher.elastic import PREEMPTED_CODES
-from psworker.launcher.backends.ssh import SshOptions
 from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
-from psworker.launcher.scaling import STATE_FILE, ScaleInbox, read_state, request_scale
+from psworker.launcher.scale_inbox import STATE_FILE, ScaleInbox, read_state, request_scale
 from psworker.launcher.supervisor import Supervisor
 from psworker.addresses import Address
 from psworker.spec import Elastic
@@ -70,25 +70,19 @@ def test_a_target_outside_the_range_names_the_range(workers):
 # -- the supervisor's membership, with fake workers ----------------------------------------------------------
 
 @pytest.fixture
-def elastic_run(tmp_path):
+def elastic_run(tmp_path, make_supervisor):
     """Builds a supervisor of one fake ps and `max` fake elastic workers (worker 0 holds at step 3, the others step
     on, until the test lets them finish: touch `go`); stops whatever is left at teardown."""
-    made: list[Supervisor] = []
     go = tmp_path / "go"
 
     def make(elastic: Elastic, **kwargs) -> Supervisor:
         tasks = [fake("ps", 0, "sleep_forever")]
         tasks += [fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)]
         tasks += [fake("worker", i, "elastic_worker", "--until", go, "--to", 100000) for i in range(1, elastic.max)]
-        kwargs.setdefault("console", io.StringIO())
-        sup = Supervisor(tasks, tmp_path / "logs", grace_period_secs=2.0, ps_exit_grace_secs=0.5, elastic=elastic,
-                         **kwargs)
-        made.append(sup)
-        return sup
+        return make_supervisor(tasks, elastic=elastic, **kwargs)
 
     make.go = go
-    yield make
-    stop_supervisors(made)
+    return make
 
 
 def stepping(sup: Supervisor, *names: str) -> None:
@@ -257,7 +251,7 @@ class RemoteTask:
 
 
 def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
-    from psworker.launcher.backends.ssh import SshBackend
+    from psworker.launcher.backends.ssh.backend import SshBackend
 
     go = tmp_path / "go"
     chief = fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)
@@ -284,7 +278,7 @@ def test_ssh_keeps_a_leave_asked_before_the_remote_pid_is_known_and_sends_it_the
     """A scale-down right after a scale-up may ask a worker to leave before its connection has said the remote pid:
     the SIGUSR2 is kept and sent once the pid line is read (it used to be dropped with a warning, and the worker
     never left)."""
-    from psworker.launcher.backends.ssh import SshBackend
+    from psworker.launcher.backends.ssh.backend import SshBackend
 
     joiner = fake("worker", 1, "elastic_worker", "--to", 100000)
     backend = SshBackend(SshOptions(ssh_config=str(sshd.client_config)))
@@ -306,8 +300,8 @@ def test_ssh_keeps_a_leave_asked_before_the_remote_pid_is_known_and_sends_it_the
 def test_slurm_lays_out_every_worker_up_to_max_and_keeps_the_range(tmp_path):
     """The allocation a Slurm run checks and lays out holds a slot for every worker up to max (a late worker is an
     srun step in its own slot), and the placed spec is still elastic (a listed spec as well as a count spec)."""
+    from psworker.launcher.backends.slurm import allocation as sched
     from psworker.plan import layout
-    from psworker.schedulers import slurm as sched
     from psworker.spec import load_spec
 
     write_run(tmp_path)

@@ -108,6 +108,22 @@ def test_kubernetes_manifests_refuse_an_elastic_job_with_a_reason(tmp_path):
     assert psworker("k8s", "manifest", str(fixed), "--image", "psworker:test", cwd=tmp_path).returncode == 0
 
 
+def test_a_launch_config_holds_the_command_rules_for_every_caller():
+    """The CLI's rules live in LaunchConfig, so a library call (`launch.run_local(spec, command=...)`) meets them:
+    an elastic job runs psworker's trainer only; a user's ps (server.join()) gets 1 s once the workers are done."""
+    from psworker.errors import UsageError
+    from psworker.launcher.config import LaunchConfig
+
+    elastic = parse_spec(spec_text(f"{{addresses: {ADDRS}, min: 1, start: 2}}"), "e.yaml")
+    with pytest.raises(UsageError, match=r"e\.yaml: cluster\.worker: an elastic worker job \(min 1, start 2, max 4\) "
+                                         "runs psworker's own trainer only"):
+        LaunchConfig(spec=elastic, command=("python", "train.py"))
+    fixed = parse_spec(spec_text(ADDRS), "f.yaml")
+    assert LaunchConfig(spec=elastic).ps_exit_grace_secs == 15.0
+    assert LaunchConfig(spec=fixed, command=("python", "train.py")).ps_exit_grace_secs == 1.0
+    assert LaunchConfig(spec=fixed, command=("x",), ps_exit_grace_secs=3.0).ps_exit_grace_secs == 3.0
+
+
 def test_run_and_ssh_with_a_command_refuse_an_elastic_job_before_starting_anything(tmp_path):
     """A user's script does not speak the join/leave protocol: `run -- CMD` (and `ssh -- CMD`) exit 2 up front."""
     spec = tmp_path / "elastic.yaml"

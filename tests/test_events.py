@@ -72,7 +72,7 @@ REAL = {
 NOT_EVENTS = [
     "[worker:1] last step done (387 local steps)",
     "[worker:0] checkpoint of global step 401 saved",
-    "2026-12-01 21:21:14,012 WARNING psworker.launcher.backends.slurm: worker:0: step 12.3 not seen in squeue within 30 s",
+    "2026-12-01 21:21:14,012 WARNING psworker.launcher.backends.slurm.backend: worker:0: step 12.3 not seen in squeue within 30 s",
     "I0000 00:00:1796091826.657988    2432 port.cc:153] oneDNN custom operations are on.",
     "2026-12-01 02:23:52,077 INFO tensorflow: Saving checkpoints for 0 into runs/x/model.ckpt.",
     "the loss at step 5 is 0.3",
@@ -213,4 +213,4 @@ def test_the_stack_dump_lines_render_and_parse_back():
     assert events.StacksReady.parse(ready.render()) == ready
     asked = events.StacksRequested.now("worker:1", "stalled: no step line for 10 s", "SIGUSR1")
     assert events.StacksRequested.parse(asked.render()) == asked
-    assert list(events.StacksRequested.finditer(["x", asked.render(), "y"])) == [asked]
+    assert list(events.StacksRequested.finditer(f"x\n{asked.render()}\r\ny")) == [asked]

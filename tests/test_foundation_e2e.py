@@ -13,7 +13,7 @@ import time
 import pytest
 
 from psworker.events import WorkerDone
-from psworker.testing import assert_processes_gone, checkpoint_step, write_spec
+from psworker.testing import assert_processes_gone, checkpoint_step, port_open, write_spec
 from tests.cluster_utils import LAUNCH, REPO, run_launcher, task_env
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def test_start_scripts_train_a_cluster(tmp_path, make_cluster):
     cluster = make_cluster(spec=spec_path, argv=by_hand, start=False)
     cluster.start("ps:0")
     deadline = time.monotonic() + 120
-    while not _accepts(spec.ps[0].port):   # started by hand, outside any namespace: reachable (the control)
+    while not port_open(spec.ps[0].port):   # started by hand, outside any namespace: reachable (the control)
         assert time.monotonic() < deadline and not cluster.exit_codes(), cluster.tail("ps:0")
         time.sleep(0.2)
     cluster.start("worker:0", "worker:1")
@@ -125,9 +125,3 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
     assert re.search(r"psworker: run failed: worker:1 exited with exit code 1 \(first failure", run.output), run.output[-3000:]
     assert "could not start its server" in run.output   # the tail of worker:1's log is in the report
     assert_processes_gone(run.pids)
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -7,11 +7,10 @@ import re
 import pytest
 
 from psworker.errors import EXIT_PEER_GONE
-from psworker.testing import assert_processes_gone, checkpoint_step
+from psworker.testing import assert_processes_gone, checkpoint_step, console_steps
 from tests.cluster_utils import REPO, run_launcher
 
 SPEC = REPO / "cluster_specs" / "cifar10.yaml"
-STEP_LINE = re.compile(r"^\[(worker:\d)\] step (\d+), loss = ", re.MULTILINE)
 
 
 CIFAR_PER_CLASS = (100, 20)   # synthetic examples per class (train, test) for the cifar_dir fixture
@@ -23,7 +22,7 @@ def test_graph_puts_a_tower_on_every_worker_and_variables_on_the_ps(cifar_dir, n
 
     from psworker import models
     from psworker.train.ingraph import build_in_graph_train_graph
-    from psworker.train.report import placement_report
+    from psworker.train.plan_report import placement_report
     from psworker.spec import TrainConfig
 
     cluster = {"ps": ["p0:1", "p1:1"], "worker": ["w0:1", "w1:1", "w2:1"]}
@@ -65,7 +64,7 @@ def test_in_graph_cluster_run(tmp_path, cifar_dir):
     # one update from both workers' batches: the tutorial's rate scaled to a global batch of 2 x 16
     assert "[worker:0] learning rate 0.025 (0.1 x 32/128, linear scaling" in run.output, run.output[-4000:]
     assert checkpoint_step(train_dir) == 30   # synchronous by construction: exactly max_steps updates
-    steps = STEP_LINE.findall(run.output)
+    steps = console_steps(run.output)
     assert steps and {who for who, _ in steps} == {"worker:0"}, run.output[-3000:]   # one client
     assert re.search(r"\[worker:0\] .*precision @ 1 = [0-9.]+", run.output), run.output[-3000:]
     assert "[worker:1] " in run.output and "serving for the client" in run.output

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from psworker.testing import assert_processes_gone as assert_no_processes, checkpoint_step, write_spec
+from psworker.testing import assert_processes_gone as assert_no_processes, checkpoint_step, console_steps, write_spec
 from tests.cluster_utils import run_launcher
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,6 @@ pytestmark = pytest.mark.slow
 MAX_STEPS, CHECKPOINT_EVERY = 300, 100
 KILL_AT = {"before": 50, "after": 150}          # global steps; the first periodic checkpoint is at step 100
 TARGETS = {"ps": "ps:0", "chief": "worker:0", "non-chief": "worker:1"}
-STEP = re.compile(r"^\[(worker:\d+)\] step (\d+), loss", re.MULTILINE)
 INJECTED = re.compile(r"^psworker: warning: injecting kill:\S+ at global step (\d+)", re.MULTILINE)
 RESTARTING = re.compile(r"^psworker: warning: restarting \S+ \(restart 1: ", re.MULTILINE)
 SAVED = re.compile(r"checkpoint of global step (\d+) saved")
@@ -37,7 +36,7 @@ def rollback(output: str) -> int:
     """How far the global step went back: its value at the injection minus the least one seen after the restart."""
     at, restarted = INJECTED.search(output), RESTARTING.search(output)
     assert at and restarted, output[-3000:]
-    after = [int(m.group(2)) for m in STEP.finditer(output[restarted.end():])]
+    after = [step for _, step in console_steps(output[restarted.end():])]
     return max(0, int(at.group(1)) - min(after)) if after else 0
 
 

@@ -16,6 +16,7 @@ import pytest
 from tests.fake_tasks.fakes import kill_quietly, wait_for, wait_gone
 from psworker.launcher import backends
 from psworker.launcher.console import by_task
+from psworker.launcher.backends.base import Backend
 from psworker.launcher.backends.local import LocalBackend, resolve_local_spec
 from psworker.launcher.launch import run_local
 from psworker.launcher.rundir import fresh_run_dir
@@ -72,6 +73,14 @@ def test_backend_registry_has_local():
     assert "local" in backends.names() and backends.get("local") is LocalBackend
     with pytest.raises(KeyError, match="local"):
         backends.get("nope")
+
+
+def test_every_registered_backend_loads_under_its_own_name():
+    """Each registry line names a Backend whose options carry the same name (a module or a scheduler's package)."""
+    assert backends.names() == ("local", "slurm", "ssh")
+    for name in backends.names():
+        cls = backends.get(name)
+        assert issubclass(cls, Backend) and cls.Options.BACKEND == name
 
 
 # -- run_local over fake tasks ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from psworker.testing import assert_processes_gone
+from psworker.testing import assert_processes_gone, port_open
 from tests.cluster_utils import REPO, task_env
 
 
@@ -68,7 +68,7 @@ def test_allow_public_bind_serves_on_every_interface(tmp_path):
             assert time.monotonic() < deadline, "the ps did not serve within 180 s:\n" + "".join(lines[-40:])
             time.sleep(0.1)
         addresses = ["127.0.0.1", *_other_ipv4_addresses()]
-        answered = [a for a in addresses if _accepts(a, port)]
+        answered = [a for a in addresses if port_open(port, a)]
         assert answered == addresses, f"answered on {answered} of {addresses}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -96,9 +96,3 @@ def test_network_isolated_fails_where_no_namespace_can_be_made(tmp_path):
 def _other_ipv4_addresses() -> list[str]:
     return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                    if a.family == socket.AF_INET and not a.address.startswith("127.")})
-
-
-def _accepts(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(2)
-        return sock.connect_ex((host, port)) == 0

@@ -14,7 +14,7 @@ def _cifar_graph(mode: str, task_index: int = 0):
     from psworker import models
     from psworker.spec import TrainConfig
     from psworker.train.graph import build_train_graph
-    from psworker.train.report import _NoDataModel
+    from psworker.train.plan_report import _NoDataModel
 
     graph = tf.Graph()
     config = TrainConfig(model="cifar10", batch_size=2, mode=mode, max_steps=10)
@@ -71,7 +71,7 @@ def test_checkpoint_names_are_those_the_evaluator_restores():
 @pytest.mark.parametrize("num_ps", [2, 3, 4])
 def test_cifar10_bytes_per_ps_are_balanced(num_ps):
     """Goal: max/mean <= 1.05; shards and moving averages sit with (and are counted on) their variable's ps."""
-    from psworker.train.report import placement_report
+    from psworker.train.plan_report import placement_report
 
     report = placement_report("cifar10", num_ps)
     assert report.max_over_mean <= 1.05, report.bytes_per_ps
@@ -88,7 +88,7 @@ def test_cifar10_bytes_per_ps_are_balanced(num_ps):
 
 
 def test_one_ps_splits_nothing():
-    from psworker.train.report import placement_report
+    from psworker.train.plan_report import placement_report
 
     report = placement_report("cifar10", 1)
     assert not any(v.is_shard for v in report.variables) and report.max_over_mean == 1.0
@@ -125,7 +125,7 @@ def test_step_traffic_of_cifar10_counts_every_crossing_read_and_gradient():
     """Per worker step: every variable pulled once (the weight decay shares the matmuls' read of local3/local4: before
     issue #9 it read them again, 8.1 MB in all, as profile_step measured) and the global step, one gradient per
     variable pushed (4.27 MB) and the learning rate to each ps; the averages cross nothing."""
-    from psworker.train.report import placement_report
+    from psworker.train.plan_report import placement_report
 
     params = 1_068_298
     for num_ps in (1, 2):

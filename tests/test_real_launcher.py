@@ -7,166 +7,26 @@ Three runs, one per signal, each checking several things while it trains, synchr
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import signal
-import socket
-import struct
-import subprocess
-import sys
-import termios
-import threading
-import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import psutil
 import pytest
 
 from psworker.launcher import netns
-from psworker.testing import assert_processes_gone
-from tests.cluster_utils import REPO, task_env
+from psworker.testing import assert_processes_gone, port_open
+from tests.cluster_utils import REPO, Launcher
 from tests.conftest import skip_or_fail
 
 pytestmark = pytest.mark.slow
 
 SPEC = str(REPO / "cluster_specs" / "local.yaml")
 ENDLESS = "1000000"          # max_steps: these runs end by a signal from the test
-TIMEOUT_SECS = 240.0         # for each event waited for (a loaded 2-core machine starts TensorFlow slowly)
 # A task's step line as the console shows it (on a terminal it may follow the live view's last row on one line).
 STEP = re.compile(r"\[(worker:\d)\] step (\d+), loss = ")
-# A terminal's cursor moves and line erases (the live view redrawing itself) end a line; other escapes go.
-_LINE_BREAKS = re.compile(r"\x1b\[[0-9;]*[ABEFGHJK]|\r")
-_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]")
-
-
-class Launcher:
-    """`psworker local ARGS` in its own session, its console read line by line (on a pipe, or on a pseudo-terminal
-    with `tty=True`, escape sequences removed); every descendant pid it ever had is kept."""
-
-    def __init__(self, args: Sequence[str], cwd: Path, *, tty: bool = False, env: Optional[dict] = None) -> None:
-        argv = [sys.executable, "-m", "psworker", "local", *args]
-        env = task_env(**(env or {}))
-        if tty:
-            self._fd, slave = os.openpty()
-            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 200, 0, 0))
-            self.proc = subprocess.Popen(argv, cwd=cwd, env={**env, "TERM": "xterm-256color"},
-                                         stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True)
-            os.close(slave)
-        else:
-            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-            self._fd = self.proc.stdout.fileno()
-        self.lines: list[str] = []
-        self.pids: set[int] = set()
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        pending = b""
-        while True:
-            try:
-                chunk = os.read(self._fd, 65536)
-            except OSError:     # a pty's EIO once every writer is gone
-                chunk = b""
-            if not chunk:
-                break
-            pending += chunk
-            *whole, pending = pending.split(b"\n")
-            text = "\n".join(raw.decode("utf-8", "replace") for raw in whole)
-            with self._lock:
-                self.lines += _ESCAPES.sub("", _LINE_BREAKS.sub("\n", text)).split("\n") if whole else []
-
-    def snapshot(self) -> list[str]:
-        with self._lock:
-            return list(self.lines)
-
-    def find(self, pattern: str, after: int = 0) -> Optional[tuple[int, re.Match]]:
-        """The first line at index >= `after` that matches `pattern` (re.search), with its index."""
-        for i, line in enumerate(self.snapshot()[after:], after):
-            m = re.search(pattern, line)
-            if m:
-                return i, m
-        return None
-
-    def wait_until(self, done: Callable[[], bool], what: str, timeout: float = TIMEOUT_SECS,
-                   each_poll: Callable[[], None] = lambda: None) -> None:
-        """Polls `done()` (and `each_poll()`) every 0.1 s; fails naming `what` if the launcher exits or time is up."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.pids.update(self._descendants())
-            each_poll()
-            if done():
-                return
-            if self.proc.poll() is not None:
-                self._reader.join(10)
-                raise AssertionError(f"the launcher exited ({self.proc.returncode}) before {what}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout:g} s:\n{self.tail()}")
-            time.sleep(0.1)
-
-    def wait_for(self, pattern: str, what: str, after: int = 0) -> tuple[int, re.Match]:
-        self.wait_until(lambda: self.find(pattern, after) is not None, what)
-        return self.find(pattern, after)
-
-    def task_pids(self) -> dict[str, int]:
-        """`job:index` -> pid of each task process running now (the launcher's children)."""
-        found = {}
-        for child in self._children():
-            try:
-                argv = child.cmdline()
-            except psutil.Error:
-                continue
-            if "psworker" in argv and "--task_index" in argv:
-                job = argv[argv.index("psworker") + 1]
-                found[f"{job}:{argv[argv.index('--task_index') + 1]}"] = child.pid
-        return found
-
-    def end(self, sig: int, timeout: float = 120.0) -> int:
-        """Sends `sig` to the launcher only (its tasks are in sessions of their own) and waits for its exit."""
-        self.pids.update(self._descendants())
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the launcher still runs {timeout:g} s after {sig!r}:\n{self.tail()}") from None
-        self._reader.join(10)
-        return self.proc.returncode
-
-    def close(self) -> None:
-        """Kills what is left: the launcher's session and every psworker process it started."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-        for pid in self.pids:
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(pid)
-                if "psworker" in proc.cmdline():
-                    proc.kill()
-        self._reader.join(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        else:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.snapshot()[-n:])
-
-    def _children(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.proc.pid).children()
-        except psutil.Error:
-            return []
-
-    def _descendants(self) -> set[int]:
-        try:
-            return {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
-        except psutil.Error:
-            return set()
 
 
 @pytest.fixture
@@ -192,12 +52,6 @@ def _status(pid: int) -> Optional[str]:
 
 def _steps(lines: Sequence[str], task: str) -> list[int]:
     return [int(m.group(2)) for m in map(STEP.search, lines) if m and m.group(1) == task]
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _listening_ports(pid: int) -> set[int]:
@@ -275,7 +129,7 @@ def _assert_isolated(run: Launcher, train_dir: Path) -> None:
     for name, pid in pids.items():
         assert os.stat(f"/proc/{pid}/ns/net").st_ino != here, f"{name} runs in the test's network namespace"
         assert ports[name] in _listening_ports(pid), f"{name} does not listen on {ports[name]} in its namespace"
-    answered = [name for name, port in ports.items() if _accepts(port)]
+    answered = [name for name, port in ports.items() if port_open(port)]
     assert not answered, f"reachable from outside the run's network namespace: {answered}"
 
 

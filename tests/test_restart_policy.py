@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import io
+import functools
 import signal
 import time
 
@@ -13,27 +13,13 @@ from psworker.errors import UsageError
 from psworker.launcher.inject import check_fault_tasks, parse_fault
 from psworker.launcher.policy import RestartPolicy, is_retryable
 from psworker.launcher.report import exit_status, format_report
-from psworker.launcher.supervisor import Supervisor
-from tests.fake_tasks.fakes import fake, kill_quietly, poll_until, task_state, wait_for
+from tests.fake_tasks.fakes import fake, poll_until, task_state, wait_for
 
 
 @pytest.fixture
-def start(tmp_path):
+def start(make_supervisor):
     """Starts fake tasks under a supervisor and returns it (stopped at teardown); the test drives it."""
-    made = []
-
-    def go(tasks, **kwargs):
-        kwargs.setdefault("console", io.StringIO())
-        sup = Supervisor(tasks, tmp_path / "logs", grace_period_secs=2.0, ps_exit_grace_secs=0.2, **kwargs)
-        made.append(sup)
-        sup.start()
-        return sup
-
-    yield go
-    for sup in made:
-        pids = list(sup.pids().values())
-        sup.stop("teardown")
-        kill_quietly(pids)
+    return functools.partial(make_supervisor, start=True, ps_exit_grace_secs=0.2)
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from psworker.schedulers.slurm import expand_hostlist
+from psworker.launcher.backends.slurm.allocation import expand_hostlist
+from psworker.testing import gone
 
 
 def test_srun_runs_three_tasks_on_the_node(slurm):
@@ -35,15 +36,9 @@ def test_scancel_leaves_no_process(slurm, tmp_path):
     started = slurm.job_processes()
     slurm.run(["scancel", job_id])
 
-    def alive(p: psutil.Process) -> bool:
-        try:
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
     # Both: `job_processes` finds the cluster's processes by what they hold (environment, spool socket, files under
     # its root); the processes seen before the scancel are also watched themselves, whatever they still hold.
-    slurm.wait_until(lambda: not slurm.job_processes() and not [p for p in started if alive(p)], 30,
+    slurm.wait_until(lambda: not slurm.job_processes() and all(gone(p.pid) for p in started), 30,
                      f"every process of job {job_id} gone after scancel")
     slurm.wait_until(lambda: job_id not in slurm.jobs(), 30, f"job {job_id} out of squeue")
 

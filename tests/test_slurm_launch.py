@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import sys
 import time
 from pathlib import Path
@@ -15,59 +14,14 @@ import yaml
 
 from psworker.cli import main
 from psworker.testing import checkpoint_step, processes_naming
-
-
-JOB_TIMEOUT_SECS = 420        # TensorFlow's import in 3 tasks on a small, shared machine
-
-
-def _port_base(n: int = 3) -> int:
-    """A port p with p .. p+n-1 free on every interface (the tasks listen on all of them)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for port in range(base + 1, base + n):
-                with socket.socket() as t:
-                    t.bind(("", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no {n} consecutive free ports")
-
-
-def _spec(tmp_path: Path, **train) -> Path:
-    path = tmp_path / "counts.yaml"
-    path.write_text(yaml.safe_dump({"cluster": {"ps": 1, "worker": 2},
-                                    "train": {"model": "mlp", "batch_size": 32, "log_every_steps": 10, **train}}))
-    return path
-
-
-def _submit(slurm, monkeypatch, capsys, tmp_path: Path, *extra: str, **train) -> tuple[str, Path]:
-    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    run_dir = tmp_path / "run"
-    rc = main(["slurm", "submit", str(_spec(tmp_path, **train)), "--run_dir", str(run_dir), "--overcommit",
-               "--time", "0:10:00", "--port_base", str(_port_base()), *extra])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    job_id = out.strip().splitlines()[-1]
-    assert job_id.isdigit() and (run_dir / "slurm-job-id").read_text().strip() == job_id
-    return job_id, run_dir
-
-
-def _wait_done(slurm, job_id: str, run_dir: Path) -> str:
-    out = run_dir / f"slurm-{job_id}.out"
-    slurm.wait_until(lambda: job_id not in slurm.jobs(), JOB_TIMEOUT_SECS, f"job {job_id} finished ({out})")
-    return out.read_text(errors="replace")
+from tests.slurm_fixture import JOB_TIMEOUT_SECS, free_port_base, submit_counts, wait_done
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_submitted_job_trains_and_reports(slurm, monkeypatch, capsys, tmp_path):
-    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, max_steps=200)
-    out = _wait_done(slurm, job_id, run_dir)
+    job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, max_steps=200)
+    out = wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
     assert re.search(r"^psworker: precision @ 1 = ", out, re.MULTILINE), out[-4000:]
     assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 3, out[-4000:]
@@ -82,9 +36,9 @@ def test_submitted_job_trains_and_reports(slurm, monkeypatch, capsys, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_injected_kill_is_restarted_as_a_new_step(slurm, monkeypatch, capsys, tmp_path):
-    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, "--inject", "kill:worker:1@step=60",
+    job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, "--inject", "kill:worker:1@step=60",
                               "--max_restarts", "1", "--restart_backoff_secs", "0.5", mode="sync", max_steps=200)
-    out = _wait_done(slurm, job_id, run_dir)
+    out = wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
     assert "restarting worker:1 (restart 1: injected kill:worker:1@step=60)" in out, out[-4000:]
     steps = re.findall(r"worker:1 runs as Slurm step (\d+\.\d+)", out)
@@ -98,7 +52,7 @@ def test_injected_kill_is_restarted_as_a_new_step(slurm, monkeypatch, capsys, tm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_scancel_mid_run_leaves_no_process(slurm, monkeypatch, capsys, tmp_path):
-    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, max_steps=1_000_000)
+    job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, max_steps=1_000_000)
     log = run_dir / "logs" / "worker-0.log"
     slurm.wait_until(lambda: log.exists() and re.search(r"^step \d+", log.read_text(errors="replace"), re.MULTILINE),
                      JOB_TIMEOUT_SECS, f"job {job_id} training ({log})")
@@ -129,7 +83,7 @@ def test_status_of_a_job_slurm_has_forgotten_comes_from_its_run_dir(tmp_path, mo
     assert main(["slurm", "status", "987654", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["global_step"] == 40 and status["tasks"]["ps:0"]["state"] == "not started", status
-    monkeypatch.setattr("psworker.launcher.backends.sbatch.SCONTROL_TIMEOUT_SECS", 2.0)
+    monkeypatch.setattr("psworker.launcher.backends.slurm.job.SCONTROL_TIMEOUT_SECS", 2.0)
     assert main(["slurm", "status", "123"]) == 2
     assert "pass its run dir instead" in capsys.readouterr().err
 
@@ -141,10 +95,10 @@ def test_a_classic_tf1_script_runs_as_srun_steps(slurm, monkeypatch, capsys, tmp
     in from the allocation's layout; the chief's exit ends the job; no step or process left."""
     script = Path(__file__).resolve().parent / "user_scripts" / "classic_tf1.py"
     checkpoints = tmp_path / "run" / "ckpt"
-    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, "--", sys.executable, str(script),
+    job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, "--", sys.executable, str(script),
                               "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}", "--job_name={job_name}",
                               "--task_index={task_index}", "--train_dir", str(checkpoints), "--max_steps", "200")
-    out = _wait_done(slurm, job_id, run_dir)
+    out = wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
     assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 3, out[-4000:]
     assert "[worker:0] worker 0 done" in out, out[-4000:]
@@ -164,11 +118,11 @@ def test_a_tf2_parameter_server_strategy_script_runs_as_srun_steps(slurm, monkey
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     run_dir = tmp_path / "run"
     rc = main(["slurm", "submit", str(spec), "--run_dir", str(run_dir), "--overcommit", "--time", "0:10:00",
-               "--port_base", str(_port_base(4)), "--", sys.executable, str(script)])
+               "--port_base", str(free_port_base(4)), "--", sys.executable, str(script)])
     out = capsys.readouterr().out
     assert rc == 0, out
     job_id = out.strip().splitlines()[-1]
-    out = _wait_done(slurm, job_id, run_dir)
+    out = wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
     assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 4, out[-4000:]
     assert "[chief:0] chief done: w = 3.00, b = 1.00" in out, out[-4000:]

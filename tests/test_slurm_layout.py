@@ -1,4 +1,5 @@
-"""Pure Slurm pieces: hostlists, TensorFlow's task layout (checked against SlurmClusterResolver itself), srun argv."""
+"""Pure Slurm pieces: hostlists, the allocation the slurm backend lays the tasks out on (checked against
+SlurmClusterResolver itself), srun argv."""
 
 from __future__ import annotations
 
@@ -6,15 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from psworker.errors import UsageError
-from psworker.errors import SpecError
-from psworker.schedulers.slurm import (SlurmTask, allocation_from_environ, cluster_dict, count_spec, expand_hostlist,
-                                       expand_tasks_per_node, layout, srun_argv)
+from psworker.errors import SpecError, UsageError
+from psworker.launcher.backends.slurm.allocation import (allocation_from_environ, check_allocation, count_spec,
+                                                         expand_hostlist, expand_tasks_per_node)
+from psworker.launcher.backends.slurm.steps import parse_steps, signal_step_argv, srun_argv, steps_argv
+from psworker.plan import layout, plan, task_of_rank
 from psworker.spec import ClusterSpec, CountSpec, load_spec
 
 
 def counts(jobs, port=2222):
     return CountSpec(tuple(jobs.items()), port)
+
+
+def placed(spec, nodes, tasks_per_node):
+    """The slurm backend's layout: the allocation checked against the spec, then TensorFlow's rules."""
+    return layout(spec, nodes, check_allocation(spec, nodes, tasks_per_node))
 
 HOSTLISTS = ["node[01-03,07]", "n[1-2],m5,o[3-4,6,7-9]", "vm", "a,b,c", "node[9-11]", "x[098-101]",
              "gpu[1],cpu[0-1]"]
@@ -58,23 +65,23 @@ def test_layout_equals_tensorflow_slurm_cluster_resolver(monkeypatch, jobs, node
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import SlurmClusterResolver
 
     counts = expand_tasks_per_node(tasks_per_node)
-    ours = layout(CountSpec(tuple(jobs.items()), port_base), expand_hostlist(nodelist), counts)
+    spec = CountSpec(tuple(jobs.items()), port_base)
+    ours = placed(spec, expand_hostlist(nodelist), counts)
     monkeypatch.setenv("SLURM_STEP_NODELIST", nodelist)
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", str(sum(counts)))
-    for task in ours:
-        monkeypatch.setenv("SLURM_PROCID", str(task.rank))
+    for rank in range(sum(counts)):
+        monkeypatch.setenv("SLURM_PROCID", str(rank))
         # No GPUs here: one "GPU" slot per task so that TF's zip over GPU offsets keeps every task.
         resolver = SlurmClusterResolver(jobs=dict(jobs), port_base=port_base, gpus_per_node=max(counts),
                                         gpus_per_task=1, auto_set_gpu=False)
-        assert resolver.cluster_spec().as_dict() == cluster_dict(ours)
-        assert resolver.get_task_info() == (task.job, task.index)
+        assert resolver.cluster_spec().as_dict() == ours.as_dict()
+        assert resolver.get_task_info() == task_of_rank(spec, rank)
 
 
 def test_layout_orders_hosts_as_strings_and_jobs_by_name():
-    tasks = layout(counts({"ps": 1, "worker": 2}), ["node9", "node10"], [2, 1])
-    assert [(t.job, t.index, t.address, t.rank) for t in tasks] == [
-        ("ps", 0, "node10:2222", 0), ("worker", 0, "node9:2222", 1), ("worker", 1, "node9:2223", 2)]
+    cluster = placed(counts({"ps": 1, "worker": 2}), ["node9", "node10"], [2, 1])
+    assert cluster.as_dict() == {"ps": ["node10:2222"], "worker": ["node9:2222", "node9:2223"]}
 
 
 def test_count_spec_of_either_kind_of_spec(tmp_path):
@@ -87,9 +94,11 @@ def test_count_spec_of_either_kind_of_spec(tmp_path):
 
 def test_layout_rejects_a_task_count_the_allocation_does_not_run():
     with pytest.raises(UsageError, match=r"3 tasks .* allocation runs 4 .*--ntasks=3"):
-        layout(counts({"ps": 1, "worker": 2}), ["a", "b"], 2)
+        placed(counts({"ps": 1, "worker": 2}), ["a", "b"], 2)
+    with pytest.raises(UsageError, match="2 nodes but 1 tasks-per-node counts"):
+        placed(counts({"ps": 1, "worker": 2}), ["a", "b"], [3])
     with pytest.raises(SpecError, match="port 65536 is out of range"):
-        layout(counts({"ps": 1, "worker": 1}, 65535), ["a"], 2)
+        placed(counts({"ps": 1, "worker": 1}, 65535), ["a"], 2)
 
 
 def test_allocation_from_environ():
@@ -105,7 +114,7 @@ def test_allocation_from_environ():
 
 
 def test_srun_argv_is_one_step_on_one_node():
-    task = SlurmTask("worker", 1, "node07", 8889, 2)
+    task = plan(placed(counts({"ps": 1, "worker": 2}, 8888), ["node07"], 3), "unread.yaml")[2]
     argv = srun_argv(task, ["/usr/bin/python3", "-m", "psworker", "worker", "--train_dir", "/a b"],
                      extra=("--cpus-per-task=2",))
     assert argv == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=node07", "--overlap",
@@ -116,11 +125,10 @@ def test_srun_argv_is_one_step_on_one_node():
 
 
 def test_step_lookup_and_signal_argv():
-    from psworker.schedulers.slurm import parse_steps, signal_step_argv, steps_argv
-
     assert steps_argv("12") == ["squeue", "--steps", "-h", "-o", "%i %j", "-j", "12"]
-    assert parse_steps("12.batch batch\n12.0 psworker-ps-0\n12.3 psworker-worker-1\n\n") == {
-        "batch": "12.batch", "psworker-ps-0": "12.0", "psworker-worker-1": "12.3"}
+    listed = "12.batch batch\n12.0 psworker-ps-0\n12.3 psworker-worker-1\n\n12.4 psworker-worker-1\n"
+    assert parse_steps(listed) == [("12.batch", "batch"), ("12.0", "psworker-ps-0"),
+                                   ("12.3", "psworker-worker-1"), ("12.4", "psworker-worker-1")]
     assert signal_step_argv("12.3") == ["scancel", "--signal=TERM", "12.3"]
     with pytest.raises(UsageError, match="JOB.STEP"):
         signal_step_argv("12")

@@ -12,8 +12,10 @@ import psutil
 import pytest
 
 from psworker.cli import main
-from psworker.schedulers import slurm
-from psworker.schedulers.slurm import SbatchOptions, SubmitError, submit, write_sbatch_script
+from psworker.errors import SubmitError, UsageError
+from psworker.launcher.backends.slurm.job import submit
+from psworker.launcher.backends.slurm.script import (SbatchOptions, check_nodes, check_time, sbatch_script,
+                                                     write_sbatch_script)
 
 SPEC = Path(__file__).resolve().parent.parent / "cluster_specs" / "local.yaml"
 AWKWARD = "it's a \"dir\" with $HOME and `x`"
@@ -62,12 +64,12 @@ def test_submit_checks_values_before_queueing(tmp_path, capsys):
 
 def test_sbatch_options_check_their_values_as_the_flags_do(tmp_path):
     """A library caller of SbatchOptions meets the same checks as `slurm submit`'s flags."""
-    with pytest.raises(slurm.UsageError, match=r"--nodes: '0' is not a node count"):
-        slurm.sbatch_script(SbatchOptions(ntasks=3, nodes="0"), tmp_path, ["true"])
-    with pytest.raises(slurm.UsageError, match=r"--time: '1h' is not a Slurm time limit"):
-        slurm.sbatch_script(SbatchOptions(ntasks=3, time="1h"), tmp_path, ["true"])
-    assert "#SBATCH --time=2-00:30:00" in slurm.sbatch_script(SbatchOptions(ntasks=3, time="2-00:30:00"), tmp_path,
-                                                              ["true"])
+    with pytest.raises(UsageError, match=r"--nodes: '0' is not a node count"):
+        sbatch_script(SbatchOptions(ntasks=3, nodes="0"), tmp_path, ["true"])
+    with pytest.raises(UsageError, match=r"--time: '1h' is not a Slurm time limit"):
+        sbatch_script(SbatchOptions(ntasks=3, time="1h"), tmp_path, ["true"])
+    assert "#SBATCH --time=2-00:30:00" in sbatch_script(SbatchOptions(ntasks=3, time="2-00:30:00"), tmp_path,
+                                                        ["true"])
 
 
 def test_sbatch_accepts_the_written_script(slurm, tmp_path):
@@ -99,8 +101,8 @@ def test_sbatch_agrees_with_the_nodes_and_time_checks(slurm, tmp_path):
 
 def _accepted(nodes: str, time: str) -> bool:
     try:
-        slurm.check_nodes(nodes)
-        slurm.check_time(time)
+        check_nodes(nodes)
+        check_time(time)
     except ValueError:
         return False
     return True
@@ -134,14 +136,16 @@ def test_layout_and_srun_steps_inside_a_real_allocation(slurm, tmp_path):
     on its node, each a separate step with its own name."""
     program = (
         "import os, subprocess, sys\n"
-        "from psworker.schedulers.slurm import allocation_from_environ, layout, srun_argv\n"
+        "from psworker.launcher.backends.slurm.allocation import allocation_from_environ\n"
+        "from psworker.launcher.backends.slurm.steps import srun_argv\n"
+        "from psworker.plan import layout, plan\n"
         "from psworker.spec import CountSpec\n"
         "nodes, counts = allocation_from_environ(os.environ)\n"
-        "tasks = layout(CountSpec((('ps', 1), ('worker', 2)), 8888), nodes, counts)\n"
+        "tasks = plan(layout(CountSpec((('ps', 1), ('worker', 2)), 8888), nodes, counts), 'unread.yaml')\n"
         "procs = [subprocess.Popen(srun_argv(t, ['bash', '-c', 'echo $SLURM_JOB_NAME $SLURMD_NODENAME "
         "$SLURM_STEP_ID']), stdout=subprocess.PIPE, text=True) for t in tasks]\n"
         "print(sorted(p.communicate()[0].split()[0] for p in procs), [p.returncode for p in procs])\n"
-        "print([t.address for t in tasks])\n")
+        "print([str(t.address) for t in tasks])\n")
     script = write_sbatch_script(tmp_path, SbatchOptions(ntasks=3, time="0:05:00", overcommit=True),
                                  [sys.executable, "-c", program])
     job_id = submit(script, env=dict(slurm.env, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
@@ -159,26 +163,28 @@ def test_a_step_is_signalled_by_scancel_and_ends_with_its_srun(slurm, tmp_path):
     marker = f"psworker-test-{tmp_path.name}"
     program = (
         "import os, signal, subprocess, sys, time\n"
-        "from psworker.schedulers.slurm import (allocation_from_environ, layout, parse_steps, signal_step_argv,\n"
-        "                                       srun_argv, steps_argv)\n"
+        "from psworker.launcher.backends.slurm.allocation import allocation_from_environ\n"
+        "from psworker.launcher.backends.slurm.steps import parse_steps, signal_step_argv, srun_argv, steps_argv\n"
+        "from psworker.plan import layout, plan\n"
         "from psworker.spec import CountSpec\n"
-        "tasks = layout(CountSpec((('ps', 1), ('worker', 1)), 8888), *allocation_from_environ(os.environ))\n"
+        "tasks = plan(layout(CountSpec((('ps', 1), ('worker', 1)), 8888), *allocation_from_environ(os.environ)),\n"
+        "             'unread.yaml')\n"
         "task = (\"import signal, sys, time\\n\"\n"
         "        \"signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(143)))\\n\"\n"
         "        \"print('up', flush=True)\\ntime.sleep(300)\")\n"
         f"procs = [subprocess.Popen(srun_argv(t, [sys.executable, '-c', task, {marker!r}]), stdout=subprocess.PIPE,\n"
         "                          text=True) for t in tasks]\n"
         "print([p.stdout.readline().strip() for p in procs], flush=True)\n"
-        "steps = parse_steps(subprocess.run(steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True,\n"
-        "                                   text=True).stdout)\n"
+        "steps = {name: step for step, name in parse_steps(subprocess.run(\n"
+        "    steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True, text=True).stdout)}\n"
         "print(sorted(steps), flush=True)\n"
         "subprocess.run(signal_step_argv(steps['psworker-ps-0']), check=True)\n"
         "print(repr(procs[0].stdout.read()), procs[0].wait(), flush=True)\n"
         "procs[1].kill()\n"
         "procs[1].wait()\n"
         "for _ in range(100):\n"
-        "    left = parse_steps(subprocess.run(steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True,\n"
-        "                                      text=True).stdout)\n"
+        "    left = [name for _, name in parse_steps(subprocess.run(\n"
+        "        steps_argv(os.environ['SLURM_JOB_ID']), capture_output=True, text=True).stdout)]\n"
         "    if 'psworker-worker-0' not in left:\n"
         "        break\n"
         "    time.sleep(0.2)\n"

@@ -9,9 +9,10 @@ import time
 import psutil
 import pytest
 
-from psworker.errors import UsageError
-from psworker.schedulers.ssh import (UnreachableHosts, check_reachable, remote_command, require_reachable,
-                                     ssh_argv)
+from psworker.errors import UnreachableHosts, UsageError
+from psworker.launcher.backends.ssh.hosts import check_reachable, require_reachable
+from psworker.launcher.backends.ssh.remote import remote_command, ssh_argv
+from psworker.testing import wait_for
 
 AWKWARD = "it's \"$HOME\" `id` ; rm -rf / \\ *"
 
@@ -97,22 +98,12 @@ def _remote_sleeps(seconds: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", seconds]]
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise TimeoutError(f"{what}: not within {timeout:g} s")
-
-
 @pytest.mark.parametrize("signal_name", ["kill", "terminate"])
 def test_remote_task_dies_with_its_connection(sshd, signal_name):
     local = subprocess.Popen(ssh_argv("127.0.0.2", ["sleep", "301"], ssh_config=sshd.client_config),
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        remote = _wait_for(lambda: _remote_sleeps("301"), 15, "remote sleep 301 started")
+        remote = wait_for(lambda: _remote_sleeps("301"), 15, "remote sleep 301 started")
     finally:
         getattr(local, signal_name)()
         local.wait(10)
@@ -122,16 +113,15 @@ def test_remote_task_dies_with_its_connection(sshd, signal_name):
 
 def test_without_a_terminal_the_remote_task_would_survive(sshd):
     """Why ssh_argv uses -tt: the same command without it outlives its connection."""
-    argv = ssh_argv("127.0.0.3", ["sleep", "302"], ssh_config=sshd.client_config)
-    argv.remove("-tt")
+    argv = ssh_argv("127.0.0.3", ["sleep", "302"], ssh_config=sshd.client_config, tty=False)
     local = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     remote = []
     try:
-        remote = _wait_for(lambda: _remote_sleeps("302"), 15, "remote sleep 302 started")
+        remote = wait_for(lambda: _remote_sleeps("302"), 15, "remote sleep 302 started")
         local.kill()
         local.wait(10)
         _, alive = psutil.wait_procs(remote, timeout=2)
-        assert alive, "without -tt the remote sleep ended too: the -tt rationale in psworker/schedulers/ssh.py is stale"
+        assert alive, "without -tt the remote sleep ended too: the -tt rationale in psworker/launcher/backends/ssh/remote.py is stale"
     finally:
         if local.poll() is None:
             local.kill()

@@ -9,14 +9,13 @@ import shutil
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from psworker import stackdump
-from psworker.testing import checkpoint_step, processes_naming
+from psworker.testing import checkpoint_step, processes_naming, wait_for
 from tests.cluster_utils import run_launcher
 
 pytestmark = pytest.mark.slow
@@ -49,11 +48,7 @@ def _spec(tmp_path: Path, hosts=HOSTS, **train) -> Path:
 
 
 def _wait_gone(marker: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while processes_naming(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = processes_naming(marker)
-    assert not left, f"still running {timeout:g} s after the launcher exited: {[p.cmdline() for p in left]}"
+    wait_for(lambda: not processes_naming(marker), timeout, f"every process naming {marker} to end after the launcher")
 
 
 @pytest.mark.timeout(600)

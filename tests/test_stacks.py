@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import faulthandler
 import gc
-import io
 import re
 import signal
 import subprocess
@@ -18,13 +17,13 @@ import threading
 
 import pytest
 
-from psworker import stackdump
+from psworker import events, stackdump
 from psworker.launcher import stacks
 from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
-from psworker.testing import assert_processes_gone, processes_naming
+from psworker.testing import ProgramTask, assert_processes_gone, processes_naming
 from tests.cluster_utils import REPO, run_launcher
-from tests.fake_tasks.fakes import HERE, FakeTask, fake, poll_until
+from tests.fake_tasks.fakes import HERE, fake, poll_until
 
 STUCK = str(HERE / "stuck.py")
 WAIT = 60.0                       # for any one event of a fake task on a loaded machine
@@ -119,11 +118,11 @@ def test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_th
 
 
 def test_lines_of_the_protocol_render_and_parse_back():
-    ready = stackdump.Ready(4242)
-    assert stackdump.Ready.parse(ready.render() + "\n") == ready
-    asked = stackdump.Requested.now("worker:1", "stalled: step 40 unchanged for 20 s", "SIGUSR1")
-    assert stackdump.Requested.parse(asked.render()) == asked
-    assert list(stackdump.Requested.finditer(["x", asked.render()])) == [asked]
+    ready = events.StacksReady(4242)
+    assert events.StacksReady.parse(ready.render() + "\n") == ready
+    asked = events.StacksRequested.now("worker:1", "stalled: step 40 unchanged for 20 s", "SIGUSR1")
+    assert events.StacksRequested.parse(asked.render()) == asked
+    assert list(events.StacksRequested.finditer(f"x\n{asked.render()}\n")) == [asked]
     assert stackdump.is_dump_line(ready.render())
     # a Python traceback's frame lines (with a comma) stay on the console; a dump's go to the log only
     assert not stackdump.is_dump_line('  File "train.py", line 3, in main')
@@ -173,9 +172,12 @@ def test_py_spys_dump_of_a_real_program_reads_as_faulthandlers():
         stackdump.from_py_spy("Error: permission denied", proc.pid)
 
 
-def _run(tasks, tmp_path, asker, **kwargs) -> tuple[Supervisor, set[int]]:
-    sup = Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), stacks=asker, **kwargs)
-    sup.start()
+# The supervisor's own grace periods: a task asked for its stacks at the end has its full time to answer.
+GRACES = {"grace_period_secs": 10.0, "ps_exit_grace_secs": 15.0}
+
+
+def _run(make_supervisor, tasks, log_dir, asker, **kwargs) -> tuple[Supervisor, set[int]]:
+    sup = make_supervisor(tasks, start=True, log_dir=log_dir, stacks=asker, **GRACES, **kwargs)
     return sup, set(sup.pids().values())
 
 
@@ -187,9 +189,10 @@ def _frames(text: str) -> list[str]:
     return [f.function for f in stackdump.last_dump(text).main_thread.frames if f.file.endswith("stuck.py")]
 
 
-def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows_where(tmp_path):
+def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows_where(tmp_path, make_supervisor):
     tasks = [fake("ps", 0, "stuck", "--steps", "0"), fake("worker", 0, "stuck", "--steps", "3")]
-    sup, pids = _run(tasks, tmp_path, stacks.StackAsker(by_signal=True), stall_timeout_secs=2.0)
+    sup, pids = _run(make_supervisor, tasks, tmp_path / "logs", stacks.StackAsker(by_signal=True),
+                     stall_timeout_secs=2.0)
     try:
         result = sup.wait(WAIT)
     finally:
@@ -215,12 +218,12 @@ def test_a_stalled_task_is_asked_for_its_stacks_then_killed_and_the_report_shows
     assert_processes_gone(pids)
 
 
-def test_teardown_asks_only_tasks_that_can_answer(tmp_path):
+def test_teardown_asks_only_tasks_that_can_answer(tmp_path, make_supervisor):
     """A task that has printed nothing yet (its handler may not be in place: the signal would kill it) is not
     asked; one that has exited is not either; the one that answers goes on until SIGTERM."""
-    silent = FakeTask("worker", 1, (sys.executable, "-c", "import time; time.sleep(600)"))
+    silent = ProgramTask("worker", 1, (sys.executable, "-c", "import time; time.sleep(600)"))
     tasks = [fake("ps", 0, "stuck"), silent, fake("worker", 0, "echo_exit", "0")]
-    sup, pids = _run(tasks, tmp_path, stacks.StackAsker(by_signal=True))
+    sup, pids = _run(make_supervisor, tasks, tmp_path / "logs", stacks.StackAsker(by_signal=True))
     try:
         poll_until(sup, lambda: "ready" in _log(sup, "ps:0") and "worker:0" not in sup.pids(), WAIT,
                    "ps:0 ready and worker:0 exited")
@@ -235,12 +238,12 @@ def test_teardown_asks_only_tasks_that_can_answer(tmp_path):
     assert not result.exits["worker:0"].stopped and result.exits["worker:0"].stack == ()
 
 
-def test_a_users_program_is_dumped_by_py_spy_or_told_how(tmp_path):
+def test_a_users_program_is_dumped_by_py_spy_or_told_how(tmp_path, make_supervisor):
     """SIGUSR1 would kill a program without a handler: py-spy dumps it into its log instead; without py-spy the
     log says how to get the stacks."""
     tasks = [fake("ps", 0, "stuck", "--no-handler"), fake("worker", 0, "stuck", "--no-handler")]
     for name, asker in (("spy", stacks.StackAsker(py_spy=_py_spy())), ("none", stacks.StackAsker())):
-        sup, pids = _run(tasks, tmp_path / name, asker)
+        sup, pids = _run(make_supervisor, tasks, tmp_path / name / "logs", asker)
         try:
             poll_until(sup, lambda: all("ready" in _log(sup, t.name) for t in tasks), WAIT, "both tasks ready")
             result = sup.stop("stopped by the test")
@@ -323,10 +326,10 @@ def test_a_real_stalled_worker_reports_where_it_was(tmp_path):
 @pytest.mark.timeout(600)
 def test_under_slurm_a_stalled_worker_is_asked_through_its_step(slurm, monkeypatch, capsys, tmp_path):
     """`scancel --signal=USR1 JOB.STEP` reaches the task; its dump comes back through srun's output into its log."""
-    from tests.test_slurm_launch import _submit, _wait_done
+    from tests.slurm_fixture import submit_counts, wait_done
 
-    job_id, run_dir = _submit(slurm, monkeypatch, capsys, tmp_path, *STALL[2:], max_steps=1_000_000)
-    out = _wait_done(slurm, job_id, run_dir)
+    job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, *STALL[2:], max_steps=1_000_000)
+    out = wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 137" in out, out[-4000:]
     _check_stalled_worker_report(out)
     left = processes_naming(str(run_dir))      # this run's only: other runs' sruns may share the machine

@@ -1,11 +1,10 @@
 """When a run has succeeded (`--success_policy`, Kubeflow TFJob's rule) and what happens to the tasks left then
 (`--worker_exit_grace_secs`): `psworker run` over fake tasks (tests/fake_tasks/roles.py), the flags' checks, and
 the regression of issue 17: a classic TF1 script whose non-chief cannot start once the chief has left
-(tests/scripts/classic_tf1.py) ends with exit 0."""
+(tests/user_scripts/classic_tf1.py --no_device_filters) ends with exit 0."""
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import shlex
@@ -20,10 +19,10 @@ from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, run_launcher
-from tests.fake_tasks.fakes import fake, kill_quietly, poll_until, task_state
+from tests.fake_tasks.fakes import fake, poll_until, task_state
 
 ROLES = REPO / "tests" / "fake_tasks" / "roles.py"
-CLASSIC = REPO / "tests" / "scripts" / "classic_tf1.py"
+CLASSIC = REPO / "tests" / "user_scripts" / "classic_tf1.py"
 SPEC = "cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:auto']\n"
 TASK_ROW = re.compile(r"^  ((?:ps|worker):\d+)\s+(.+?)  \[", re.MULTILINE)
 CHIEF_EXITED = "psworker: worker:0 (pid "
@@ -145,7 +144,7 @@ def test_a_classic_script_whose_non_chief_cannot_start_ends_with_exit_0(tmp_path
                         "--worker_exit_grace_secs", "5", "--",
                         sys.executable, str(CLASSIC), "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}",
                         "--job_name={job_name}", "--task_index={task_index}", "--train_dir", str(train_dir),
-                        "--max_steps", "300"], cwd=tmp_path, timeout=360, command="run")
+                        "--max_steps", "300", "--no_device_filters"], cwd=tmp_path, timeout=360, command="run")
     assert run.returncode == 0, run.output[-4000:]
     assert re.search(r"^\[worker:0\] step \d+, loss = ", run.output, re.MULTILINE), run.output[-4000:]
     assert "[worker:0] worker 0 done" in run.output
@@ -168,23 +167,15 @@ def test_a_classic_script_whose_non_chief_cannot_start_ends_with_exit_0(tmp_path
 # -- the supervisor's drain, driven step by step over fake tasks ------------------------------------------------------
 
 @pytest.fixture
-def supervise(tmp_path, caplog):
+def supervise(make_supervisor, caplog):
     """Starts fake tasks under a chief-or-worker0 supervisor (stopped at teardown); the test drives its loop."""
     caplog.set_level(logging.INFO, logger="psworker.launcher.supervisor")
-    made = []
 
     def start(tasks, grace: float = 60.0, **kwargs) -> Supervisor:
-        sup = Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), grace_period_secs=2.0,
-                         ps_exit_grace_secs=0.2, success=SuccessPolicy(CHIEF_OR_WORKER0, grace), **kwargs)
-        made.append(sup)
-        sup.start()
-        return sup
+        return make_supervisor(tasks, start=True, ps_exit_grace_secs=0.2,
+                               success=SuccessPolicy(CHIEF_OR_WORKER0, grace), **kwargs)
 
-    yield start
-    for sup in made:
-        pids = list(sup.pids().values())
-        sup.stop("teardown")
-        kill_quietly(pids)
+    return start
 
 
 def test_a_worker_waiting_for_its_restart_is_restarted_within_the_grace(tmp_path, supervise, caplog):

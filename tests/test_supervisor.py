@@ -12,29 +12,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.fake_tasks.fakes import (HERE, FakeTask, fake, kill_quietly, poll_until, stop_supervisors, task_state, wait_for,
-                                    wait_gone)
+from psworker.testing import ProgramTask
+from tests.fake_tasks.fakes import HERE, fake, kill_quietly, poll_until, task_state, wait_for, wait_gone
 from psworker.launcher.report import exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def make_sup(tmp_path):
-    """Builds supervisors with short grace periods and a captured console; stops them all at teardown."""
-    made: list[Supervisor] = []
-
-    def make(tasks, **kwargs) -> Supervisor:
-        kwargs.setdefault("console", io.StringIO())
-        kwargs.setdefault("grace_period_secs", 2.0)
-        kwargs.setdefault("ps_exit_grace_secs", 0.5)
-        sup = Supervisor(tasks, tmp_path / "logs", **kwargs)
-        made.append(sup)
-        return sup
-
-    yield make
-    stop_supervisors(made)
 
 
 def log_text(sup: Supervisor, name: str) -> str:
@@ -47,9 +30,9 @@ def wait_ready(sup: Supervisor, *names: str, timeout: float = 15.0) -> None:
         wait_for(lambda: path.exists() and "ready" in path.read_text(), timeout, f"{name} ready")
 
 
-def test_success_prefixes_console_and_writes_full_logs(make_sup):
+def test_success_prefixes_console_and_writes_full_logs(make_supervisor):
     console = io.StringIO()
-    sup = make_sup([
+    sup = make_supervisor([
         fake("ps", 0, "sleep_forever"),
         fake("worker", 0, "echo_exit", 0, "--tag", "w0", "--stderr"),
         fake("worker", 1, "echo_exit", 0, "--tag", "w1", "--sleep", "0.3"),
@@ -72,9 +55,9 @@ def test_success_prefixes_console_and_writes_full_logs(make_sup):
     assert "run succeeded" in report and "worker:1" in report and "stopped by launcher" in report
 
 
-def test_task_env_is_added_to_the_environment(make_sup, monkeypatch):
+def test_task_env_is_added_to_the_environment(make_supervisor, monkeypatch):
     monkeypatch.setenv("PSWORKER_TEST_INHERITED", "from-parent")
-    sup = make_sup([
+    sup = make_supervisor([
         fake("worker", 0, "echo_exit", 0, "--print-env", "PSWORKER_TEST_TASK",
              env={"PSWORKER_TEST_TASK": "a b"}),
         fake("worker", 1, "echo_exit", 0, "--print-env", "PSWORKER_TEST_INHERITED"),
@@ -85,9 +68,9 @@ def test_task_env_is_added_to_the_environment(make_sup, monkeypatch):
     assert "PSWORKER_TEST_INHERITED=from-parent" in log_text(sup, "worker:1")
 
 
-def test_ps_that_exits_by_itself_is_not_stopped(make_sup, tmp_path):
+def test_ps_that_exits_by_itself_is_not_stopped(make_supervisor, tmp_path):
     release = tmp_path / "release-ps"
-    sup = make_sup([fake("ps", 0, "echo_exit", 0, "--wait-for", release), fake("worker", 0, "echo_exit", 0)],
+    sup = make_supervisor([fake("ps", 0, "echo_exit", 0, "--wait-for", release), fake("worker", 0, "echo_exit", 0)],
                    ps_exit_grace_secs=20.0)
     sup.start()
     poll_until(sup, lambda: task_state(sup, "worker:0") == "done", 30, "worker:0 seen to exit 0")
@@ -97,8 +80,8 @@ def test_ps_that_exits_by_itself_is_not_stopped(make_sup, tmp_path):
     assert result.exits["ps:0"].returncode == 0 and not result.exits["ps:0"].stopped
 
 
-def test_ps_that_does_not_exit_is_stopped_after_workers_succeed(make_sup):
-    sup = make_sup([fake("ps", 0, "sleep_forever"), fake("ps", 1, "sleep_forever"),
+def test_ps_that_does_not_exit_is_stopped_after_workers_succeed(make_supervisor):
+    sup = make_supervisor([fake("ps", 0, "sleep_forever"), fake("ps", 1, "sleep_forever"),
                     fake("worker", 0, "echo_exit", 0)],
                    ps_exit_grace_secs=0.5)
     sup.start()
@@ -111,8 +94,8 @@ def test_ps_that_does_not_exit_is_stopped_after_workers_succeed(make_sup):
     wait_gone(list(pids.values()), 5)
 
 
-def test_one_failing_task_tears_down_the_others_and_is_reported(make_sup):
-    sup = make_sup([
+def test_one_failing_task_tears_down_the_others_and_is_reported(make_supervisor):
+    sup = make_supervisor([
         fake("ps", 0, "sleep_forever"),
         fake("worker", 0, "sleep_forever"),
         fake("worker", 1, "echo_exit", 3, "--lines", "30", "--tag", "w1"),
@@ -134,8 +117,8 @@ def test_one_failing_task_tears_down_the_others_and_is_reported(make_sup):
     assert exit_status(result.failure.returncode) == 3
 
 
-def test_ps_exiting_while_workers_run_fails_the_run(make_sup):
-    sup = make_sup([fake("ps", 0, "echo_exit", 0, "--tag", "ps"), fake("worker", 0, "sleep_forever")])
+def test_ps_exiting_while_workers_run_fails_the_run(make_supervisor):
+    sup = make_supervisor([fake("ps", 0, "echo_exit", 0, "--tag", "ps"), fake("worker", 0, "sleep_forever")])
     sup.start()
     result = sup.wait(timeout=30)
     assert not result.ok
@@ -143,10 +126,10 @@ def test_ps_exiting_while_workers_run_fails_the_run(make_sup):
     assert result.exits["worker:0"].stopped
 
 
-def test_the_first_failure_by_time_is_the_root_cause(make_sup, tmp_path):
+def test_the_first_failure_by_time_is_the_root_cause(make_supervisor, tmp_path):
     """worker:0 would fail later (exit 5 once a file appears, which only happens after the run): the first failure
     ends the run, and worker:0 is stopped rather than reported."""
-    sup = make_sup([
+    sup = make_supervisor([
         fake("worker", 0, "echo_exit", 5, "--wait-for", tmp_path / "never"),
         fake("worker", 1, "echo_exit", 7),
     ])
@@ -156,8 +139,8 @@ def test_the_first_failure_by_time_is_the_root_cause(make_sup, tmp_path):
     assert result.exits["worker:0"].stopped and result.exits["worker:0"].returncode == -signal.SIGTERM
 
 
-def test_term_ignoring_task_is_killed_after_the_grace_period(make_sup):
-    sup = make_sup([fake("worker", 0, "ignore_term"), fake("worker", 1, "sleep_forever")],
+def test_term_ignoring_task_is_killed_after_the_grace_period(make_supervisor):
+    sup = make_supervisor([fake("worker", 0, "ignore_term"), fake("worker", 1, "sleep_forever")],
                    grace_period_secs=1.0)
     sup.start()
     wait_ready(sup, "worker:0", "worker:1")
@@ -175,8 +158,8 @@ def test_term_ignoring_task_is_killed_after_the_grace_period(make_sup):
 
 
 @pytest.mark.parametrize("flags", [["--ignore-term"], ["--setsid"]], ids=["in-group", "own-session"])
-def test_stop_kills_grandchildren(make_sup, flags):
-    sup = make_sup([fake("worker", 0, "spawn_grandchild", *flags)], grace_period_secs=1.0)
+def test_stop_kills_grandchildren(make_supervisor, flags):
+    sup = make_supervisor([fake("worker", 0, "spawn_grandchild", *flags)], grace_period_secs=1.0)
     sup.start()
     wait_ready(sup, "worker:0")
     grandchild = int(log_text(sup, "worker:0").split("grandchild ")[1].split()[0])
@@ -188,8 +171,8 @@ def test_stop_kills_grandchildren(make_sup, flags):
         kill_quietly(pids)
 
 
-def test_kill_task_without_restart_fails_the_run(make_sup):
-    sup = make_sup([fake("ps", 0, "sleep_forever"), fake("worker", 0, "sleep_forever")])
+def test_kill_task_without_restart_fails_the_run(make_supervisor):
+    sup = make_supervisor([fake("ps", 0, "sleep_forever"), fake("worker", 0, "sleep_forever")])
     sup.start()
     wait_ready(sup, "worker:0")
     sup.kill_task("worker:0")
@@ -199,9 +182,9 @@ def test_kill_task_without_restart_fails_the_run(make_sup):
     assert exit_status(result.failure.returncode) == 137
 
 
-def test_kill_task_and_start_task_restart_a_task(make_sup, tmp_path):
+def test_kill_task_and_start_task_restart_a_task(make_supervisor, tmp_path):
     release = tmp_path / "release-w0"     # each attempt of worker:0 exits 0 only once this exists
-    sup = make_sup([fake("ps", 0, "sleep_forever"),
+    sup = make_supervisor([fake("ps", 0, "sleep_forever"),
                     fake("worker", 0, "echo_exit", 0, "--tag", "w0", "--wait-for", release)])
     sup.start()
     wait_for(lambda: "w0 line 2" in log_text(sup, "worker:0"), 15, "worker:0 output")
@@ -221,8 +204,8 @@ def test_kill_task_and_start_task_restart_a_task(make_sup, tmp_path):
     assert len(marker) == 1 and log.index(marker[0]) < log.rindex("w0 line 0")
 
 
-def test_start_task_refuses_a_running_task(make_sup):
-    sup = make_sup([fake("worker", 0, "sleep_forever")])
+def test_start_task_refuses_a_running_task(make_supervisor):
+    sup = make_supervisor([fake("worker", 0, "sleep_forever")])
     sup.start()
     with pytest.raises(RuntimeError, match="still running"):
         sup.start_task("worker:0")
@@ -230,14 +213,14 @@ def test_start_task_refuses_a_running_task(make_sup):
         sup.kill_task("worker:9")
 
 
-def test_restart_policy_restarts_a_failed_task(make_sup):
+def test_restart_policy_restarts_a_failed_task(make_supervisor):
     calls = []
 
     def policy(name: str, returncode: int, restarts: int) -> bool:
         calls.append((name, returncode, restarts))
         return restarts < 2
 
-    sup = make_sup([fake("worker", 0, "echo_exit", 4)], restart_policy=policy)
+    sup = make_supervisor([fake("worker", 0, "echo_exit", 4)], restart_policy=policy)
     sup.start()
     result = sup.wait(timeout=30)
     assert calls == [("worker:0", 4, 0), ("worker:0", 4, 1), ("worker:0", 4, 2)]
@@ -245,39 +228,39 @@ def test_restart_policy_restarts_a_failed_task(make_sup):
     assert log_text(sup, "worker:0").count("out line 0") == 3
 
 
-def test_wait_times_out_and_leaves_tasks_running(make_sup):
-    sup = make_sup([fake("worker", 0, "sleep_forever")])
+def test_wait_times_out_and_leaves_tasks_running(make_supervisor):
+    sup = make_supervisor([fake("worker", 0, "sleep_forever")])
     sup.start()
     with pytest.raises(TimeoutError, match="worker:0"):
         sup.wait(timeout=0.3)
     assert "worker:0" in sup.pids()
 
 
-def test_a_second_run_appends_to_the_log_with_a_marker(make_sup):
+def test_a_second_run_appends_to_the_log_with_a_marker(make_supervisor):
     for _ in range(2):
-        sup = make_sup([fake("worker", 0, "echo_exit", 0)])
+        sup = make_supervisor([fake("worker", 0, "echo_exit", 0)])
         sup.start()
         assert sup.wait(timeout=30).ok
     log = log_text(sup, "worker:0")
     assert log.count("out line 0") == 2 and "new run of worker:0" in log
 
 
-def test_a_task_that_cannot_start_stops_those_started(make_sup):
-    sup = make_sup([fake("ps", 0, "sleep_forever"), FakeTask("worker", 0, ("/nonexistent/psworker-task",))])
+def test_a_task_that_cannot_start_stops_those_started(make_supervisor):
+    sup = make_supervisor([fake("ps", 0, "sleep_forever"), ProgramTask("worker", 0, ("/nonexistent/psworker-task",))])
     with pytest.raises(FileNotFoundError):
         sup.start()
     assert sup.result is not None and not sup.result.ok
     assert sup.result.exits["ps:0"].stopped and sup.result.exits["ps:0"].returncode == -signal.SIGTERM
 
 
-def test_the_process_starter_is_injected(make_sup):
+def test_the_process_starter_is_injected(make_supervisor):
     started = []
 
     def popen(argv, **kwargs):
         started.append((argv, kwargs["start_new_session"], kwargs["stdin"]))
         return subprocess.Popen(argv, **kwargs)
 
-    sup = make_sup([fake("worker", 0, "echo_exit", 0)], popen=popen)
+    sup = make_supervisor([fake("worker", 0, "echo_exit", 0)], popen=popen)
     sup.start()
     assert sup.wait(timeout=30).ok
     (argv, new_session, stdin), = started
@@ -285,13 +268,13 @@ def test_the_process_starter_is_injected(make_sup):
     assert new_session and stdin == subprocess.DEVNULL
 
 
-def test_a_broken_console_does_not_fail_the_run(make_sup, caplog):
+def test_a_broken_console_does_not_fail_the_run(make_supervisor, caplog):
     """`psworker local ... | head`: the console copy stops, the full log and the run's result do not."""
     class BrokenConsole(io.StringIO):
         def write(self, s):
             raise OSError("console is gone")
 
-    sup = make_sup([fake("worker", 0, "echo_exit", 0)], console=BrokenConsole())
+    sup = make_supervisor([fake("worker", 0, "echo_exit", 0)], console=BrokenConsole())
     sup.start()
     assert sup.wait(timeout=30).ok
     assert "out line 2" in log_text(sup, "worker:0")    # the log still gets everything

@@ -195,7 +195,7 @@ def test_local_tensorboard_serves_the_run_while_it_lasts_and_stops_with_it(tmp_p
     held = [re.compile(rf"injecting stop:worker:{i}@step=200,for=600 at global step") for i in (0, 1)]
 
     def probe(lines, proc) -> bool:
-        text = "".join(lines)
+        text = "\n".join(lines)
         found = re.search(r"TensorBoard at (http://127\.0\.0\.1:\d+/)", text)
         if found is None or not all(h.search(text) for h in held):
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from psworker.errors import SpecError
+from psworker.models import registry
 from psworker.spec import TrainConfig, merge_train
 from psworker.testing import LocalCluster, assert_processes_gone, checkpoint_step
 
@@ -21,7 +22,14 @@ register("tiny_linear", TinyLinear)
 '''
 
 
-def test_a_model_registered_at_run_time_is_accepted_by_the_spec():
+@pytest.fixture
+def scoped_models():
+    """The models a test registers are gone after it (`registry.scoped`)."""
+    with registry.scoped():
+        yield
+
+
+def test_a_model_registered_at_run_time_is_accepted_by_the_spec(scoped_models):
     from psworker import models
 
     with pytest.raises(SpecError, match="'runtime_model' is not one of mlp, cifar10, linear"):
@@ -30,6 +38,19 @@ def test_a_model_registered_at_run_time_is_accepted_by_the_spec():
     assert merge_train(TrainConfig(), {"model": "runtime_model"}).model == "runtime_model"
     with pytest.raises(ValueError, match="already registered"):
         models.register("mlp", models.get("mlp").__class__)
+
+
+def test_a_scoped_registration_leaves_no_trace():
+    from psworker import models
+
+    with registry.scoped():
+        models.register("scoped_model", models.get("mlp").__class__)
+        assert "scoped_model" in models.names()
+    assert "scoped_model" not in models.names()
+    with pytest.raises(KeyError, match="unknown model 'scoped_model'"):
+        models.get("scoped_model")
+    with registry.scoped():
+        models.register("scoped_model", models.get("mlp").__class__)   # the name is free again
 
 
 def test_plan_names_and_extra_args_without_starting(tmp_path):
@@ -48,7 +69,7 @@ def test_plan_names_and_extra_args_without_starting(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_users_model_trains_on_a_local_cluster(tmp_path, monkeypatch):
+def test_a_users_model_trains_on_a_local_cluster(tmp_path, monkeypatch, scoped_models):
     """A model module named in PSWORKER_MODELS registers itself in every task process (and in this one, for the
     spec); the cluster trains it to max_steps, and every task exits 0."""
     (tmp_path / "plugins").mkdir()

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
-from psworker.errors import PsworkerError, SpecError, UsageError
+from psworker.errors import PsworkerError, SpecError
 from psworker.launcher.backends.local import NETWORK_MODES
 
 if TYPE_CHECKING:
@@ -168,16 +168,10 @@ def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec],
     from psworker.launcher.config import LaunchConfig
     from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 
-    if command and getattr(spec, "elastic", None) is not None:
-        raise UsageError(
-            f"{spec.source or 'the spec'}: cluster.worker: an elastic worker job ({spec.elastic.describe()}) runs "
-            "psworker's own trainer only: its workers tell the ps tasks when they join and leave, which a command "
-            "after '--' does not; give the worker job a fixed list or count, or drop the command")
     policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
     return LaunchConfig(spec=spec, backend=backend, run_dir=run_dir, command=tuple(command), policy=policy,
                         faults=tuple(args.inject), stall_timeout_secs=args.stall_timeout_secs, verbose=args.verbose,
                         live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
-                        ps_exit_grace_secs=1.0 if command else 15.0,
                         success=SuccessPolicy(args.success_policy, args.worker_exit_grace_secs), python=python)
 
 

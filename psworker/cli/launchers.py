@@ -55,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_ssh(args: argparse.Namespace) -> int:
     """`psworker ssh SPEC ... [-- COMMAND...]`: starts each task (psworker's, or COMMAND) on the host its address
     names, over ssh, and supervises them."""
-    from psworker.launcher.backends.ssh import SshOptions
+    from psworker.launcher.backends.ssh.backend import SshOptions
     from psworker.launcher.launch import launch
 
     backend = SshOptions(ssh_config=args.ssh_config, ssh_options=tuple(args.ssh_option), remote_dir=args.remote_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
                                 port_type, train_overrides, value_type)
-from psworker.schedulers import slurm as sched
+from psworker.launcher.backends.slurm import script as sched
 from psworker.spec import load_spec, merge_train
 
 __all__ = ["cmd_slurm_launch", "cmd_slurm_status", "cmd_slurm_submit", "launch_flags", "status_flags",
@@ -24,7 +24,7 @@ FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall
 
 def cmd_slurm_submit(args: argparse.Namespace) -> int:
     """`psworker slurm submit SPEC ... [-- COMMAND...]`: writes <run_dir>/psworker.sbatch and submits it."""
-    from psworker.launcher.backends.sbatch import JobLaunch, SubmitConfig, submit_job
+    from psworker.launcher.backends.slurm.job import JobLaunch, SubmitConfig, submit_job
 
     sbatch = sched.SbatchOptions(job_name=args.job_name, nodes=args.nodes, time=args.time, partition=args.partition,
                                  account=args.account, output=args.output, overcommit=args.overcommit)
@@ -42,7 +42,7 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
 def cmd_slurm_launch(args: argparse.Namespace) -> int:
     """`psworker slurm launch SPEC --run_dir D ... [-- COMMAND...]`: inside an allocation, runs every task
     (psworker's, or COMMAND) as its own srun step."""
-    from psworker.launcher.backends.slurm import SlurmOptions
+    from psworker.launcher.backends.slurm.backend import SlurmOptions
     from psworker.launcher.launch import launch
 
     from psworker.plan import task_counts
@@ -60,7 +60,7 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
 def cmd_slurm_status(args: argparse.Namespace) -> int:
     """`psworker slurm status JOBID|RUN_DIR`: `psworker status` of the job's run dir."""
     from psworker.cli.launchers import show_status
-    from psworker.launcher.backends.sbatch import run_dir_of_job
+    from psworker.launcher.backends.slurm.job import run_dir_of_job
 
     target = args.job
     run_dir = Path(target) if not target.isdigit() or Path(target).is_dir() else run_dir_of_job(target)

@@ -53,10 +53,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(planning.format_plan(spec, planning.plan(spec, args.spec)))
     if args.model is not None:
         model = merge_train(spec.train, {"model": args.model}).model
-        from psworker.train import report
+        from psworker.train import plan_report
         print()
-        print(report.describe(model, len(spec.ps), workers=len(spec.worker), step_rate=args.step_rate,
-                              bandwidth_gbps=args.bandwidth_gbps))
+        print(plan_report.describe(model, len(spec.ps), workers=len(spec.worker), step_rate=args.step_rate,
+                                   bandwidth_gbps=args.bandwidth_gbps))
     return 0
 
 

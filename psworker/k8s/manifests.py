@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence, Union
 import yaml
 
 from psworker.errors import EXIT_PEER_GONE, UsageError
+from psworker.interop import command_env, command_values, fill_command
 from psworker.plan import task_counts
 from psworker.spec import DEFAULT_PORT_BASE, ClusterSpec, CountSpec, TrainConfig, build_cluster
 
@@ -123,21 +124,13 @@ def task_argv(job: str, train: TrainConfig) -> list[str]:
 def command_argv(command: Sequence[str], job: str, cluster: ClusterSpec) -> list[str]:
     """A user's command for the pods of `job`: `{job_name}`, `{ps_hosts}` and `{worker_hosts}` replaced, and
     `{task_index}` by `$(PSWORKER_TASK_INDEX)`, which Kubernetes expands in each pod from its own index."""
-    values = {"job_name": job, "task_index": f"$({INDEX_ENV})", "ps_hosts": ",".join(map(str, cluster.ps)),
-              "worker_hosts": ",".join(map(str, cluster.worker))}
-    out = []
-    for arg in command:
-        for key, value in values.items():
-            arg = arg.replace("{" + key + "}", value)
-        out.append(arg)
-    return out
+    return fill_command(command, command_values(cluster, job, f"$({INDEX_ENV})"))
 
 
 def _command_env(job: str, cluster: ClusterSpec) -> list[Obj]:
     """The PSWORKER_* variables of a user's command (PSWORKER_TASK_INDEX comes with each flavor's index)."""
-    return [{"name": "PSWORKER_JOB_NAME", "value": job},
-            {"name": "PSWORKER_PS_HOSTS", "value": ",".join(map(str, cluster.ps))},
-            {"name": "PSWORKER_WORKER_HOSTS", "value": ",".join(map(str, cluster.worker))}]
+    env = command_env(command_values(cluster, job, ""))
+    return [{"name": name, "value": value} for name, value in env.items() if name != INDEX_ENV]
 
 
 def _labels(options: K8sOptions, job: Optional[str] = None) -> dict[str, str]:

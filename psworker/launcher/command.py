@@ -13,19 +13,11 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from psworker.interop import to_tf_config
+from psworker.interop import command_env, command_values, fill_command, to_tf_config
 from psworker.plan import Task
 from psworker.spec import ClusterSpec, format_address
 
-__all__ = ["command_tasks", "format_command_plan", "names_train_dir", "task_values", "worker_warnings"]
-
-PLACEHOLDERS = ("job_name", "task_index", "ps_hosts", "worker_hosts", "train_dir")
-
-
-def task_values(spec: ClusterSpec, job: str, index: int, train_dir: str = "") -> dict[str, str]:
-    """The placeholder values of one task (`train_dir`: the run's, as the launcher knows it)."""
-    return {"job_name": job, "task_index": str(index), "ps_hosts": ",".join(str(a) for a in spec.ps),
-            "worker_hosts": ",".join(str(a) for a in spec.worker), "train_dir": train_dir}
+__all__ = ["command_tasks", "format_command_plan", "names_train_dir", "worker_warnings"]
 
 
 def names_train_dir(command: Sequence[str]) -> bool:
@@ -54,12 +46,6 @@ def worker_warnings(never_stepped: Sequence[str], stopped: Sequence[str]) -> lis
     return lines
 
 
-def _substitute(arg: str, values: dict[str, str]) -> str:
-    for key, value in values.items():
-        arg = arg.replace("{" + key + "}", value)
-    return arg
-
-
 def command_tasks(spec: ClusterSpec, command: Sequence[str], train_dir: str = "") -> list[Task]:
     """One Task per task of `spec` (chief, ps, worker, evaluator order), each running `command`.
 
@@ -75,12 +61,10 @@ def command_tasks(spec: ClusterSpec, command: Sequence[str], train_dir: str = ""
     has_chief = bool(spec.chief)
     for job in spec.jobs():
         for i, address in enumerate(spec.addresses(job)):
-            values = task_values(spec, job, i, train_dir)
-            env = {"TF_CONFIG": json.dumps(to_tf_config(spec, job, i)),
-                   **{f"PSWORKER_{k.upper()}": v for k, v in values.items()}}
+            values = command_values(spec, job, i, train_dir)
+            env = {"TF_CONFIG": json.dumps(to_tf_config(spec, job, i)), **command_env(values)}
             is_chief = job == "chief" or (not has_chief and job == "worker" and i == 0)
-            tasks.append(Task(job, i, address, is_chief, tuple(_substitute(a, values) for a in command),
-                              tuple(env.items())))
+            tasks.append(Task(job, i, address, is_chief, tuple(fill_command(command, values)), tuple(env.items())))
     return tasks
 
 

@@ -6,12 +6,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from psworker.errors import UsageError
 from psworker.launcher.backends.local import LocalOptions
 from psworker.launcher.inject import Fault
 from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 from psworker.spec import ClusterSpec, CountSpec
 
-__all__ = ["LaunchConfig"]
+__all__ = ["LaunchConfig", "COMMAND_PS_EXIT_GRACE_SECS", "PS_EXIT_GRACE_SECS"]
+
+PS_EXIT_GRACE_SECS = 15.0           # psworker's ps tasks: they end by themselves once the workers are done
+COMMAND_PS_EXIT_GRACE_SECS = 1.0    # a user's ps serves until stopped (server.join())
 
 
 @dataclass(frozen=True)
@@ -31,11 +35,26 @@ class LaunchConfig:
     live: Optional[bool] = None              # live status view; None: when the console is a terminal, else
     status_every_secs: float = 15.0          # ... plain status lines this often; False: neither
     grace_period_secs: float = 10.0
-    ps_exit_grace_secs: float = 15.0
+    ps_exit_grace_secs: Optional[float] = None     # None: PS_EXIT_GRACE_SECS, COMMAND_PS_EXIT_GRACE_SECS for a command
     success: SuccessPolicy = field(default_factory=SuccessPolicy)     # TFJob's default: the chief, else worker 0
     python: str = sys.executable             # the interpreter of psworker's own tasks, where they run
 
     def __post_init__(self) -> None:
+        """Checks the settings and the rules of a launch (an elastic job runs psworker's trainer only); resolves
+        the ps grace.
+
+        Raises:
+            UsageError: an elastic spec with a command. ValueError, TypeError: a bad setting.
+        """
+        elastic = getattr(self.spec, "elastic", None)
+        if self.command and elastic is not None:
+            raise UsageError(
+                f"{self.spec.source or 'the spec'}: cluster.worker: an elastic worker job ({elastic.describe()}) runs "
+                "psworker's own trainer only: its workers tell the ps tasks when they join and leave, which a "
+                "command after '--' does not; give the worker job a fixed list or count, or drop the command")
+        if self.ps_exit_grace_secs is None:
+            grace = COMMAND_PS_EXIT_GRACE_SECS if self.command else PS_EXIT_GRACE_SECS
+            object.__setattr__(self, "ps_exit_grace_secs", grace)
         if self.stall_timeout_secs is not None and self.stall_timeout_secs <= 0:
             raise ValueError(f"stall_timeout_secs must be > 0, got {self.stall_timeout_secs}")
         if self.grace_period_secs < 0:

@@ -1,5 +1,5 @@
 """The supervisor's hand on an elastic worker job: which workers start at launch, scale requests (from
-`psworker scale` through the run dir, `psworker.launcher.scaling`, or `Supervisor.scale`), starting joiners and
+`psworker scale` through the run dir, `psworker.launcher.scale_inbox`, or `Supervisor.scale`), starting joiners and
 asking leavers to go (SIGUSR2), and what a worker's exit means for membership (left, preempted, done). The
 decisions are `psworker.launcher.membership`'s; this applies them and says so on the console."""
 
@@ -13,7 +13,7 @@ from psworker.errors import EXIT_PREEMPTED
 from psworker.launcher import membership as ms
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.progress import Progress
-from psworker.launcher.scaling import ScaleInbox, ScaleRequest
+from psworker.launcher.scale_inbox import ScaleInbox, ScaleRequest
 from psworker.launcher.slot import Slot
 from psworker.spec import Elastic
 

@@ -23,7 +23,7 @@ from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
-from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, write_end, write_run_dir
+from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, task_log_name, write_end, write_run_dir
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, plan
 from psworker.spec import ClusterSpec
@@ -82,7 +82,7 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
     from psworker.launcher import stacks
     from psworker.launcher.console import for_console
     from psworker.launcher.output import GROUP_WINDOW_SECS
-    from psworker.launcher.scaling import ScaleInbox
+    from psworker.launcher.scale_inbox import ScaleInbox
     from psworker.launcher.status import live_view
 
     # A worker being restarted near the end gets as long to come back as the ps wait for it (`with_rejoin_grace`).
@@ -115,7 +115,7 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
             print(f"psworker: warning: {line}", file=console, flush=True)
     print(f"psworker: {_where(config, outputs, log_dir)}", file=console, flush=True)
     try:
-        chief_log = (log_dir / "worker-0.log").read_text(encoding="utf-8", errors="replace")
+        chief_log = (log_dir / task_log_name("worker:0")).read_text(encoding="utf-8", errors="replace")
     except OSError:
         chief_log = ""
     exported, precision = events.last(events.Exported, chief_log), events.last(events.Precision, chief_log)

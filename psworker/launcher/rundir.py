@@ -1,5 +1,6 @@
 """The run directory: chosen once per run (given, or a fresh `runs/<spec>-<time>`), and holding the run's
-resolved `cluster.yaml` and `logs/<job>-<index>.log`, written once, here."""
+resolved `cluster.yaml` (`SPEC_FILE`) and `logs/<job>-<index>.log` (`LOG_SUBDIR`, `task_log_name`), written once,
+here."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ import os
 from pathlib import Path
 from typing import Optional, TextIO, Union
 
-from psworker.launcher.backends.base import SPEC_FILE
 from psworker.spec import ClusterSpec, CountSpec, dump_spec
 
 __all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "choose_run_dir", "fresh_run_dir", "read_end",
-           "write_atomically", "write_end", "write_run_dir"]
+           "task_log_name", "write_atomically", "write_end", "write_run_dir"]
 
+SPEC_FILE = "cluster.yaml"        # the run's resolved spec, in the run dir (and where remote tasks read it)
 LOG_SUBDIR = "logs"
 END_FILE = "ended.json"   # how the run ended, written by its launcher (`psworker status` reads it)
+
+
+def task_log_name(task: str) -> str:
+    """`worker-0.log`: the log file of task `worker:0` in `LOG_SUBDIR`."""
+    return f"{task.replace(':', '-')}.log"
 
 
 def fresh_run_dir(spec: Union[ClusterSpec, CountSpec], base: Union[str, os.PathLike] = ".") -> Path:

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import psutil
 
-from psworker import stackdump
+from psworker import events, stackdump
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.slot import Slot
 
@@ -80,11 +80,11 @@ class StackAsker:
                 logger.info("not asking %s for its stacks: it has printed nothing yet (its handler may not be in "
                             "place)", slot.name)
                 return None
-            offset = _note(slot, stackdump.Requested.now(slot.name, why, stackdump.SIGNAL.name).render())
+            offset = _note(slot, events.StacksRequested.now(slot.name, why, stackdump.SIGNAL.name).render())
             backend.signal(slot.popen, stackdump.SIGNAL)
             return DumpWait(slot.log_path, offset, time.monotonic() + self.wait_secs)
         if self.py_spy is not None and self.local:
-            _note(slot, stackdump.Requested.now(slot.name, why, "py-spy").render())
+            _note(slot, events.StacksRequested.now(slot.name, why, "py-spy").render())
             _note(slot, _py_spy_dump(self.py_spy, slot.popen.pid))
             return None
         where = (f"py-spy dump --pid {slot.popen.pid}" if self.local else

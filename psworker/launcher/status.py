@@ -20,7 +20,7 @@ from rich.table import Table
 
 from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress
-from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end, task_log_name
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
 
@@ -254,7 +254,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
     progress, precision = Progress(names), None
     now = time.time() if now is None else now
     for name in names:
-        log = Path(run_dir) / LOG_SUBDIR / f"{name.replace(':', '-')}.log"
+        log = Path(run_dir) / LOG_SUBDIR / task_log_name(name)
         if not log.exists():
             progress.set_state(name, "not started")
             continue
@@ -280,7 +280,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
 def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:
     """An elastic job's membership from the launcher's state file into `progress` (workers that are reserved,
     leaving or left say so); returns (running, target), None without a state file."""
-    from psworker.launcher.scaling import read_state
+    from psworker.launcher.scale_inbox import read_state
 
     members = (read_state(run_dir) or {}).get("members")
     if not isinstance(members, dict):

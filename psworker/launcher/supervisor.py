@@ -23,7 +23,8 @@ from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.progress import Progress
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
-from psworker.launcher.scaling import ScaleInbox
+from psworker.launcher.rundir import task_log_name
+from psworker.launcher.scale_inbox import ScaleInbox
 from psworker.launcher.slot import SERVER_JOBS, Slot, TaskLike
 from psworker.launcher.stacks import StackAsker
 from psworker.spec import Elastic
@@ -97,11 +98,11 @@ class Supervisor:
                 (`psworker.launcher.stacks`); None: not asked.
             elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
                 (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
-            scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scaling`).
+            scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scale_inbox`).
         """
         names = _distinct_names(tasks)
         self._log_dir = Path(log_dir)
-        self._slots = {t.name: Slot(t, self._log_dir / f"{t.job}-{t.index}.log") for t in tasks}
+        self._slots = {t.name: Slot(t, self._log_dir / task_log_name(t.name)) for t in tasks}
         self._grace = grace_period_secs
         self._ps_grace = ps_exit_grace_secs
         self._backend = backend if backend is not None else LocalBackend(popen=popen)

@@ -8,9 +8,11 @@ imported, named in the environment variable `PSWORKER_MODELS` (comma-separated m
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
-from typing import Callable
+import sys
+from typing import Callable, Iterator
 
 from psworker.errors import UsageError
 from psworker.models.base import Model
@@ -91,4 +93,19 @@ def get(name: str) -> Model:
     return factory()
 
 
-__all__ = ["BUILTIN", "PLUGINS_ENV", "plugin_modules", "import_plugins", "register", "names", "get"]
+@contextlib.contextmanager
+def scoped() -> Iterator[None]:
+    """For tests: every model registered inside the block (by `register`, or by a `PSWORKER_MODELS` module, which
+    is also unloaded) is forgotten after it, so no later test depends on it."""
+    factories, imported = dict(_FACTORIES), set(_imported)
+    try:
+        yield
+    finally:
+        _FACTORIES.clear()
+        _FACTORIES.update(factories)
+        for module in _imported - imported:
+            sys.modules.pop(module, None)
+        _imported.intersection_update(imported)
+
+
+__all__ = ["BUILTIN", "PLUGINS_ENV", "plugin_modules", "import_plugins", "register", "names", "get", "scoped"]

@@ -83,9 +83,10 @@ class LeaveOnSignal:
 
 
 
-class Membership:
-    """An elastic job's non-chief worker: tells every ps it has joined once its session is ready (`join`), leaves on
-    the leave signals (`signals`), and tells every ps it has left (`tell_left`)."""
+class Member:
+    """An elastic job's non-chief worker, one member of the job (the launcher's view of them all is
+    `psworker.launcher.membership.Membership`): tells every ps it has joined once its session is ready (`join`),
+    leaves on the leave signals (`signals`), and tells every ps it has left (`tell_left`)."""
 
     def __init__(self, spec, index: int):
         self.spec, self.index = spec, index
@@ -103,4 +104,4 @@ class Membership:
             signal_done(target, self.spec, self.index, kind=LEFT, timeout_secs=SEND_DONE_AFTER_FAILURE_SECS)
 
 
-__all__ = ["LeaveOnSignal", "Membership", "Reason", "REASONS", "SCALED_AWAY", "PREEMPTED"]
+__all__ = ["LeaveOnSignal", "Member", "Reason", "REASONS", "SCALED_AWAY", "PREEMPTED"]

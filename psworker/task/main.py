@@ -37,14 +37,14 @@ def exit_now(code: int) -> None:
 def dump_stacks_on_signal() -> None:
     """From now on `stackdump.SIGNAL` (SIGUSR1) writes every thread's Python stack into this task's log (stderr)
     and the task goes on: the launcher asks for it before it stops a stalled or remaining task; by hand, `kill
-    -USR1 PID`. Called before the task prints anything; its first line (`stackdump.Ready`) tells the launcher.
+    -USR1 PID`. Called before the task prints anything; its first line (`events.StacksReady`) tells the launcher.
     Nothing when stderr is no file (a task run in-process, e.g. by a test capturing its output)."""
     try:
         faulthandler.register(stackdump.SIGNAL, file=sys.stderr, all_threads=True)
     except (AttributeError, ValueError, OSError) as err:     # io.UnsupportedOperation is both of the last two
         log.debug("no stack dump on %s: stderr has no file descriptor (%s)", stackdump.SIGNAL.name, err)
         return
-    print(stackdump.Ready(os.getpid()).render(), file=sys.stderr, flush=True)
+    print(events.StacksReady(os.getpid()).render(), file=sys.stderr, flush=True)
 
 
 def _import_tensorflow(name: str):
@@ -109,8 +109,8 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
     dump_stacks_on_signal()
     membership = None
     if spec.elastic is not None and index != 0:   # from the start: a leave signal must never kill it
-        from psworker.task.leave import Membership
-        membership = Membership(spec, index)
+        from psworker.task.leave import Member
+        membership = Member(spec, index)
         membership.signals.install()
     try:
         with _chief_lock(index, config):

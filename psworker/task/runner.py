@@ -23,7 +23,7 @@ from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
 from psworker.task import done_queue, probe, shutdown
-from psworker.task.leave import Membership
+from psworker.task.leave import Member
 from psworker.task.peers import SyncPeerWatch
 from psworker.train import graph
 from psworker.train.graph import SYNC_INIT_TOKENS, TrainGraph
@@ -70,7 +70,7 @@ class Replication:
     workers: int = 1   # the most the global step advances per step of this runner (async: one per worker)
     peers: Optional[dict] = None
     needed: int = 0
-    membership: Optional[Membership] = None   # an elastic job's non-chief: joins, and leaves on a signal
+    membership: Optional[Member] = None       # an elastic job's non-chief: joins, and leaves on a signal
     # dealt shards: `(target, model, config) -> train.dealer.Dealing` (None: the static slices)
     dealing: Optional[Callable[[str, Model, TrainConfig], Any]] = None
 
@@ -463,7 +463,7 @@ def chief_hooks(config: TrainConfig, scaffold, name: str, kept: tuple = ()) -> l
                                      listeners=[CheckpointLogger(name)], **every)]
 
 
-def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership: Optional[Membership] = None
+def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership: Optional[Member] = None
                   ) -> Replication:
     """What the runner needs to train worker `index` of a between-graph cluster (`membership`: an elastic job's
     non-chief worker's)."""

@@ -1,2 +1,4 @@
-"""Training inside a worker: the graph (`graph`, `ingraph`, `towers`, `placement`), the one session runner
-(`runner`, with `session` and `hooks`), the final evaluation (`evaluate`), and the dry-run report (`report`)."""
+"""Training inside a worker, below the task's runner (`psworker.task.runner`): the graphs (`graph`, `ingraph`,
+`towers`, `placement`, `transfer`, `sync_tokens`), devices and server configs (`devices`), the learning rate's
+scaling (`scaling`), the session (`session`) and its hooks (`hooks`), the final evaluation (`evaluate`), summaries
+and export (`summaries`, `export`), and `plan --model`'s report (`plan_report`, `traffic`)."""

@@ -1,5 +1,10 @@
 """A classic TF1 between-graph training script, as users wrote them: flags, server.join() on the ps,
-MonitoredTrainingSession on the workers. Nothing here knows about psworker."""
+MonitoredTrainingSession on the workers. Nothing here knows about psworker.
+
+By default each worker's session sees only the ps tasks and itself (device filters). `--no_device_filters` is the
+way TensorFlow's "Distributed TensorFlow" tutorial wrote it: without them a non-chief's session needs every task of
+the cluster, the chief included, so once the chief has left, a non-chief still creating its session (TF polls for
+the chief's model every 30 s) never gets one, and the ps never ends by itself."""
 import argparse
 
 import numpy as np
@@ -16,6 +21,7 @@ def main():
     parser.add_argument("--task_index", type=int, required=True)
     parser.add_argument("--train_dir", required=True)
     parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--no_device_filters", action="store_true", help="the tutorial's sessions (see above)")
     args = parser.parse_args()
 
     tf1.disable_eager_execution()
@@ -36,7 +42,8 @@ def main():
         train_op = tf1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=global_step)
 
     rng = np.random.default_rng(args.task_index)
-    config = tf1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{args.task_index}"])
+    filters = [] if args.no_device_filters else ["/job:ps", f"/job:worker/task:{args.task_index}"]
+    config = tf1.ConfigProto(device_filters=filters)
     hooks = [tf1.train.StopAtStepHook(last_step=args.max_steps)]
     with tf1.train.MonitoredTrainingSession(master=server.target, is_chief=args.task_index == 0,
                                             checkpoint_dir=args.train_dir if args.task_index == 0 else None,

@@ -1,6 +1,7 @@
 """The backends that run a spec's tasks, in one registry: name -> the `Backend` class (imported on use).
 
-A backend is one file here: a frozen options dataclass (with `BACKEND`, its name in this registry) and a
+A backend is one module or one package here (`local.py`; `slurm/`, `ssh/`: each scheduler's pure pieces beside its
+backend): a frozen options dataclass (with `BACKEND`, its name in this registry) and a
 `psworker.launcher.backends.base.Backend` subclass that supplies only what differs between backends.
 """
 
@@ -13,8 +14,8 @@ __all__ = ["create", "get", "names"]
 
 _BACKENDS: dict[str, str] = {
     "local": "psworker.launcher.backends.local:LocalBackend",
-    "slurm": "psworker.launcher.backends.slurm:SlurmBackend",
-    "ssh": "psworker.launcher.backends.ssh:SshBackend",
+    "slurm": "psworker.launcher.backends.slurm.backend:SlurmBackend",
+    "ssh": "psworker.launcher.backends.ssh.backend:SshBackend",
 }
 
 

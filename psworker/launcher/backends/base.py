@@ -18,14 +18,14 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, ContextManager, Mapping, Optional, Protocol, Sequence, TextIO
 
+from psworker.launcher.rundir import SPEC_FILE
 from psworker.plan import Task
 from psworker.spec import ClusterSpec, CountSpec
 
-__all__ = ["Backend", "ProcessBackend", "REAP_TIMEOUT_SECS", "SPEC_FILE", "die_with_parent"]
+__all__ = ["Backend", "ProcessBackend", "REAP_TIMEOUT_SECS", "die_with_parent"]
 
 logger = logging.getLogger(__name__)
 
-SPEC_FILE = "cluster.yaml"        # the run's resolved spec, in the run dir (and where remote tasks read it)
 REAP_TIMEOUT_SECS = 10.0          # after the hard end; only a process stuck in the kernel takes longer
 _STOP_POLL_SECS = 0.05
 _PR_SET_PDEATHSIG = 1

@@ -1,4 +1,4 @@
-"""SSH: the `ssh` argv that runs one task on a remote host, and a parallel reachability check of every host.
+"""SSH: the `ssh` argv that runs one task on a remote host (or, without a terminal, one command: `tty=False`).
 
 A remote command travels to the remote login shell as one string, so it is built only from `shlex.quote`d
 parts (POSIX quoting: the remote login shell must be sh-compatible: sh, bash, dash, zsh, ksh). The
@@ -24,19 +24,15 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional, Union
 
-from psworker.errors import UnreachableHosts, UsageError
+from psworker.errors import UsageError
 
-__all__ = ["run_on_hosts", "SSH_OPTIONS", "UnreachableHosts", "check_reachable", "remote_command",
-           "require_reachable", "ssh_argv"]
+__all__ = ["SSH_OPTIONS", "remote_command", "ssh_argv"]
 
 # Never prompt (a launcher has no person at the keyboard); detect a dead peer within 15 s.
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
-DEFAULT_CHECK_TIMEOUT_SECS = 10.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _HOST = re.compile(r"[^\s\-][^\s]*\Z")
 
@@ -74,10 +70,12 @@ def remote_command(argv: Sequence[str], env: EnvLike = (), cwd: Optional[str] = 
 
 
 def ssh_argv(host: str, argv: Sequence[str], *, env: EnvLike = (), cwd: Optional[str] = None,
-             ssh_config: Optional[str] = None, ssh: str = "ssh", options: Sequence[str] = ()) -> list[str]:
+             ssh_config: Optional[str] = None, ssh: str = "ssh", options: Sequence[str] = (),
+             tty: bool = True) -> list[str]:
     """The local argv that runs one task on `host`: `ssh [-F cfg] -tt <options> -- HOST 'exec env ... argv'`.
 
     Run it with stdin=subprocess.DEVNULL. Killing this local ssh process (any signal) ends the remote task.
+    With `tty=False` (no `-tt`): a one-off command (a host check, a remote kill), whose stdin may carry data.
 
     Args:
         host: `host` or `user@host` (ssh_config aliases work).
@@ -89,61 +87,5 @@ def ssh_argv(host: str, argv: Sequence[str], *, env: EnvLike = (), cwd: Optional
         options: extra ssh options, e.g. `("-p", "2222")` or `("-o", "ConnectTimeout=5")`.
     """
     config = ["-F", str(ssh_config)] if ssh_config is not None else []
-    return [ssh, *config, "-tt", *SSH_OPTIONS, *options, "--", _check_host(host),
-            remote_command(argv, env, cwd)]
-
-
-def check_reachable(hosts: Iterable[str], *, ssh_config: Optional[str] = None,
-                    timeout: float = DEFAULT_CHECK_TIMEOUT_SECS, ssh: str = "ssh",
-                    options: Sequence[str] = ()) -> dict[str, str]:
-    """Runs `ssh HOST true` on every host at once, like horovodrun before it starts anything.
-
-    Args:
-        hosts: hosts to check (duplicates are checked once).
-        timeout: seconds for all of them together (also ssh's ConnectTimeout).
-
-    Returns:
-        `{host: reason}` for each host that failed (empty when all are reachable); the reason is ssh's last
-        error line, or that it did not answer within `timeout`.
-    """
-    connect = max(1, int(timeout))
-    return run_on_hosts(hosts, ["true"], ssh_config=ssh_config, timeout=timeout, ssh=ssh,
-                        options=("-o", f"ConnectTimeout={connect}", *options))
-
-
-def run_on_hosts(hosts: Iterable[str], remote_argv: Sequence[str], *, ssh_config: Optional[str] = None,
-                 timeout: float, ssh: str = "ssh", options: Sequence[str] = (),
-                 stdin: Optional[bytes] = None) -> dict[str, str]:
-    """Runs one quoted command on every host at once (no terminal; `stdin` fed to each) and waits for them all.
-
-    Returns:
-        `{host: reason}` for each host where it failed: ssh's (or the command's) last error line, or that it did
-        not answer within `timeout` seconds (for all hosts together; the late ones are killed).
-    """
-    procs = {}
-    for host in dict.fromkeys(hosts):
-        argv = ssh_argv(host, list(remote_argv), ssh_config=ssh_config, ssh=ssh, options=options)
-        argv.remove("-tt")     # a one-off command needs no terminal (and stdin may carry data)
-        procs[host] = subprocess.Popen(argv, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
-    failures = {}
-    for host, proc in procs.items():
-        try:
-            _, err = proc.communicate(stdin, timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            failures[host] = f"no answer within {timeout:g} s"
-            continue
-        if proc.returncode != 0:
-            lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
-            failures[host] = (lines[-1] if lines else f"ssh exited {proc.returncode}")
-    return failures
-
-
-def require_reachable(hosts: Iterable[str], **kwargs) -> None:
-    """`check_reachable`, raising UnreachableHosts (naming each failing host and why) when any host fails."""
-    failures = check_reachable(hosts, **kwargs)
-    if failures:
-        raise UnreachableHosts(failures)
+    terminal = ["-tt"] if tty else []
+    return [ssh, *config, *terminal, *SSH_OPTIONS, *options, "--", _check_host(host), remote_command(argv, env, cwd)]

@@ -1,6 +1,7 @@
 """The batch job of the slurm backend: `submit_job` copies the spec into the run dir, writes
-`<run_dir>/psworker.sbatch` (its `#SBATCH` lines, then the `psworker slurm launch` line that runs the slurm
-backend inside the allocation) and queues it; `run_dir_of_job` finds a queued job's run dir again."""
+`<run_dir>/psworker.sbatch` (`script`: its `#SBATCH` lines, then the `psworker slurm launch` line that runs the
+slurm backend inside the allocation) and queues it (`submit`: `sbatch`); `run_dir_of_job` finds a queued job's run
+dir again (`scontrol`)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional, Union
 
-from psworker.errors import UsageError
+from psworker.errors import SubmitError, UsageError
+from psworker.launcher.backends.slurm.allocation import count_spec
+from psworker.launcher.backends.slurm.script import (SUBMITTED_SPEC, SbatchOptions, check_sbatch_value, launch_argv,
+                                                     write_sbatch_script)
 from psworker.launcher.inject import Fault
 from psworker.launcher.rundir import fresh_run_dir
 from psworker.plan import task_counts
-from psworker.schedulers import slurm as sched
 from psworker.spec import TRAIN_FIELDS, load_spec, merge_train
 
-__all__ = ["JOB_ID_FILE", "JobLaunch", "SubmitConfig", "run_dir_of_job", "submit_job"]
+__all__ = ["JOB_ID_FILE", "JobLaunch", "SubmitConfig", "run_dir_of_job", "submit", "submit_job"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class SubmitConfig:
     """Everything `psworker slurm submit` needs, built once by the CLI."""
 
     spec_path: str
-    sbatch: sched.SbatchOptions            # `ntasks` None: the spec's task count
+    sbatch: SbatchOptions                  # `ntasks` None: the spec's task count
     run_dir: Optional[str] = None          # None: a fresh runs/<spec>-<time> here
     train: tuple[tuple[str, str], ...] = ()   # training settings given on the command line (name, value as given)
     launch: JobLaunch = field(default_factory=JobLaunch)
@@ -71,7 +74,7 @@ class SubmitConfig:
 def _checked(run_dir: Path) -> Path:
     """The run dir is the script's `#SBATCH --chdir`: one word, as every other #SBATCH value."""
     try:
-        sched.check_sbatch_value(str(run_dir))
+        check_sbatch_value(str(run_dir))
     except ValueError as e:
         raise UsageError(f"--run_dir: {e}") from None
     return run_dir
@@ -112,21 +115,44 @@ def submit_job(config: SubmitConfig) -> Optional[str]:
     spec = load_spec(config.spec_path, allow_counts=True)
     counts = task_counts(spec)
     merge_train(spec.train, dict(config.train), num_workers=counts["worker"])  # bad settings fail here, not queued
-    port_base = sched.count_spec(spec, config.port_base).port
+    port_base = count_spec(spec, config.port_base).port
     run_dir = _job_run_dir(config, spec)
-    spec_copy = run_dir / sched.SUBMITTED_SPEC        # the job reads this copy: later edits do not change it
+    spec_copy = run_dir / SUBMITTED_SPEC              # the job reads this copy: later edits do not change it
     shutil.copyfile(config.spec_path, spec_copy)
-    inner = sched.launch_argv(spec_copy, run_dir, python=config.python, port_base=port_base,
-                              worker_flags=_train_flags(config, spec, run_dir) + config.launch.argv())
+    inner = launch_argv(spec_copy, run_dir, python=config.python, port_base=port_base,
+                        worker_flags=_train_flags(config, spec, run_dir) + config.launch.argv())
     described = ", ".join(f"{job}: {n}" for job, n in counts.items())
     options = dataclasses.replace(config.sbatch, ntasks=sum(counts.values()))
-    script = sched.write_sbatch_script(run_dir, options, inner, description=f"{config.spec_path} ({described})")
+    script = write_sbatch_script(run_dir, options, inner, description=f"{config.spec_path} ({described})")
     if config.dry_run:
         print(f"wrote {script} (not submitted; submit with: sbatch {shlex.quote(str(script))})")
         return None
-    job_id = sched.submit(script)
+    job_id = submit(script)
     (run_dir / JOB_ID_FILE).write_text(job_id + "\n")
     logger.info("submitted %s as Slurm job %s; output in %s", script, job_id, run_dir)
+    return job_id
+
+
+def submit(script: Union[str, os.PathLike], *, sbatch: str = "sbatch", env: Optional[Mapping[str, str]] = None,
+           timeout: float = 60.0) -> str:
+    """Submits a batch script with `sbatch --parsable SCRIPT` and returns the job id.
+
+    Raises:
+        SubmitError: sbatch is missing, failed (its message is included) or did not answer within `timeout`.
+    """
+    argv = [sbatch, "--parsable", os.fspath(script)]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                env=None if env is None else dict(env), stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SubmitError(f"{sbatch}: not found; is this a Slurm login node?") from None
+    except subprocess.TimeoutExpired:
+        raise SubmitError(f"{shlex.join(argv)}: no answer within {timeout:g} s (is slurmctld up?)") from None
+    if result.returncode != 0:
+        raise SubmitError(f"{shlex.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
+    job_id = result.stdout.strip().split(";")[0]     # --parsable: "ID" or "ID;CLUSTER"
+    if not job_id.isdigit():
+        raise SubmitError(f"{shlex.join(argv)}: unexpected answer {result.stdout.strip()!r}")
     return job_id
 
 

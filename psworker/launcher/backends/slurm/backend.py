@@ -1,6 +1,6 @@
 """The Slurm backend: inside an allocation, each task runs as its own `srun` step on the node TensorFlow's
-SlurmClusterResolver gives it (`psworker.schedulers.slurm`), so a restart is a new step of the same task. The
-batch job that runs it is written and queued by `psworker.launcher.backends.sbatch`.
+SlurmClusterResolver gives it (`allocation`, `psworker.plan.layout`), so a restart is a new step of the same task
+(`steps`). The batch job that runs it is written and queued by `job`.
 
 start runs `srun ... --nodelist=HOST --job-name=psworker-JOB-I -- ARGV` (srun's exit status is the task's, its
 `--unbuffered` stdout the task's output); a signal goes to the step with `scancel --signal=SIG JOB.STEP`; the
@@ -23,8 +23,8 @@ from typing import ClassVar, Mapping, Optional, Sequence
 
 from psworker.errors import UsageError
 from psworker.launcher.backends.base import Backend, popen_task
+from psworker.launcher.backends.slurm import allocation, steps
 from psworker.plan import Task, layout
-from psworker.schedulers import slurm as sched
 from psworker.spec import ClusterSpec, CountSpec
 
 __all__ = ["SlurmBackend", "SlurmOptions"]
@@ -77,9 +77,9 @@ class SlurmBackend(Backend):
         if not self._job_id:
             raise UsageError("SLURM_JOB_ID not set: `psworker slurm launch` runs inside an allocation "
                              "(the sbatch script `psworker slurm submit` writes, or salloc)")
-        counts = sched.count_spec(spec, self.options.port_base)
-        nodes, per_node = sched.allocation_from_environ(os.environ)
-        placed = layout(counts, nodes, sched.check_allocation(counts, nodes, per_node))
+        counts = allocation.count_spec(spec, self.options.port_base)
+        nodes, per_node = allocation.allocation_from_environ(os.environ)
+        placed = layout(counts, nodes, allocation.check_allocation(counts, nodes, per_node))
         return dataclasses.replace(placed, train=dataclasses.replace(
             placed.train, train_dir=placed.train.train_dir or str(run_dir)))
 
@@ -88,7 +88,7 @@ class SlurmBackend(Backend):
         return f"Slurm job {self._job_id}: starting {len(tasks)} tasks as srun steps ({where}); logs in {log_dir}"
 
     def start(self, task: Task, env: Mapping[str, str]) -> subprocess.Popen:
-        proc = popen_task(subprocess.Popen, sched.srun_argv(task, task.argv, srun=self.options.srun),
+        proc = popen_task(subprocess.Popen, steps.srun_argv(task, task.argv, srun=self.options.srun),
                           {**os.environ, **env})
         with self._lock:
             self._found[proc.pid] = threading.Event()
@@ -108,15 +108,15 @@ class SlurmBackend(Backend):
     def _new_step(self, name: str, taken: set) -> Optional[str]:
         """The id of a running step called `name` that is not in `taken`, from one squeue call; None if none."""
         try:
-            result = _run(sched.steps_argv(self._job_id, squeue=self.options.squeue))
+            result = _run(steps.steps_argv(self._job_id, squeue=self.options.squeue))
         except (OSError, subprocess.TimeoutExpired):
             return None
-        steps = [line.split(None, 1) for line in result.stdout.splitlines()] if result.returncode == 0 else []
-        new = [s[0] for s in steps if len(s) == 2 and s[1].strip() == name and s[0] not in taken]
+        listed = steps.parse_steps(result.stdout) if result.returncode == 0 else []
+        new = [step for step, named in listed if named == name and step not in taken]
         return new[-1] if new else None
 
     def _find_step(self, proc: subprocess.Popen, task: Task, taken: set) -> None:
-        name = sched.step_job_name(task.job, task.index)
+        name = steps.step_job_name(task.job, task.index)
         deadline = time.monotonic() + STEP_LOOKUP_SECS
         try:
             while time.monotonic() < deadline and proc.poll() is None:
@@ -145,7 +145,7 @@ class SlurmBackend(Backend):
             except ProcessLookupError:
                 pass
             return
-        argv = sched.signal_step_argv(step, signal.Signals(sig).name.removeprefix("SIG"), scancel=self.options.scancel)
+        argv = steps.signal_step_argv(step, signal.Signals(sig).name.removeprefix("SIG"), scancel=self.options.scancel)
         try:
             result = _run(argv)
             if result.returncode != 0 and proc.poll() is None:

@@ -1,5 +1,5 @@
-"""The SSH backend: each task runs on the host its address names, over OpenSSH (`psworker.schedulers.ssh`:
-BatchMode, `-tt` so the remote task dies with its connection, one `shlex.quote`d remote command).
+"""The SSH backend: each task runs on the host its address names, over OpenSSH (`remote`: BatchMode, `-tt` so
+the remote task dies with its connection, one `shlex.quote`d remote command; `hosts`: every host at once).
 
 start runs `ssh -tt HOST 'cd DIR && exec env K=V ... sh -c ... ARGV'` locally (its own session, dying with the
 launcher); poll is local ssh's exit status (the task's, or 255 when ssh failed or the task was killed by a
@@ -27,9 +27,11 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 from psworker import events
 from psworker.errors import PsworkerError, SpecError
-from psworker.launcher.backends.base import SPEC_FILE, Backend, popen_task
+from psworker.launcher.backends.base import Backend, popen_task
+from psworker.launcher.backends.ssh.hosts import require_reachable, run_on_hosts
+from psworker.launcher.backends.ssh.remote import ssh_argv
+from psworker.launcher.rundir import SPEC_FILE
 from psworker.plan import Task
-from psworker.schedulers.ssh import require_reachable, run_on_hosts, ssh_argv
 from psworker.spec import ClusterSpec
 
 __all__ = ["SshBackend", "SshOptions"]
@@ -160,8 +162,7 @@ class SshBackend(Backend):
         pid = getattr(proc.stdout, "pid", None)
         if pid is None:
             return None
-        argv = self._ssh(self._where[proc.pid], ["sh", "-c", script, "sh", str(pid)])
-        argv.remove("-tt")
+        argv = self._ssh(self._where[proc.pid], ["sh", "-c", script, "sh", str(pid)], tty=False)
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     @staticmethod
