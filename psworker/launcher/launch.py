@@ -122,13 +122,13 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
     if exported:
         print(f"psworker: SavedModel in {exported.path}/ (psworker export, tf.saved_model.load)", file=console,
               flush=True)
-    if precision:
-        print(f"psworker: {precision.summary}", file=console, flush=True)
     dealt = events.last(events.DataDealt, chief_log)
     if dealt:   # dealt shards: what was read, and read again
         of = "" if dealt.num_epochs is None else f" of {dealt.num_epochs}"
         print(f"psworker: data: epoch {dealt.epochs:.2f}{of}: {dealt.trained} examples trained, {dealt.again} of "
               f"them dealt again ({dealt.examples_per_epoch} per epoch)", file=console, flush=True)
+    if precision:   # last: the run's result
+        print(f"psworker: {precision.summary}", file=console, flush=True)
 
 
 def _where(config: LaunchConfig, outputs: Path, log_dir: Path, logs_first: bool = False) -> str:
