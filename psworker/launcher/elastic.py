@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Optional
 from psworker.errors import EXIT_PREEMPTED
 from psworker.launcher import membership as ms
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.progress import Progress
+from psworker.launcher.progress import Progress, TaskState
 from psworker.launcher.scale_inbox import ScaleInbox, ScaleRequest
 from psworker.launcher.slot import Slot
 from psworker.spec import Elastic
@@ -62,7 +62,7 @@ class ElasticWorkers:
     def launched(self) -> None:
         """Marks the reserved workers in the progress view and publishes the state."""
         for i in self.members.indices(ms.RESERVED):
-            self._progress.set_state(_name(i), "reserved")
+            self._progress.set_state(_name(i), TaskState.RESERVED)
         self._show()
 
     def scale(self, workers: int, source: str, training_over: bool = False) -> str:
@@ -107,7 +107,7 @@ class ElasticWorkers:
         self._joining.discard(i)
         state = self.members.states[i]
         if state == ms.LEAVING:
-            self._set(i, ms.LEFT, "left")
+            self._set(i, ms.LEFT, TaskState.LEFT)
             how = "scaled away" if code == 0 else f"asked to leave, then exit code {code}"
             (logger.info if code == 0 else logger.warning)("%s left (%s)", slot.name, how)
             return ""
@@ -129,7 +129,7 @@ class ElasticWorkers:
 
     def _preempted(self, slot: Slot) -> str:
         m = self.members
-        self._set(slot.task.index, ms.LEFT, "left (preempted)")
+        self._set(slot.task.index, ms.LEFT, TaskState.PREEMPTED)
         self.members = self.members.with_target(self.members.running)
         e = m.elastic
         logger.warning("%s left (preempted, exit %d, not restarted): %d -> %d workers (min %d)", slot.name,
@@ -152,21 +152,21 @@ class ElasticWorkers:
         start, leave = ms.reconcile(self.members)
         for i in leave:
             slot = self._slots[_name(i)]
-            self._set(i, ms.LEAVING, "leaving")
+            self._set(i, ms.LEAVING, TaskState.LEAVING)
             if slot.restart_at is not None:        # waiting to be restarted: it leaves now
                 slot.restart_at = None
-                self._set(i, ms.LEFT, "left")
+                self._set(i, ms.LEFT, TaskState.LEFT)
                 logger.info("%s left (scaled away while waiting to restart)", slot.name)
             elif slot.running:
                 logger.info("asking %s to leave (SIG%s)", slot.name, LEAVE_SIGNAL.name.removeprefix("SIG"))
                 self._backend.signal(slot.popen, LEAVE_SIGNAL)
         for i in start:
-            self._set(i, ms.RUNNING, "starting")
+            self._set(i, ms.RUNNING, TaskState.STARTING)
             logger.info("starting %s (joining)", _name(i))
             self._joining.add(i)
             self._spawn(self._slots[_name(i)])
 
-    def _set(self, index: int, state: str, shown: str) -> None:
+    def _set(self, index: int, state: str, shown: TaskState) -> None:
         self.members = self.members.with_state(index, state)
         self._progress.set_state(_name(index), shown)
 

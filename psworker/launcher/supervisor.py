@@ -21,7 +21,7 @@ from psworker.launcher.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
-from psworker.launcher.progress import Progress
+from psworker.launcher.progress import Progress, TaskState
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.rundir import task_log_name
 from psworker.launcher.scale_inbox import ScaleInbox
@@ -375,7 +375,7 @@ class Supervisor:
                 continue
             reason = member or (None if over else self._judge(slot, done))
             if reason is None:
-                self.progress.set_state(slot.name, "done" if slot.returncode == 0 else "exited")
+                self.progress.set_state(slot.name, TaskState.DONE if slot.returncode == 0 else TaskState.EXITED)
                 continue
             if member is None and self._would_restart(slot):
                 policy = self._restart_policy
@@ -383,9 +383,9 @@ class Supervisor:
                 slot.restart_cause = slot.cause or describe_returncode(slot.returncode)
                 slot.restart_at = now + delay
                 logger.warning("%s %s; restart %d in %.1f s", slot.name, reason, slot.restarts + 1, delay)
-                self.progress.set_state(slot.name, f"restarting {slot.restarts + 1}")
+                self.progress.set_state(slot.name, TaskState.RESTARTING)
                 continue
-            self.progress.set_state(slot.name, "failed")
+            self.progress.set_state(slot.name, TaskState.FAILED)
             if self._failure is None or slot.ended_at < self._failure.at:
                 self._failure = self._make_failure(slot, reason)
         if self._failure is not None:
@@ -479,7 +479,7 @@ class Supervisor:
             self._stacks.ask_all(running, self._backend, f"stopping: {reason}")
         for slot in running:
             slot.stopped = True
-            self.progress.set_state(slot.name, "stopped")
+            self.progress.set_state(slot.name, TaskState.STOPPED)
         if running:
             logger.info("stopping %s (%s)", ", ".join(s.name for s in running), reason)
         self._backend.stop(procs, self._grace)
