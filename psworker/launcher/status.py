@@ -40,7 +40,8 @@ class RunStatus:
 
     @property
     def examples_per_sec(self) -> Optional[float]:
-        rates = [t.examples_per_sec for t in self.tasks.values() if t.examples_per_sec and t.state == TaskState.TRAINING]
+        rates = [t.examples_per_sec for t in self.tasks.values()
+                 if t.examples_per_sec and t.state == TaskState.TRAINING]
         return sum(rates) if rates else None
 
     @property
