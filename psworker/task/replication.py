@@ -100,10 +100,10 @@ def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, t
     """What worker `index`'s graph needs to take dealt shards. Sync mode: the deal never runs dry (the epochs end
     at a global step, `_epochs_as_steps`). The chief gives back the lease of a worker whose port has been closed
     for `shutdown.VANISHED_GRACE_SECS` when it waits for the last shards."""
-    from psworker.train import dealer
+    from psworker.train import dealer, shard_plan
 
     batch = config.batch_size * config.num_devices
-    plan = dealer.make_plan(model.num_train_examples(config.data_dir), config.shard_examples,
+    plan = shard_plan.make_plan(model.num_train_examples(config.data_dir), config.shard_examples,
                             None if config.mode == "sync" else config.num_epochs, batch)
     gone = None
     if index == 0:

@@ -210,10 +210,10 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
 
 def _report_data(client, name: str) -> None:
     """The chief's line of what was dealt: examples trained, trained again, epochs."""
-    from psworker.train import dealer
+    from psworker.train import shard_plan
 
     plan = client.dealing.plan
-    trained, again, epochs = dealer.report(plan, client.state())
+    trained, again, epochs = shard_plan.report(plan, client.state())
     log.info("%s", events.DataDealt(name, trained, again, epochs, plan.num_epochs, plan.num_examples).render())
 
 
