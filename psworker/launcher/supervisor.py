@@ -44,7 +44,7 @@ class Supervisor:
 
     Use from one thread (plus `request_stop`, which is safe in a signal handler):
 
-        with Supervisor(tasks, log_dir) as sup:     # starts the tasks; stops and reaps all on exit
+        with Supervisor(tasks, log_dir, backend=LocalBackend()) as sup:   # starts the tasks; stops, reaps all on exit
             result = sup.wait()
 
     The run policy (`success`, `done_jobs`, the graces, `restart_policy`) is `psworker.launcher.run_policy`'s: it
