@@ -190,7 +190,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
 
     from psworker import models
     from psworker.spec import TrainConfig
-    from psworker.task.runner import chief_hooks
+    from psworker.task.session_setup import chief_hooks
     from psworker.task.server import session_config
     from psworker.train.graph import build_train_graph
     from psworker.train.hooks import TrainLoopHook

@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))   # run from a checkout without installing
 
+from psworker.launcher.backends.local import LocalBackend  # noqa: E402
 from psworker.launcher.stacks import StackAsker  # noqa: E402
 from psworker.launcher.supervisor import Supervisor  # noqa: E402
 from psworker.testing import ProgramTask, poll_until  # noqa: E402
@@ -40,7 +41,8 @@ def stop_time(n: int, asker, exited: bool) -> float:
     program = (str(FAKE_TASKS / "echo_exit.py"), "0") if exited else (str(FAKE_TASKS / "stuck.py"),)
     tasks = [ProgramTask("worker", i, (sys.executable, *program)) for i in range(n)]
     with tempfile.TemporaryDirectory() as logs:
-        sup = Supervisor(tasks, logs, console=io.StringIO(), stacks=asker, grace_period_secs=5.0)
+        sup = Supervisor(tasks, logs, backend=LocalBackend(), console=io.StringIO(), stacks=asker,
+                         grace_period_secs=5.0)
         sup.start()
         try:
             if exited:

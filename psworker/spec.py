@@ -2,7 +2,8 @@
 
 Loading fills defaults, then checks each field, then checks rules across fields; every failure is a
 `SpecError` naming the source, the field path and the bad value. Nothing here imports TensorFlow.
-Addresses are parsed in `addresses.py`, the train section in `train_config.py`; both are re-exported here.
+Addresses are parsed in `addresses.py`, the train section in `train_config.py`, an elastic worker job's range in
+`elastic_job.py`; their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 
 from psworker.addresses import (AUTO_PORT, Address, check_duplicates, format_address, parse_address,
                                 parse_address_list)
+from psworker.elastic_job import Elastic, check_elastic, elastic_range, elastic_worker
 from psworker.errors import SpecError, describe_value, unknown_key
 from psworker.train_config import (MODES, REPLICATIONS, TRAIN_FIELDS, TRAIN_TYPES, TrainConfig, check_train_rules,
                                    merge_train, train_from)
@@ -27,21 +29,6 @@ ALL_JOBS = ("chief", "ps", "worker", "evaluator")
 DEFAULT_PORT_BASE = 2222      # `cluster.port` of a count spec: the first port on each host
 TOP_KEYS = ("cluster", "train")
 PORT_KEY = "port"
-ELASTIC_KEYS = ("addresses", "max", "min", "start")   # an elastic worker job (a mapping instead of a list)
-
-
-@dataclass(frozen=True)
-class Elastic:
-    """An elastic worker job: between `min` and `max` workers run, `start` of them at launch. Every address up to
-    `max` is reserved from the start (every server's ClusterSpec holds them); worker 0, the chief, always runs."""
-
-    min: int
-    start: int
-    max: int
-
-    def describe(self) -> str:
-        """`min 1, start 2, max 4`."""
-        return f"min {self.min}, start {self.start}, max {self.max}"
 
 
 @dataclass(frozen=True)
@@ -173,36 +160,6 @@ def check_cross_fields(spec: ClusterSpec) -> None:
     check_elastic(spec.elastic, spec.train, spec.source or "spec", len(spec.worker))
 
 
-def check_elastic(elastic: Optional[Elastic], train: TrainConfig, source: str, max_workers: int) -> None:
-    """The elastic range's rules: 1 <= min <= start <= max; between-graph replication only; in sync mode every
-    step's gradients must come from at most `min` workers (the others are backups).
-
-    Raises:
-        SpecError: naming `cluster.worker.<field>`.
-    """
-    if elastic is None:
-        return
-    path = "cluster.worker"
-    if elastic.max != max_workers:
-        raise SpecError(source, f"{path}.max", f"is {elastic.max}, but the job has {max_workers} worker addresses")
-    for name, value in (("min", elastic.min), ("start", elastic.start)):
-        if not 1 <= value <= elastic.max:
-            raise SpecError(source, f"{path}.{name}", f"{value} is not between 1 (worker 0, the chief, always runs) "
-                                                      f"and max ({elastic.max})")
-    if elastic.start < elastic.min:
-        raise SpecError(source, f"{path}.start", f"{elastic.start} is below min ({elastic.min})")
-    if train.replication == "in-graph":
-        raise SpecError(source, path, "an elastic worker job needs between-graph replication (train.replication): "
-                                      "the in-graph client drives a fixed set of workers")
-    r = train.replicas_to_aggregate
-    if train.mode == "sync" and (r or elastic.max) > elastic.min:
-        raise SpecError(source, f"{path}.min", (
-            f"in sync mode min ({elastic.min}) must be at least train.replicas_to_aggregate ({r}): each step needs "
-            f"that many workers' gradients" if r else
-            f"in sync mode an elastic job needs train.replicas_to_aggregate <= min ({elastic.min}); unset, every one "
-            f"of the {elastic.max} workers must push a gradient for each step"))
-
-
 def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], source: str, *,
                allow_counts: bool = False) -> Any:
     """Parses and validates a cluster spec from YAML text or an already-loaded mapping.
@@ -253,45 +210,15 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
     if not isinstance(train, Mapping):
         raise SpecError(source, "train", f"expected a mapping of trainer settings, got {describe_value(train)}")
     config = train_from(TrainConfig(), train, source, "train", False, None)
-    cluster, elastic = _elastic_worker(cluster, source)
+    cluster, elastic = elastic_worker(cluster, source)
     if _counted_jobs(cluster):
         return _count_spec(cluster, config, source, allow_counts, elastic)
     workers = cluster.get("worker")
     return build_cluster(cluster.get("ps"), workers, source, train=config, chief=cluster.get("chief"),
                          evaluator=cluster.get("evaluator"),
                          worker_path="cluster.worker.addresses" if elastic else "cluster.worker",
-                         elastic=_range(elastic, len(workers)) if elastic and isinstance(workers, list) else None)
-
-
-def _elastic_worker(cluster: Mapping[str, Any], source: str) -> tuple[Mapping[str, Any], Optional[dict]]:
-    """An elastic worker job (`worker: {addresses: [...], min: 1, start: 2}` or `{max: 8, min: 2, start: 4}`):
-    the cluster with `worker` as its addresses or its `max` count, and the range's raw numbers. A plain list or
-    count is a fixed job (None)."""
-    worker = cluster.get("worker")
-    if not isinstance(worker, Mapping):
-        return cluster, None
-    for key in worker:
-        if key not in ELASTIC_KEYS:
-            raise unknown_key(key, ELASTIC_KEYS, source, f"cluster.worker.{key}")
-    numbers = {key: worker.get(key) for key in ("max", "min", "start")}
-    for key, value in numbers.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise SpecError(source, f"cluster.worker.{key}", f"expected a number of workers, got "
-                                                             f"{describe_value(value)}")
-    addresses = worker.get("addresses")
-    if addresses is None and numbers["max"] is None:
-        raise SpecError(source, "cluster.worker", "an elastic worker job needs `addresses` (every address up to "
-                                                  "its max, `host:auto` locally) or, with task counts, `max`")
-    if addresses is not None and numbers["max"] is not None:
-        raise SpecError(source, "cluster.worker.max", "give either `addresses` (max is their number) or `max` "
-                                                      "(a count spec), not both")
-    return {**cluster, "worker": addresses if addresses is not None else numbers["max"]}, numbers
-
-
-def _range(numbers: dict, max_workers: int) -> Elastic:
-    """The Elastic range from `_elastic_worker`'s numbers: min defaults to 1, start to max."""
-    return Elastic(min=1 if numbers["min"] is None else numbers["min"],
-                   start=max_workers if numbers["start"] is None else numbers["start"], max=max_workers)
+                         elastic=elastic_range(elastic, len(workers)) if elastic and isinstance(workers, list)
+                         else None)
 
 
 def _counted_jobs(cluster: Mapping[str, Any]) -> list[str]:
@@ -331,7 +258,7 @@ def _count_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, al
         raise SpecError(source, "cluster.port", f"port {port} is out of range 1-65535")
     workers = dict(counts)["worker"]
     check_train_rules(config, source, "train", workers)
-    limits = _range(elastic, workers) if elastic is not None else None
+    limits = elastic_range(elastic, workers) if elastic is not None else None
     check_elastic(limits, config, source, workers)
     return CountSpec(tuple(counts), port, config, source, limits)
 

@@ -30,6 +30,7 @@ import yaml
 
 from psworker import events
 from psworker.plan import Task, plan
+from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
 from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, task_log_name
@@ -139,7 +140,8 @@ class LocalCluster:
             if name in self._supervisors:
                 raise RuntimeError(f"{name} was already started; use restart()")
         tasks = [self._tasks[n] for n in self._tasks if n in names]
-        sup = Supervisor(tasks, self.log_dir, console=self._console, grace_period_secs=GRACE_PERIOD_SECS)
+        sup = Supervisor(tasks, self.log_dir, backend=LocalBackend(), console=self._console,
+                         grace_period_secs=GRACE_PERIOD_SECS)
         now = time.time()
         sup.start()
         for task in tasks:
@@ -372,14 +374,10 @@ def gone(pid: int) -> bool:
 def assert_processes_gone(pids: Iterable[int], timeout: float = 10.0) -> None:
     """Fails unless every pid in `pids` is gone (zombies count as gone) within `timeout` seconds."""
     pids = list(pids)
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = [p for p in pids if not gone(p)]
-        if not alive:
-            return
-        if time.monotonic() >= deadline:
-            raise ClusterTimeout(f"processes still alive after {timeout:g} s: {alive}")
-        time.sleep(0.1)
+    try:
+        wait_for(lambda: all(gone(p) for p in pids), timeout, "the processes to end", interval=0.1)
+    except ClusterTimeout:
+        raise ClusterTimeout(f"processes still alive after {timeout:g} s: {[p for p in pids if not gone(p)]}") from None
 
 
 def console_steps(text: str) -> list[tuple[str, int]]:

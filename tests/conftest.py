@@ -90,11 +90,13 @@ def make_supervisor(tmp_path):
     """`make_supervisor(tasks, start=False, log_dir=tmp_path/logs, **Supervisor kwargs)`: a launcher `Supervisor` of
     (fake) tasks with a captured console and short grace periods (2 s, the ps 0.5 s) unless given; started with
     `start=True`. Every one made is stopped at teardown, and whatever it left is killed."""
+    from psworker.launcher.backends.local import LocalBackend
     from psworker.launcher.supervisor import Supervisor
 
     made: list[Supervisor] = []
 
     def make(tasks, *, start: bool = False, log_dir: Path | None = None, **kwargs) -> Supervisor:
+        kwargs.setdefault("backend", LocalBackend())
         kwargs.setdefault("console", io.StringIO())
         kwargs.setdefault("grace_period_secs", 2.0)
         kwargs.setdefault("ps_exit_grace_secs", 0.5)

@@ -259,7 +259,7 @@ def test_model_choices_follow_the_registry(tmp_path):
 
 
 def test_the_default_checkpoint_interval_in_words_is_the_trainers():
-    from psworker.task.runner import DEFAULT_SAVE_CHECKPOINT_SECS
+    from psworker.task.session_setup import DEFAULT_SAVE_CHECKPOINT_SECS
     from psworker.train_config import DEFAULT_SAVE_CHECKPOINT_SECS as documented
 
     assert documented == DEFAULT_SAVE_CHECKPOINT_SECS

@@ -12,6 +12,7 @@ import pytest
 
 from psworker.launcher.console import (LineGrouper, TaskTokens, by_task, expand_tasks, for_console, format_tasks,
                                        normalise, render_group)
+from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.output import GROUP_WINDOW_SECS
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, write_spec
@@ -217,7 +218,7 @@ def test_24_tasks_printing_the_same_start_up_lines_show_each_line_once(tmp_path)
     console = io.StringIO()
     # The window outlasts the start-up, however slowly 24 processes start on a loaded machine: the groups are
     # released once the tasks' output ends (test_grouped_lines_come_out_while_the_tasks_run: the real window).
-    with Supervisor(tasks, tmp_path / "logs", console=console, console_filter=for_console,
+    with Supervisor(tasks, tmp_path / "logs", backend=LocalBackend(), console=console, console_filter=for_console,
                     console_window_secs=3600.0, ps_exit_grace_secs=0.2) as sup:
         poll_until(sup, lambda: all(log.exists() and log.read_text().count("\n") == 5 for log in logs), 180,
                    "every task's 5 lines in its log")
@@ -254,7 +255,7 @@ def test_grouped_lines_come_out_while_the_tasks_run(tmp_path):
     tasks = [chorus(job, i, "--ready", str(ready), "--go", str(go), "--hold", str(hold))
              for job in ("ps", "worker") for i in range(2)]
     console = io.StringIO()
-    with Supervisor(tasks, tmp_path / "logs", console=console, console_filter=for_console,
+    with Supervisor(tasks, tmp_path / "logs", backend=LocalBackend(), console=console, console_filter=for_console,
                     console_window_secs=GROUP_WINDOW_SECS, done_jobs=frozenset({"ps", "worker"})) as sup:
         poll_until(sup, lambda: len(list(ready.iterdir())) == len(tasks), 120, "every task to reach the barrier")
         go.touch()

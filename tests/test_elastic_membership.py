@@ -19,6 +19,7 @@ import pytest
 from tests.fake_tasks.fakes import fake, poll_until, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
+from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.backends.ssh.backend import SshOptions
 from psworker.launcher.elastic import PREEMPTED_CODES
 from psworker.launcher.inject import parse_fault
@@ -158,7 +159,7 @@ def test_a_preempted_worker_comes_back_with_restarts(elastic_run):
 
 def test_preempt_in_a_fixed_job_is_a_failure_as_before(tmp_path):
     tasks = [fake("ps", 0, "sleep_forever"), fake("worker", 0, "elastic_worker", "--to", 100000)]
-    with Supervisor(tasks, tmp_path / "logs", console=io.StringIO(), grace_period_secs=2.0,
+    with Supervisor(tasks, tmp_path / "logs", backend=LocalBackend(), console=io.StringIO(), grace_period_secs=2.0,
                     faults=(parse_fault("preempt:worker:0@step=3"),)) as sup:
         result = sup.wait(60)
     assert not result.ok and result.failure.name == "worker:0"

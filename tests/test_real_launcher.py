@@ -134,10 +134,10 @@ def _assert_isolated(run: Launcher, train_dir: Path) -> None:
 
 
 def _assert_status_line(line: str, lines: Sequence[str]) -> None:
-    """`psworker: status: step S/M, E examples/s, loss L, eta T; ps:0 running, worker:0 training @K, ...`: every
-    task, in a known state; each `@K` a step that task reported."""
-    m = re.fullmatch(rf"psworker: status: step (\d+)/{ENDLESS}, (\d+|-) examples/s, loss ([\d.]+|-), "
-                     r"eta ([\d:]+|-); (.*)", line)
+    """`psworker: status: step S/M, [epoch E, ]R examples/s, loss L, eta T; ps:0 running, worker:0 training @K, ...`
+    (the epoch with dealt shards): every task, in a known state; each `@K` a step that task reported."""
+    m = re.fullmatch(rf"psworker: status: step (\d+)/{ENDLESS}, (?:epoch [\d.]+(?: of \d+)?, )?(\d+|-) examples/s, "
+                     r"loss ([\d.]+|-), eta ([\d:]+|-); (.*)", line)
     assert m, line
     tasks = dict(re.fullmatch(r"(\w+:\d) (.*)", part).groups() for part in m.group(5).split(", "))
     assert sorted(tasks) == ["ps:0", "worker:0", "worker:1"], line

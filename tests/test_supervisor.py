@@ -14,6 +14,7 @@ import pytest
 
 from psworker.testing import ProgramTask
 from tests.fake_tasks.fakes import HERE, fake, kill_quietly, poll_until, task_state, wait_for, wait_gone
+from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.report import exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
 
@@ -216,11 +217,17 @@ def test_start_task_refuses_a_running_task(make_supervisor):
 def test_restart_policy_restarts_a_failed_task(make_supervisor):
     calls = []
 
-    def policy(name: str, returncode: int, restarts: int) -> bool:
-        calls.append((name, returncode, restarts))
-        return restarts < 2
+    class Policy:
+        """Any restart rule: restarts twice whatever the exit (4 is no retryable code)."""
 
-    sup = make_supervisor([fake("worker", 0, "echo_exit", 4)], restart_policy=policy)
+        def __call__(self, name: str, returncode: int, restarts: int) -> bool:
+            calls.append((name, returncode, restarts))
+            return restarts < 2
+
+        def delay(self, restarts: int) -> float:
+            return 0.0
+
+    sup = make_supervisor([fake("worker", 0, "echo_exit", 4)], restart_policy=Policy())
     sup.start()
     result = sup.wait(timeout=30)
     assert calls == [("worker:0", 4, 0), ("worker:0", 4, 1), ("worker:0", 4, 2)]
@@ -260,7 +267,7 @@ def test_the_process_starter_is_injected(make_supervisor):
         started.append((argv, kwargs["start_new_session"], kwargs["stdin"]))
         return subprocess.Popen(argv, **kwargs)
 
-    sup = make_supervisor([fake("worker", 0, "echo_exit", 0)], popen=popen)
+    sup = make_supervisor([fake("worker", 0, "echo_exit", 0)], backend=LocalBackend(popen=popen))
     sup.start()
     assert sup.wait(timeout=30).ok
     (argv, new_session, stdin), = started
@@ -285,7 +292,7 @@ def test_a_broken_console_does_not_fail_the_run(make_supervisor, caplog):
 
 def test_duplicate_task_names_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="worker:0"):
-        Supervisor([fake("worker", 0, "echo_exit", 0)] * 2, tmp_path)
+        Supervisor([fake("worker", 0, "echo_exit", 0)] * 2, tmp_path, backend=LocalBackend())
 
 
 # -- a launcher process: signals and PDEATHSIG ----------------------------------------------------------------

@@ -62,7 +62,7 @@ def test_sync_restart_reset_unblocks_a_step_the_killed_chief_left_half_aggregate
     step, and queues one token for the other worker; then a normal step completes."""
     import tensorflow as tf
 
-    from psworker.train.graph import SyncRestartReset
+    from psworker.train.sync_reset import SyncRestartReset
 
     v1 = tf.compat.v1
     with tf.Graph().as_default():
@@ -165,7 +165,7 @@ def test_elastic_sync_restart_reset_queues_the_stale_tokens_and_the_others_unser
     served yet; the dead chief's own demand (index 0) is dropped. The reset queues 1 + 1 fresh tokens."""
     import tensorflow as tf
 
-    from psworker.train.graph import SyncRestartReset
+    from psworker.train.sync_reset import SyncRestartReset
 
     v1 = tf.compat.v1
     with tf.Graph().as_default():

@@ -72,7 +72,7 @@ def show_status(run_dir: str, as_json: bool, silent_secs: float) -> int:
 
     status = read_run_dir(run_dir, now=time.time())
     silent = {name: t.last_output_at for name, t in status.tasks.items()
-              if t.state not in ("done", "failed", "not started", "reserved", "left")
+              if t.state.live
               and status.now - t.last_output_at >= silent_secs}
     if as_json:
         print(json.dumps({**status.as_dict(), "silent": sorted(silent)}, indent=2))

@@ -1,6 +1,7 @@
 """Start and watch the tasks of a cluster.
 
 `config` (one `LaunchConfig`) -> `launch` (the one skeleton: run dir, placement, plan, supervise, report) ->
-`supervisor` (the run loop; `slot`, `policy`, `watch`, `inject`, `stacks`, `progress`, `output`, `console`) over a
-backend of `backends/` (local, ssh, slurm: only what differs); `report` and `status` for people.
+`supervisor` (the run loop: it carries out what the pure `run_policy` decides, through `attempts`, over `slot`s; with
+`policy`, `watch`, `inject`, `stacks`, `progress` and its `TaskState`s, `output`, `console`, `logtail`) over a backend
+of `backends/` (local, ssh, slurm: only what differs); `report` and `status` for people.
 """

@@ -12,7 +12,8 @@ from typing import Callable, Mapping, Optional
 from psworker.errors import EXIT_PREEMPTED
 from psworker.launcher import membership as ms
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.progress import Progress
+from psworker.launcher.progress import Progress, TaskState
+from psworker.launcher.run_policy import LEFT, MEMBER, MemberExit
 from psworker.launcher.scale_inbox import ScaleInbox, ScaleRequest
 from psworker.launcher.slot import Slot
 from psworker.spec import Elastic
@@ -62,7 +63,7 @@ class ElasticWorkers:
     def launched(self) -> None:
         """Marks the reserved workers in the progress view and publishes the state."""
         for i in self.members.indices(ms.RESERVED):
-            self._progress.set_state(_name(i), "reserved")
+            self._progress.set_state(_name(i), TaskState.RESERVED)
         self._show()
 
     def scale(self, workers: int, source: str, training_over: bool = False) -> str:
@@ -96,21 +97,18 @@ class ElasticWorkers:
                 logger.info("worker:%d joined at global step %d", i, step)
         self._show()
 
-    def exited(self, slot: Slot, restarting: bool, training_over: bool) -> Optional[str]:
-        """What a worker's exit means for membership, before the run policy judges it.
-
-        Returns:
-            None: judge it as usual (it stays a member; its exit 0 makes it done). "": handled, not judged (it
-            left). Else the reason the run fails (preempted, and fewer than `min` workers run).
-        """
+    def exited(self, slot: Slot, restarting: bool, training_over: bool) -> MemberExit:
+        """What a worker's exit means for membership, before the run policy judges it: `MEMBER` (judged as usual;
+        its exit 0 makes it done), `LEFT` (not judged), or left with the reason the run fails (preempted, and fewer
+        than `min` workers run)."""
         i, code = slot.task.index, slot.returncode
         self._joining.discard(i)
         state = self.members.states[i]
         if state == ms.LEAVING:
-            self._set(i, ms.LEFT, "left")
+            self._set(i, ms.LEFT, TaskState.LEFT)
             how = "scaled away" if code == 0 else f"asked to leave, then exit code {code}"
             (logger.info if code == 0 else logger.warning)("%s left (%s)", slot.name, how)
-            return ""
+            return LEFT
         if code in PREEMPTED_CODES and i != ms.CHIEF and not training_over:
             if not restarting:
                 return self._preempted(slot)
@@ -118,7 +116,7 @@ class ElasticWorkers:
                            slot.name, code)
         if code == 0:
             self.members = self.members.with_state(i, ms.DONE)
-        return None
+        return MEMBER
 
     def finish(self, how: str) -> None:
         """Publishes that the run has ended (`psworker scale` then refuses)."""
@@ -127,17 +125,18 @@ class ElasticWorkers:
 
     # -- internals ---------------------------------------------------------------------------------------
 
-    def _preempted(self, slot: Slot) -> str:
+    def _preempted(self, slot: Slot) -> MemberExit:
         m = self.members
-        self._set(slot.task.index, ms.LEFT, "left (preempted)")
+        self._set(slot.task.index, ms.LEFT, TaskState.PREEMPTED)
         self.members = self.members.with_target(self.members.running)
         e = m.elastic
         logger.warning("%s left (preempted, exit %d, not restarted): %d -> %d workers (min %d)", slot.name,
                        slot.returncode, m.target, self.members.running, e.min)
         if self.members.running >= e.min:
-            return ""
-        return (f"was preempted (exit {slot.returncode}) and not restarted: {self.members.running} workers run, "
-                f"below the elastic job's min of {e.min}")
+            return LEFT
+        return MemberExit(left=True, failure=f"was preempted (exit {slot.returncode}) and not restarted: "
+                                             f"{self.members.running} workers run, below the elastic job's min of "
+                                             f"{e.min}")
 
     def _answer(self, request: ScaleRequest, training_over: bool) -> None:
         try:
@@ -152,21 +151,21 @@ class ElasticWorkers:
         start, leave = ms.reconcile(self.members)
         for i in leave:
             slot = self._slots[_name(i)]
-            self._set(i, ms.LEAVING, "leaving")
+            self._set(i, ms.LEAVING, TaskState.LEAVING)
             if slot.restart_at is not None:        # waiting to be restarted: it leaves now
                 slot.restart_at = None
-                self._set(i, ms.LEFT, "left")
+                self._set(i, ms.LEFT, TaskState.LEFT)
                 logger.info("%s left (scaled away while waiting to restart)", slot.name)
             elif slot.running:
                 logger.info("asking %s to leave (SIG%s)", slot.name, LEAVE_SIGNAL.name.removeprefix("SIG"))
                 self._backend.signal(slot.popen, LEAVE_SIGNAL)
         for i in start:
-            self._set(i, ms.RUNNING, "starting")
+            self._set(i, ms.RUNNING, TaskState.STARTING)
             logger.info("starting %s (joining)", _name(i))
             self._joining.add(i)
             self._spawn(self._slots[_name(i)])
 
-    def _set(self, index: int, state: str, shown: str) -> None:
+    def _set(self, index: int, state: str, shown: TaskState) -> None:
         self.members = self.members.with_state(index, state)
         self._progress.set_state(_name(index), shown)
 

@@ -10,6 +10,7 @@ taken are `psworker.events.Step`'s).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 import time
 from dataclasses import dataclass
@@ -17,7 +18,38 @@ from typing import Optional
 
 from psworker import events
 
-__all__ = ["Progress", "TaskProgress", "step_of"]
+__all__ = ["Progress", "TaskProgress", "TaskState", "step_of"]
+
+
+class TaskState(enum.StrEnum):
+    """What the launcher (live) or `psworker status` (from the logs) knows of a task: the one list of states. Their
+    text is what the live view, `psworker status` and its JSON show."""
+
+    NOT_STARTED = "not started"     # `psworker status`: no log yet
+    RESERVED = "reserved"           # an elastic job's worker that has not joined
+    STARTING = "starting"           # started, no output yet
+    RUNNING = "running"             # output, no step line yet (a ps serves)
+    TRAINING = "training"           # step lines
+    PAUSED = "stopped (injected)"   # SIGSTOPped by an injected fault
+    RESTARTING = "restarting"       # waiting for its restart's backoff (shown `restarting N`)
+    LEAVING = "leaving"             # an elastic job's worker asked to leave
+    LEFT = "left"                   # ... that has left
+    PREEMPTED = "left (preempted)"  # ... preempted and not restarted
+    DONE = "done"                   # exited 0 (its log: training over)
+    EXITED = "exited"               # exited non-zero, which did not fail the run
+    FAILED = "failed"
+    STOPPED = "stopped"             # stopped by the launcher at the end of the run
+
+    @property
+    def active(self) -> bool:
+        """A process that should be printing: started and not yet seen to end or pause."""
+        return self in (TaskState.STARTING, TaskState.RUNNING, TaskState.TRAINING)
+
+    @property
+    def live(self) -> bool:
+        """A process is there or about to be (its silence may mean it hangs): not ended, not reserved."""
+        return self in (TaskState.STARTING, TaskState.RUNNING, TaskState.TRAINING, TaskState.PAUSED,
+                        TaskState.RESTARTING, TaskState.LEAVING)
 
 
 def step_of(event: Optional[events.Event]) -> Optional[tuple[int, Optional[float], Optional[float]]]:
@@ -35,7 +67,7 @@ class TaskProgress:
     """What the launcher last saw of one task."""
 
     name: str
-    state: str = "starting"   # starting, running (output, no steps), training, done, restarting N, failed, stopped
+    state: TaskState = TaskState.STARTING
     step: Optional[int] = None       # the last global step this task reported
     loss: Optional[float] = None
     examples_per_sec: Optional[float] = None
@@ -45,6 +77,11 @@ class TaskProgress:
     step_moved_at: float = 0.0       # time.time() when `step` last changed (or the attempt started)
     last_output_at: float = 0.0      # time.time() of its last output line
     restarts: int = 0
+
+    @property
+    def label(self) -> str:
+        """The state as shown: `restarting N` names the restart to come."""
+        return f"{self.state} {self.restarts + 1}" if self.state == TaskState.RESTARTING else str(self.state)
 
 
 class Progress:
@@ -77,7 +114,7 @@ class Progress:
             t = self._tasks[name]
             if parsed is None:
                 self._tasks[name] = _replace(t, last_output_at=now,
-                                             state="running" if t.state == "starting" else t.state)
+                                             state=TaskState.RUNNING if t.state == TaskState.STARTING else t.state)
                 return None
             step, loss, rate = parsed
             moved = t.step is None or step != t.step
@@ -87,25 +124,25 @@ class Progress:
                 t, step=step, loss=loss if loss is not None else t.loss,
                 examples_per_sec=rate if rate is not None else t.examples_per_sec,
                 step_moved_at=now if moved else t.step_moved_at, last_output_at=now,
-                state="training" if t.state in ("starting", "running") else t.state)
+                state=TaskState.TRAINING if t.state in (TaskState.STARTING, TaskState.RUNNING) else t.state)
             return step
 
     def started(self, name: str, restarts: int, now: Optional[float] = None) -> None:
         now = time.time() if now is None else now
         with self._lock:
             t = self._tasks[name]
-            self._tasks[name] = _replace(t, state="starting", started_at=now, step_moved_at=now,
+            self._tasks[name] = _replace(t, state=TaskState.STARTING, started_at=now, step_moved_at=now,
                                          last_output_at=now, restarts=restarts)
 
     def resumed(self, name: str, now: float) -> None:
         """Task `name` goes on after an injected stop: training again, its stall clock restarted (the stop's
         time is not a stall)."""
         with self._lock:
-            self._tasks[name] = _replace(self._tasks[name], state="training", step_moved_at=now)
+            self._tasks[name] = _replace(self._tasks[name], state=TaskState.TRAINING, step_moved_at=now)
 
-    def set_state(self, name: str, state: str) -> None:
+    def set_state(self, name: str, state: TaskState) -> None:
         with self._lock:
-            self._tasks[name] = _replace(self._tasks[name], state=state)
+            self._tasks[name] = _replace(self._tasks[name], state=TaskState(state))
 
     def snapshot(self) -> dict[str, TaskProgress]:
         with self._lock:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
 
 from psworker import events
+from psworker.launcher.run_policy import TaskView
 
-__all__ = ["SERVER_JOBS", "LOG_TAIL_LINES", "Slot", "TaskLike"]
+__all__ = ["LOG_TAIL_LINES", "Slot", "TaskLike", "distinct_names"]
 
 logger = logging.getLogger(__name__)
 
-SERVER_JOBS = frozenset({"ps"})   # serve until stopped; by default every other job must exit 0
 LOG_TAIL_LINES = 20
 
 
@@ -36,6 +36,8 @@ class TaskLike(Protocol):
     def argv(self) -> Sequence[str]: ...
     @property
     def env(self) -> Sequence[tuple[str, str]]: ...
+    @property
+    def is_chief(self) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -69,6 +71,11 @@ class Slot:
     def running(self) -> bool:
         return self.popen is not None and self.returncode is None
 
+    def view(self, counts: bool = True) -> TaskView:
+        """What the run policy sees of this task now (`counts`: its exit counts for success)."""
+        return TaskView(self.name, self.task.job, self.task.is_chief, self.popen is not None, self.returncode,
+                        self.restarts, self.cause, self.stopped, self.restart_at is not None, counts)
+
     def open_log(self, marker: Optional[events.Restart]) -> Any:
         """Opens the log for appending; a new attempt (or a new run on an old log) starts with a marker line."""
         try:
@@ -94,3 +101,12 @@ class Slot:
         self.ended_at = self.returncode = self.cause = self.forced_code = self.resume_at = self.kill_after = None
         self.judged = self.stopped = False
         self.tail = collections.deque(maxlen=LOG_TAIL_LINES)
+
+
+def distinct_names(tasks: Sequence[TaskLike]) -> list[str]:
+    """The tasks' names, in order; ValueError when two tasks share one."""
+    names = [t.name for t in tasks]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate task names: {', '.join(duplicates)}")
+    return names

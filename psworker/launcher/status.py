@@ -19,12 +19,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from psworker import events
-from psworker.launcher.progress import Progress, TaskProgress
+from psworker.launcher.progress import Progress, TaskProgress, TaskState
 from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end, task_log_name
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
-
-_ACTIVE = ("starting", "training", "running")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +40,8 @@ class RunStatus:
 
     @property
     def examples_per_sec(self) -> Optional[float]:
-        rates = [t.examples_per_sec for t in self.tasks.values() if t.examples_per_sec and t.state == "training"]
+        rates = [t.examples_per_sec for t in self.tasks.values()
+                 if t.examples_per_sec and t.state == TaskState.TRAINING]
         return sum(rates) if rates else None
 
     @property
@@ -122,7 +121,7 @@ def _step_of(s: RunStatus) -> str:
 def plain_line(s: RunStatus) -> str:
     """One line for logs and pipes."""
     workers = f"{_workers(s)}, " if s.workers else ""
-    tasks = ", ".join(f"{n} {t.state}" + (f" @{t.step}" if t.step is not None else "") for n, t in s.tasks.items())
+    tasks = ", ".join(f"{n} {t.label}" + (f" @{t.step}" if t.step is not None else "") for n, t in s.tasks.items())
     epoch = f"{_epoch(s)}, " if s.epoch else ""
     rate = _num(s.examples_per_sec, '.0f')
     return (f"psworker: status: {_step_of(s)}, {epoch}{workers}{rate} examples/s, "
@@ -144,9 +143,9 @@ def render(s: RunStatus, silent_after_secs: Optional[float] = None) -> Group:
         table.add_column(col)
     for name, t in s.tasks.items():
         quiet = s.now - t.last_output_at
-        row = [name, t.state, "-" if t.step is None else str(t.step), str(t.restarts)]
+        row = [name, t.label, "-" if t.step is None else str(t.step), str(t.restarts)]
         if silent_after_secs is not None:
-            row.append(f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state in _ACTIVE else "")
+            row.append(f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state.active else "")
         table.add_row(*row)
     return Group(head, table)
 
@@ -229,13 +228,13 @@ def _logging_to(stream: TextIO, consoles: Sequence[TextIO]) -> Iterator[None]:
             h.setStream(s)
 
 
-def _state_after(event: Optional[events.Event], state: str) -> str:
+def _state_after(event: Optional[events.Event], state: TaskState) -> TaskState:
     """A task's state once its log has shown `event`: done, failed, or as it was."""
     if isinstance(event, (events.WorkerDone, events.FoundComplete)) or (
             isinstance(event, events.PsDone) and not event.still_serving):
-        return "done"
+        return TaskState.DONE
     if isinstance(event, (events.TaskError, events.Traceback)):
-        return "failed"
+        return TaskState.FAILED
     return state
 
 
@@ -256,21 +255,21 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
     for name in names:
         log = Path(run_dir) / LOG_SUBDIR / task_log_name(name)
         if not log.exists():
-            progress.set_state(name, "not started")
+            progress.set_state(name, TaskState.NOT_STARTED)
             continue
         heard = log.stat().st_mtime
-        restarts, state = 0, "running"
+        restarts, state = 0, TaskState.RUNNING
         for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
             event = events.parse_line(line)
             if isinstance(event, (events.Restart, events.NewRun)):   # a new attempt, or a new run on an old log
-                restarts, state = getattr(event, "number", 0), "running"
+                restarts, state = getattr(event, "number", 0), TaskState.RUNNING
             progress.record(name, event, heard)
             state = _state_after(event, state)
             if name == chief and isinstance(event, events.Precision):
                 precision = event
         progress.started(name, restarts, heard)        # restarts, and the time it was last heard of
-        if state == "running":
-            state = "running" if progress.snapshot()[name].step is None else "training"
+        if state == TaskState.RUNNING and progress.snapshot()[name].step is not None:
+            state = TaskState.TRAINING
         progress.set_state(name, state)
     workers = _members_into(progress, run_dir) if spec.elastic is not None else None
     return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now, workers,
@@ -285,7 +284,7 @@ def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]
     members = (read_state(run_dir) or {}).get("members")
     if not isinstance(members, dict):
         return None
-    for state in ("reserved", "leaving", "left"):
+    for state in (TaskState.RESERVED, TaskState.LEAVING, TaskState.LEFT):
         for index in members.get(state, ()):
             progress.set_state(f"worker:{index}", state)
     return int(members.get("workers", 0)), int(members.get("target", 0))

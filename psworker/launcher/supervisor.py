@@ -1,5 +1,6 @@
-"""The run loop: starts every task through a `ProcessBackend`, copies its output, applies the run and restart
-policy, injects faults, detects stalls, and stops everything at the end."""
+"""The run loop: starts every task through a `ProcessBackend`, copies its output, carries out the run policy's
+decisions (`psworker.launcher.run_policy`: restart, fail, drain, succeed), injects faults, detects stalls, and stops
+everything at the end."""
 
 from __future__ import annotations
 
@@ -14,31 +15,28 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 from psworker import events, stackdump
-from psworker.launcher import watch
+from psworker.launcher import run_policy, watch
+from psworker.launcher.attempts import Attempts
 from psworker.launcher.elastic import ElasticWorkers
+from psworker.launcher.logtail import innermost_frames, tail_without_stacks
 from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
-from psworker.launcher.progress import Progress
+from psworker.launcher.progress import Progress, TaskState
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.rundir import task_log_name
 from psworker.launcher.scale_inbox import ScaleInbox
-from psworker.launcher.slot import SERVER_JOBS, Slot, TaskLike
+from psworker.launcher.run_policy import SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled, TaskView
+from psworker.launcher.slot import Slot, TaskLike, distinct_names
 from psworker.launcher.stacks import StackAsker
 from psworker.spec import Elastic
 
-__all__ = ["Supervisor", "SERVER_JOBS"]
+__all__ = ["Supervisor"]
 
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_SECS = 0.1
-STACK_FRAMES = 5                  # the report shows this many innermost frames of a stuck task's main thread
-_READER_JOIN_SECS = 5.0
-
-# (task name, returncode, restarts so far) -> True to restart; a `delay(restarts)` method sets the backoff.
-RestartDecider = Callable[[str, int, int], bool]
 
 
 class Supervisor:
@@ -46,31 +44,30 @@ class Supervisor:
 
     Use from one thread (plus `request_stop`, which is safe in a signal handler):
 
-        with Supervisor(tasks, log_dir) as sup:     # starts the tasks; stops and reaps all on exit
+        with Supervisor(tasks, log_dir, backend=LocalBackend()) as sup:   # starts the tasks; stops, reaps all on exit
             result = sup.wait()
 
-    Run policy (`success`, as Kubeflow TFJob's): the run succeeds when every task of `done_jobs` has
-    exited 0 (`all-workers`), or when the chief (`chief:0`, else `worker:0`) has (`chief-or-worker0`). The other
-    `done_jobs` tasks then get `success.worker_exit_grace_secs` to exit by themselves (and to be restarted), the rest
-    (servers) `ps_exit_grace_secs` after them; whoever is left is stopped and the run still succeeds. It fails
-    when a task fails and is not restarted: a `done_jobs` task exits non-zero (also within its grace), a ps exits
-    before success, or another task exits non-zero before success. Then every other task is stopped, and the
-    first failure by time is the root cause.
+    The run policy (`success`, `done_jobs`, the graces, `restart_policy`) is `psworker.launcher.run_policy`'s: it
+    decides, this carries it out. When a task fails and is not restarted, every other task is stopped, and the first
+    failure by time is the root cause.
     """
+
+    _result: Optional[RunResult]
+    _failure: Optional[TaskFailure]
+    _stop_request: Optional[str]
 
     def __init__(
         self,
         tasks: Sequence[TaskLike],
         log_dir: str | os.PathLike,
         *,
+        backend: ProcessBackend,
         console: Optional[TextIO] = None,
         console_filter: Optional[Callable[[str], Optional[str]]] = None,
         console_window_secs: float = 0.0,
         grace_period_secs: float = 10.0,
         ps_exit_grace_secs: float = 15.0,
-        popen: Callable[..., subprocess.Popen] = subprocess.Popen,
-        backend: Optional[ProcessBackend] = None,
-        restart_policy: Optional[RestartDecider] = None,
+        restart_policy: Optional[RestartRule] = None,
         faults: Sequence[Fault] = (),
         stall_timeout_secs: Optional[float] = None,
         done_jobs: Optional[frozenset[str]] = None,
@@ -82,14 +79,13 @@ class Supervisor:
         """Args:
             tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
             log_dir: where `<job>-<index>.log` go; created on start.
+            backend: starts and signals the processes (e.g. `psworker.launcher.backends.local.LocalBackend()`).
             console: where the `[job:index] `-prefixed copy goes; None: sys.stdout at construction.
             console_filter: maps a task's output line to what the console shows (None: nothing); None: all.
             console_window_secs: show a line that several tasks print within this window once (`[worker:0-7] `).
             grace_period_secs: between SIGTERM and SIGKILL when stopping.
             ps_exit_grace_secs: how long servers may take to exit by themselves once the run is done.
-            popen: for the default local backend: starts a process (Popen's signature; tests swap it).
-            backend: starts and signals the processes; None: `LocalBackend(popen=popen)`.
-            restart_policy: None (a failure ends the run), or e.g. a `psworker.launcher.RestartPolicy`.
+            restart_policy: None (a failure ends the run), or e.g. a `psworker.launcher.policy.RestartPolicy`.
             faults: injected faults (`psworker.launcher.inject`).
             stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
             done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
@@ -100,35 +96,23 @@ class Supervisor:
                 (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
             scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scale_inbox`).
         """
-        names = _distinct_names(tasks)
+        names = distinct_names(tasks)
         self._log_dir = Path(log_dir)
         self._slots = {t.name: Slot(t, self._log_dir / task_log_name(t.name)) for t in tasks}
-        self._grace = grace_period_secs
-        self._ps_grace = ps_exit_grace_secs
-        self._backend = backend if backend is not None else LocalBackend(popen=popen)
-        self._restart_policy = restart_policy
+        self._backend, self._grace, self._stall, self._stacks = backend, grace_period_secs, stall_timeout_secs, stacks
         self._faults = list(faults)
-        self._stall = stall_timeout_secs
-        self._stacks = stacks
-        self._done_jobs = done_jobs if done_jobs is not None else frozenset(t.job for t in tasks) - SERVER_JOBS
+        self._rules = Rules(done_jobs if done_jobs is not None else frozenset(t.job for t in tasks) - SERVER_JOBS,
+                            success.deciding_task(names), success.worker_exit_grace_secs, ps_exit_grace_secs,
+                            restart_policy)
         self.progress = Progress(names)
-        self._init_run_state(names, success)
+        self._lock = threading.RLock()
+        self._started, self._started_time, self._stop_request = False, 0.0, None
+        self._result, self._failure, self._ending = None, None, Ending()    # `_ending`: once succeeded, its drain
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
                                     self.progress, window_secs=console_window_secs)
+        self._attempts = Attempts(self._slots, backend, self._output, self.progress)
         self._elastic = None if elastic is None else ElasticWorkers(
-            elastic, self._slots, self._backend, self.progress, lambda slot: self._spawn(slot, marker=None),
-            scale_inbox)
-
-    def _init_run_state(self, names: list[str], success: SuccessPolicy) -> None:
-        self._lock = threading.RLock()
-        self._started = False
-        self._started_time = 0.0
-        self._result: Optional[RunResult] = None
-        self._failure: Optional[TaskFailure] = None
-        self._deciding, self._worker_grace = success.deciding_task(names), success.worker_exit_grace_secs
-        # When the run succeeded, until when the other workers and then the servers may exit by themselves, and why.
-        self._done_at, self._workers_until, self._servers_until, self._done_reason = None, 0.0, None, ""
-        self._stop_request: Optional[str] = None
+            elastic, self._slots, self._backend, self.progress, self._attempts.spawn, scale_inbox)
 
     # -- introspection ------------------------------------------------------------------------------------
 
@@ -168,7 +152,7 @@ class Supervisor:
             try:
                 for slot in self._slots.values():
                     if self._elastic is None or self._elastic.starts_at_launch(slot):
-                        self._spawn(slot, marker=None)
+                        self._attempts.spawn(slot)
             except BaseException:
                 self.stop("a task could not be started")
                 raise
@@ -186,14 +170,15 @@ class Supervisor:
             if self._stop_request is not None:
                 return self.stop(self._stop_request)
             now = time.time()
-            self._collect(now)
+            self._attempts.collect(now)
             self._watch(now)
             for slot in self._slots.values():
-                if slot.restart_at is not None and now >= slot.restart_at and self._may_restart(slot, now):
+                if (slot.restart_at is not None and now >= slot.restart_at
+                        and run_policy.may_restart(self._view(slot), self._rules, self._ending, now)):
                     slot.restart_at = None
-                    self._restart(slot, slot.restart_cause)
+                    self._attempts.restart(slot, slot.restart_cause)
             if self._elastic is not None:
-                self._elastic.poll(training_over=self._done_at is not None)
+                self._elastic.poll(training_over=self._ending.begun)
             return self._decide(now)
 
     def wait(self, timeout: Optional[float] = None) -> RunResult:
@@ -224,7 +209,7 @@ class Supervisor:
         with self._lock:
             if self._result is not None:
                 return self._result
-            self._collect(time.time())
+            self._attempts.collect(time.time())
             return self._finish(False, reason)
 
     def close(self) -> None:
@@ -257,7 +242,7 @@ class Supervisor:
         with self._lock:
             if self._elastic is None:
                 raise ValueError("the job is not elastic")
-            return self._elastic.scale(workers, "by hand", training_over=self._done_at is not None)
+            return self._elastic.scale(workers, "by hand", training_over=self._ending.begun)
 
     def members(self) -> Optional[dict]:
         """An elastic job's membership (`Membership.summary()`: how many workers run, the target, each state's
@@ -289,7 +274,7 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"{name} still running after {timeout} s") from None
         with self._lock:
-            self._collect(time.time())
+            self._attempts.collect(time.time())
             return slot.returncode
 
     def start_task(self, name: str) -> None:
@@ -303,11 +288,11 @@ class Supervisor:
             if self._result is not None:
                 raise RuntimeError(f"start_task({name}): the run has already ended")
             slot = self._slot(name)
-            self._collect(time.time())
+            self._attempts.collect(time.time())
             if slot.running:
                 raise RuntimeError(f"start_task({name}): it is still running")
             slot.restart_at = None
-            self._restart(slot, f"start_task after {describe_returncode(slot.returncode)}")
+            self._attempts.restart(slot, f"start_task after {describe_returncode(slot.returncode)}")
 
     # -- internals ----------------------------------------------------------------------------------------
 
@@ -317,186 +302,89 @@ class Supervisor:
         except KeyError:
             raise KeyError(f"no task {name!r}; tasks are {', '.join(self._slots)}") from None
 
-    def _spawn(self, slot: Slot, marker: Optional[events.Restart]) -> None:
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"           # lines reach the log as printed; task.env may override
-        env.update(dict(slot.task.env))
-        log = slot.open_log(marker)
-        try:
-            popen = self._backend.start(slot.task, env)
-        except BaseException:
-            log.close()
-            raise
-        slot.new_attempt(popen)
-        self.progress.started(slot.name, slot.restarts, slot.started_at)
-        slot.reader = threading.Thread(target=self._output.pump, args=(slot.name, popen.stdout, log, slot.tail,
-                                                                         slot.task, popen.pid),
-                                       name=f"psworker-log-{slot.name}", daemon=True)
-        slot.reader.start()
-        logger.debug("started %s (pid %d): %s", slot.name, popen.pid, " ".join(slot.task.argv))
-
-    def _collect(self, now: float) -> None:
-        """Records the exit of every task that has exited (an injected `exit` fault sets the code judged)."""
-        for slot in self._slots.values():
-            if slot.running:
-                returncode = slot.popen.poll()
-                if returncode is not None:
-                    if slot.forced_code is not None:
-                        returncode = slot.forced_code
-                    slot.returncode, slot.ended_at = returncode, now
-                    logger.info("%s (pid %d) exited: %s", slot.name, slot.popen.pid,
-                                slot.cause or describe_returncode(returncode))
-
     def _watch(self, now: float) -> None:
         watch.resume_stopped(self._slots.values(), self._backend, self.progress, now)
         watch.fire_faults(self._slots, self._faults, self._backend, self.progress, now - self._started_time, now)
-        if self._stall and self._done_at is None:     # after success the stragglers have their grace
+        if self._stall and not self._ending.begun:     # after success the stragglers have their grace
             watch.kill_stalled(self._slots.values(), self._backend, self.progress, self._stall, now, self._stacks)
             watch.kill_after_stacks(self._slots.values(), self._backend)
 
+    def _view(self, slot: Slot) -> TaskView:
+        return slot.view(counts=self._elastic is None or self._elastic.counts_for_success(slot))
+
     def _decide(self, now: float) -> Optional[RunResult]:
-        slots = list(self._slots.values())
-        done = self._succeeded(slots)
-        servers = [s for s in slots if s.task.job in SERVER_JOBS]
-        # A ps exits by itself only once training is over: with the chief done too, late workers are stopped.
-        over = (not done and servers and all(s.returncode == 0 and not s.stopped for s in servers)
-                and any(getattr(s.task, "is_chief", False) and s.returncode == 0 for s in slots))
-        if over and self._done_at is None:
-            self._done_at = self._workers_until = now
-            self._done_reason = "the chief and every ps exited 0: training is over"
-            logger.warning("%s; stopping the other tasks", self._done_reason)
-        done = done or bool(over)
-        for slot in slots:
+        """Puts every new exit through the run policy and carries out its verdicts, then ends or drains the run."""
+        views = {name: self._view(slot) for name, slot in self._slots.items()}
+        done = run_policy.succeeded(list(views.values()), self._rules)
+        over = not done and run_policy.training_over(list(views.values()))
+        if over and not self._ending.begun:
+            self._ending = run_policy.start_ending(self._ending, now)
+            logger.warning("%s; stopping the other tasks", self._ending.reason)
+        for slot in self._slots.values():
             if slot.popen is None or slot.running or slot.judged:
                 continue
             slot.judged = True
-            member = self._member_exit(slot, over or done)
-            if member == "":
-                continue
-            reason = member or (None if over else self._judge(slot, done))
-            if reason is None:
-                self.progress.set_state(slot.name, "done" if slot.returncode == 0 else "exited")
-                continue
-            if member is None and self._would_restart(slot):
-                policy = self._restart_policy
-                delay = policy.delay(slot.restarts) if hasattr(policy, "delay") else 0.0
-                slot.restart_cause = slot.cause or describe_returncode(slot.returncode)
-                slot.restart_at = now + delay
-                logger.warning("%s %s; restart %d in %.1f s", slot.name, reason, slot.restarts + 1, delay)
-                self.progress.set_state(slot.name, f"restarting {slot.restarts + 1}")
-                continue
-            self.progress.set_state(slot.name, "failed")
-            if self._failure is None or slot.ended_at < self._failure.at:
-                self._failure = self._make_failure(slot, reason)
+            self._carry_out(slot, self._verdict(views[slot.name], done or over, over), now)
         if self._failure is not None:
             return self._finish(False, f"{self._failure.name} failed")
-        return self._drain(slots, now) if done else None
+        return self._drain(now) if done or over else None
 
-    def _would_restart(self, slot: Slot) -> bool:
-        policy = self._restart_policy
-        return policy is not None and policy(slot.name, slot.returncode, slot.restarts)
+    def _verdict(self, view: TaskView, done: bool, over: bool) -> run_policy.Verdict:
+        """The run policy's verdict on an exit; an elastic job's worker exit goes through membership first."""
+        member = run_policy.MEMBER
+        if self._elastic is not None and view.job == "worker":
+            restarting = not done and run_policy.restartable(view, self._rules)
+            member = self._elastic.exited(self._slots[view.name], restarting=restarting, training_over=done)
+        return run_policy.verdict(view, self._rules, done, over, member)
 
-    def _member_exit(self, slot: Slot, over: bool) -> Optional[str]:
-        """An elastic job's worker exit through membership first (`ElasticWorkers.exited`): None to judge it as
-        usual, "" when it left, else why the run fails."""
-        if self._elastic is None or slot.task.job != "worker":
-            return None
-        return self._elastic.exited(slot, restarting=not over and self._would_restart(slot), training_over=over)
+    def _carry_out(self, slot: Slot, verdict: run_policy.Verdict, now: float) -> None:
+        if isinstance(verdict, Settled):
+            if verdict.note:
+                logger.warning("%s %s", slot.name, verdict.note)
+            if verdict.state is not None:
+                self.progress.set_state(slot.name, verdict.state)
+        elif isinstance(verdict, Restart):
+            slot.restart_cause, slot.restart_at = verdict.cause, now + verdict.delay
+            logger.warning("%s %s; restart %d in %.1f s", slot.name, verdict.reason, slot.restarts + 1, verdict.delay)
+            self.progress.set_state(slot.name, TaskState.RESTARTING)
+        else:
+            assert isinstance(verdict, Fail)
+            self.progress.set_state(slot.name, TaskState.FAILED)
+            if self._failure is None or slot.ended_at < self._failure.at:
+                self._failure = self._make_failure(slot, verdict.reason)
 
-    def _succeeded(self, slots: list[Slot]) -> bool:
-        """Whether the success policy holds: the deciding task, else every `done_jobs` task, has exited 0 (in an
-        elastic job, every worker that joined and did not leave)."""
-        deciding = self._slots.get(self._deciding) if self._deciding else None
-        if deciding is not None:
-            return deciding.returncode == 0
-        counted = [s for s in slots if self._elastic is None or self._elastic.counts_for_success(s)]
-        return all(s.returncode == 0 for s in counted if s.task.job in self._done_jobs)
-
-    def _drain(self, slots: list[Slot], now: float) -> Optional[RunResult]:
-        """After success: the other `done_jobs` tasks get the worker grace to exit by themselves, then the others
-        (servers) the ps grace. Whoever is left after that is stopped, and the run has still succeeded."""
-        workers = [s.name for s in slots if s.task.job in self._done_jobs and (s.running or s.restart_at is not None)]
-        if self._done_at is None:
-            self._done_at, self._workers_until = now, now + self._worker_grace
-            self._done_reason = (f"{self._deciding} exited 0" if self._deciding
-                                 else f"every {'/'.join(sorted(self._done_jobs))} task exited 0")
-            if workers:
-                logger.info("%s: the run has succeeded; the other workers (%s) get %g s to exit by themselves",
-                            self._done_reason, ", ".join(workers), self._worker_grace)
-        if workers:
-            if now < self._workers_until:
-                return None
-            logger.warning("%s still running %g s after the run succeeded (%s)", ", ".join(workers),
-                           self._workers_until - self._done_at, self._done_reason)
-            return self._finish(True, self._done_reason)
-        if self._servers_until is None:
-            self._servers_until = now + self._ps_grace
-            logger.debug("the run is done; giving servers %.1f s to exit", self._ps_grace)
-        if not any(s.running for s in slots) or now >= self._servers_until:
-            return self._finish(True, self._done_reason)
-        return None
-
-    def _may_restart(self, slot: Slot, now: float) -> bool:
-        """No restarts once the run has succeeded, but of the `done_jobs` tasks within their grace."""
-        return self._done_at is None or (slot.task.job in self._done_jobs and now < self._workers_until)
-
-    def _judge(self, slot: Slot, done: bool) -> Optional[str]:
-        """Why this exit fails the run, or None if it does not."""
-        described = slot.cause or describe_returncode(slot.returncode)
-        if slot.task.job in self._done_jobs:
-            return None if slot.returncode == 0 else f"ended ({described})" if slot.cause else f"exited with {described}"
-        if done:
-            if slot.returncode != 0:
-                logger.warning("%s exited with %s after the run was done", slot.name, described)
-            return None
-        if slot.returncode == 0 and slot.task.job not in SERVER_JOBS:
-            return None
-        return f"exited ({described}) while workers were still running"
+    def _drain(self, now: float) -> Optional[RunResult]:
+        """After success: `run_policy.drain` says when the run finishes; this says so and finishes it."""
+        views = [self._view(slot) for slot in self._slots.values()]
+        before = self._ending
+        self._ending, finish = run_policy.drain(views, self._rules, before, now)
+        workers = ", ".join(run_policy.stragglers(views, self._rules))
+        if not before.begun and workers:
+            logger.info("%s: the run has succeeded; the other workers (%s) get %g s to exit by themselves",
+                        self._ending.reason, workers, self._rules.worker_grace)
+        if finish and workers:
+            logger.warning("%s still running %g s after the run succeeded (%s)", workers,
+                           self._ending.workers_until - self._ending.at, self._ending.reason)
+        elif before.servers_until is None and self._ending.servers_until is not None:
+            logger.debug("the run is done; giving servers %.1f s to exit", self._rules.ps_grace)
+        return self._finish(True, self._ending.reason) if finish else None
 
     def _make_failure(self, slot: Slot, reason: str) -> TaskFailure:
         slot.reader.join(2.0)               # let it copy the last lines (EOF follows the exit)
         logger.error("%s %s", slot.name, reason)
         tail = tuple(slot.tail)
         if any(stackdump.is_dump_line(line) for line in tail):     # a dump fills it: the lines around the dump
-            tail = _tail_without_stacks(slot.log_path, len(tail))
+            tail = tail_without_stacks(slot.log_path, len(tail))
         said = events.last(events.TaskError, list(slot.tail))     # its own error line, for the report's first
         return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason,
                            error=said.message if said else "")
 
-    def _restart(self, slot: Slot, cause: str) -> None:
-        self._backend.signal(slot.popen, signal.SIGKILL)    # stragglers of the old attempt
-        if slot.reader is not None:
-            slot.reader.join(_READER_JOIN_SECS)
-        slot.restarts += 1
-        slot.causes.append(cause)
-        logger.warning("restarting %s (restart %d: %s)", slot.name, slot.restarts, cause)
-        self._spawn(slot, marker=events.Restart.now(slot.restarts, cause))
-
     def _finish(self, ok: bool, reason: str) -> RunResult:
-        procs = [s.popen for s in self._slots.values() if s.popen is not None]
-        running = [s for s in self._slots.values() if s.running]
-        if running and self._stacks is not None:
-            self._stacks.ask_all(running, self._backend, f"stopping: {reason}")
-        for slot in running:
-            slot.stopped = True
-            self.progress.set_state(slot.name, "stopped")
-        if running:
-            logger.info("stopping %s (%s)", ", ".join(s.name for s in running), reason)
-        self._backend.stop(procs, self._grace)
-        for slot in running:
-            code = slot.popen.poll()
-            slot.returncode = code if code is not None else -int(signal.SIGKILL)
-            slot.ended_at = time.time()
-        for slot in self._slots.values():
-            if slot.reader is not None:
-                slot.reader.join(_READER_JOIN_SECS)
-                if slot.reader.is_alive():
-                    logger.error("the log reader of %s did not finish", slot.name)
-        self._output.close()
+        self._attempts.stop_all(reason, self._grace, self._stacks)
         failed = self._failure.name if self._failure is not None else None
         exits = {s.name: TaskExit(s.name, s.returncode, s.started_at, s.ended_at, str(s.log_path), s.restarts,
                                   s.stopped, tuple(s.causes),
-                                  _innermost_frames(s.log_path) if s.stopped or s.name == failed else ())
+                                  innermost_frames(s.log_path) if s.stopped or s.name == failed else ())
                  for s in self._slots.values() if s.popen is not None}
         self._result = RunResult(ok, exits, self._failure, reason)
         if self._elastic is not None:
@@ -506,31 +394,3 @@ class Supervisor:
                          len(self._output.errors), self._output.errors[0][1])
         return self._result
 
-
-def _current_attempt(log_path: Path) -> str:
-    try:
-        return events.current_attempt(log_path.read_text(errors="replace"))
-    except OSError:
-        return ""
-
-
-def _innermost_frames(log_path: Path) -> tuple[str, ...]:
-    """The innermost frames of the main thread in the last stack dump of the task's current attempt, if any."""
-    dump = stackdump.last_dump(_current_attempt(log_path))
-    return () if dump is None else dump.innermost(STACK_FRAMES)
-
-
-def _tail_without_stacks(log_path: Path, count: int) -> tuple[str, ...]:
-    """The last `count` non-blank lines of the task's current attempt that are no stack dump's."""
-    lines = [line for line in _current_attempt(log_path).splitlines()
-             if line.strip() and not stackdump.is_dump_line(line)]
-    return tuple(lines[-count:])
-
-
-def _distinct_names(tasks: Sequence[TaskLike]) -> list[str]:
-    """The tasks' names, in order; ValueError when two tasks share one."""
-    names = [t.name for t in tasks]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"duplicate task names: {', '.join(duplicates)}")
-    return names

@@ -10,7 +10,7 @@ from typing import Iterable, Mapping, Optional
 
 from psworker.launcher.inject import Fault
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.progress import Progress
+from psworker.launcher.progress import Progress, TaskState
 from psworker.launcher.slot import Slot
 from psworker.launcher.stacks import StackAsker
 
@@ -44,7 +44,7 @@ def fire_faults(slots: Mapping[str, Slot], faults: list[Fault], backend: Process
         if fault.action == "stop":
             slot.resume_at = now + fault.for_secs
             backend.signal(slot.popen, signal.SIGSTOP)
-            progress.set_state(slot.name, "stopped (injected)")
+            progress.set_state(slot.name, TaskState.PAUSED)
             continue
         slot.cause = f"injected {fault.text}"
         slot.forced_code = fault.code

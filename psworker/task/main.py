@@ -142,16 +142,16 @@ def _worker(spec: ClusterSpec, index: int, config: TrainConfig, allow_public_bin
 
     config, server_config = devices.for_worker(config, name)   # --num_devices auto: every visible GPU
     server = srv.start_server(spec, "worker", index, config=server_config)
-    from psworker.task import done_queue, runner, shutdown
+    from psworker.task import done_queue, replication, runner, shutdown
     from psworker.train.ingraph import CLIENT_INDEX
 
     if config.replication != "in-graph":
-        runner.run(server, spec, index, config, runner.between_graph(spec, index, config, membership))
+        runner.run(server, spec, index, config, replication.between_graph(spec, index, config, membership))
     elif index == CLIENT_INDEX:
         if config.mode == "sync" or config.replicas_to_aggregate:
             log.warning("%s: in-graph replication is synchronous by construction; mode=%s and replicas_to_aggregate "
                         "are ignored", name, config.mode)
-        runner.run(server, spec, index, config, runner.in_graph(spec, config))
+        runner.run(server, spec, index, config, replication.in_graph(spec, config))
     else:
         log.info("%s: in-graph replication: serving for the client worker:%d", name, CLIENT_INDEX)
         shutdown.serve_until_client_done(server.target, spec, index, CLIENT_INDEX,

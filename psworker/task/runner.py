@@ -1,7 +1,9 @@
-"""The one training runner of a worker, for both replications: scaffold and saver, hooks, session, the step loop,
-the final evaluation, and telling the other tasks that it is done.
+"""The one training runner of a worker, for both replications: the graph and its scaffold, the session (its hooks
+and creator: `psworker.task.session_setup`), the step loop, the final evaluation, and telling the other tasks that
+it is done.
 
-What differs between replications comes in a `Replication` (`between_graph`, `in_graph`).
+What differs between replications comes in a `Replication` (`psworker.task.replication`: `between_graph`,
+`in_graph`).
 """
 
 from __future__ import annotations
@@ -15,64 +17,23 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from psworker import events
 from psworker.errors import AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
-from psworker.task import done_queue, probe, shutdown
-from psworker.task.leave import Member
+from psworker.task import done_queue, probe
 from psworker.task.peers import SyncPeerWatch
-from psworker.train import graph
-from psworker.train.graph import SYNC_INIT_TOKENS, TrainGraph
-from psworker.train.ingraph import CLIENT_INDEX, build_in_graph_train_graph
+from psworker.task.replication import Replication
+from psworker.task.session_setup import MAX_CHECKPOINTS, first_choice, hooks_of, session_creator
+from psworker.train.graph import TrainGraph
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SAVE_CHECKPOINT_SECS = 60.0
-MAX_CHECKPOINTS = 5
 WATCHDOG_AFTER_SECS = 10.0
 GIVE_UP_GRACE_SECS = 5.0   # a step past its deadline that TensorFlow did not end: the watchdog ends the process
-
-
-@dataclass(frozen=True)
-class Replication:
-    """What one replication tells the runner.
-
-    Attributes:
-        build: builds the training graph in the default graph: `(model, config) -> TrainGraph`.
-        is_chief: initialises or restores the model, writes checkpoints and summaries, evaluates at the end.
-        examples_per_step: examples one run of the train op consumes (for the progress line).
-        session_config: the `ConfigProto` of the training session.
-        wait_for: `{name: "host:port"}` of the tasks that must answer before each session is created.
-        hint: what a slow step may be waiting for (the watchdog's message).
-        timeout_message: the `StepTimeout` message when a step exceeds `--step_timeout_secs`.
-        release: `release(target)` once training is over, before the final evaluation (in-graph: frees the
-            serving workers).
-        workers: the between-graph workers (each moves the global step); 1 for the in-graph client.
-        peers: the sync between-graph chief: `{index: "host:port"}` of the other workers, watched while
-            training (`SyncPeerWatch`); None otherwise.
-        needed: sync: the workers each step needs gradients from.
-        membership: an elastic job's non-chief worker: tells the ps tasks when it joins and leaves.
-        dealing: makes what the graph needs to deal shards to this worker (`train.dealer`); None: static slices.
-    """
-
-    build: Callable[[Model, TrainConfig], TrainGraph]
-    is_chief: bool
-    examples_per_step: int
-    session_config: object
-    wait_for: dict
-    hint: str
-    timeout_message: str
-    release: Optional[Callable[[str], None]] = None
-    workers: int = 1   # the most the global step advances per step of this runner (async: one per worker)
-    peers: Optional[dict] = None
-    needed: int = 0
-    membership: Optional[Member] = None       # an elastic job's non-chief: joins, and leaves on a signal
-    # dealt shards: `(target, model, config) -> train.dealer.Dealing` (None: the static slices)
-    dealing: Optional[Callable[[str, Model, TrainConfig], Any]] = None
 
 
 @dataclass(frozen=True)
@@ -178,33 +139,6 @@ def _evaluate_and_export(model: Model, config: TrainConfig, name: str, emit) -> 
     emit(evaluate.format_result(result), flush=True)   # last: the run's result line
 
 
-def _hooks(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication, index: int, name: str,
-           emit, kept: tuple = ()) -> tuple[Any, list]:
-    """The step loop's hooks: (the one per-step hook, every hook)."""
-    from psworker.train.hooks import TrainLoopHook
-
-    # One hook per step: the chief's savers run inside it, on its check steps only (docs/performance.md).
-    progress = TrainLoopHook(tg.loss, tg.global_step, last_step=config.max_steps,
-                             every_steps=config.log_every_steps, examples_per_step=replication.examples_per_step,
-                             gated=chief_hooks(config, scaffold, name, kept) if replication.is_chief else (),
-                             align_steps=(config.log_every_steps, config.save_checkpoint_steps),
-                             stride=replication.workers, emit=emit, name=name,
-                             epochs=None if tg.dealer is None else (tg.dealer_state.examples_trained,
-                                                                    tg.dealer.dealing.plan.num_examples,
-                                                                    config.num_epochs))
-    hooks = [progress]
-    if tg.sync_optimizer is not None:
-        hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
-    if config.train_dir is not None:
-        from psworker.train.summaries import WorkerSummaryHook, worker_dir
-
-        hooks.append(WorkerSummaryHook(index, loss=tg.loss, learning_rate=tg.learning_rate,
-                                       global_step=tg.global_step, logdir=worker_dir(config.train_dir, index),
-                                       every_steps=max(1, config.log_every_steps),
-                                       examples_per_step=replication.examples_per_step))
-    return progress, hooks
-
-
 def _epochs_as_steps(config: TrainConfig, model: Model, replication: Replication, name: str) -> TrainConfig:
     """Sync mode with dealt shards and `num_epochs`: the global step that covers the epochs (each step applies
     `replicas_to_aggregate` batches), if below `max_steps`, becomes the last step; the deal itself never ends, so
@@ -220,35 +154,6 @@ def _epochs_as_steps(config: TrainConfig, model: Model, replication: Replication
     log.info("%s: sync mode: %d epochs of %d examples end at global step %d (%d examples per step)", name,
              config.num_epochs, model.num_train_examples(config.data_dir), steps, per_step)
     return dataclasses.replace(config, max_steps=steps)
-
-
-def _session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, replication: Replication,
-                     name: str, watchdog, first_choice=None) -> Any:
-    """The session creator: waits for the peers (or finds training complete on disk), then restores or starts. A
-    session re-created inside a step (after a ps failure) gives that step time for the waits that follow."""
-    from psworker.train.session import FastSessionCreator
-
-    def wait_for_peers() -> None:
-        watchdog.extend(2 * config.startup_timeout_secs + config.step_timeout_secs)
-        srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name,
-                           meanwhile=_CompleteOnDisk(config, name))
-
-    on_live_model = (_sync_reset_on_restart(tg.sync_reset, name)
-                     if replication.is_chief and tg.sync_reset is not None else None)
-    restore = None
-    if tg.dealer_state is not None:
-        from psworker.train import dealer
-
-        def restore(sess, checkpoint: str) -> None:
-            dealer.restore(scaffold.saver, sess, checkpoint, tg.dealer_state, name)
-
-    return FastSessionCreator(
-        scaffold, master=target, config=replication.session_config, is_chief=replication.is_chief,
-        checkpoint_dir=config.train_dir if replication.is_chief else None,
-        max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
-        on_live_model=on_live_model, warm_up=tg.inputs, restore=restore, first_choice=first_choice,
-        allow_fresh_start=config.allow_fresh_start,
-    )
 
 
 def _train(target: str, config: TrainConfig, model: Model, replication: Replication, index: int, name: str,
@@ -268,10 +173,10 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                       else tf.group(v1.train.Scaffold.default_local_init_op(), tg.input_init))
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
                                                           save_relative_paths=True), local_init_op=local_init)
-        choice = _first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
-        progress, hooks = _hooks(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else ())
+        choice = first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
+        progress, hooks = hooks_of(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else ())
         watchdog = _watchdog(config, replication, name)
-        creator = _session_creator(target, config, tg, scaffold, replication, name, watchdog, choice)
+        creator = session_creator(target, config, tg, scaffold, replication, name, watchdog, choice)
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
@@ -303,60 +208,13 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
     return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started)
 
 
-def _first_choice(config: TrainConfig):
-    """The chief's checkpoint to restore (`train.checkpoints.choose`), chosen before anything is written to the
-    train dir: checkpoint files there, none usable, and no `allow_fresh_start` raise `TrainingFailed` (exit 3)."""
-    from psworker.train import checkpoints
-
-    if not config.train_dir:
-        return None
-    choice = checkpoints.choose(config.train_dir, checkpoints.expected_variables())
-    if choice.refused and not config.allow_fresh_start:
-        raise checkpoints.refusal(config.train_dir, choice)
-    return choice
-
-
 def _report_data(client, name: str) -> None:
     """The chief's line of what was dealt: examples trained, trained again, epochs."""
-    from psworker.train import dealer
+    from psworker.train import shard_plan
 
     plan = client.dealing.plan
-    trained, again, epochs = dealer.report(plan, client.state())
+    trained, again, epochs = shard_plan.report(plan, client.state())
     log.info("%s", events.DataDealt(name, trained, again, epochs, plan.num_epochs, plan.num_examples).render())
-
-
-class _CompleteOnDisk:
-    """While a worker waits for its ps tasks: raises `AlreadyComplete` once the train_dir's newest checkpoint is at
-    `--max_steps` (the ps tasks left after training ended). Reads the train_dir at most every `every_secs`."""
-
-    def __init__(self, config: TrainConfig, name: str, *, every_secs: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self._config, self._name, self._every, self._clock = config, name, every_secs, clock
-        self._next = clock()
-
-    def __call__(self) -> None:
-        if self._clock() < self._next:
-            return
-        self._next = self._clock() + self._every
-        step = shutdown.checkpoint_at_max_steps(self._config.train_dir, self._config.max_steps)
-        if step is not None:
-            found = events.FoundComplete(self._name, step, self._config.max_steps, self._config.train_dir)
-            raise AlreadyComplete(found.render(), global_step=step)
-
-
-def _sync_reset_on_restart(sync_reset, name: str):
-    """A chief that starts on live ps tasks clears the sync state a dead chief may have left mid-step."""
-
-    def on_live_model(session) -> None:
-        done = sync_reset.run(session)
-        held = done["gradients_held"]
-        log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
-                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
-                 name, done["global_step"], " ".join(map(str, held)),
-                 "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
-                 done["tokens_dropped"], done["tokens_queued"])
-
-    return on_live_model
 
 
 def _watchdog(config: TrainConfig, replication: Replication, name: str):
@@ -446,110 +304,4 @@ def _step_timeout(message: str) -> StepTimeout:
     return StepTimeout(message)
 
 
-def chief_hooks(config: TrainConfig, scaffold, name: str, kept: tuple = ()) -> list:
-    """The chief's checkpoint saver, writing into `config.train_dir` (with the graph, for TensorBoard's Graphs
-    dashboard: the train dir's own events file holds no scalars; they are the workers', see `train.summaries`);
-    `kept`: the checkpoints there, oldest first, that its rotation goes on from (`checkpoints.Choice.kept`)."""
-    import tensorflow as tf
-
-    from psworker.train.checkpoints import CheckpointKeeper
-    from psworker.train.hooks import CheckpointLogger, ChiefCheckpointSaverHook
-
-    v1 = tf.compat.v1
-    every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
-             else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
-    keeper = CheckpointKeeper(config.train_dir, keep=MAX_CHECKPOINTS, kept=kept)
-    return [ChiefCheckpointSaverHook(config.train_dir, scaffold=scaffold, keeper=keeper,
-                                     listeners=[CheckpointLogger(name)], **every)]
-
-
-def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership: Optional[Member] = None
-                  ) -> Replication:
-    """What the runner needs to train worker `index` of a between-graph cluster (`membership`: an elastic job's
-    non-chief worker's)."""
-    name = f"worker:{index}"
-    if config.mode == "sync":
-        needed = config.replicas_to_aggregate or len(spec.worker)
-        hint = (f"a sync step waits for gradients from {needed} of {len(spec.worker)} workers: is one down or slow? "
-                f"(gives up after --step_timeout_secs {config.step_timeout_secs:g})")
-        timeout = (f"{name}: a sync training step did not finish within {config.step_timeout_secs:g} s "
-                   f"(--step_timeout_secs): each step needs gradients from "
-                   f"{config.replicas_to_aggregate or 'all'} workers; is a worker down? Start it again (it rejoins), "
-                   "or run with fewer --replicas_to_aggregate than workers so that the others can go on without it")
-    else:
-        hint = "is a ps task overloaded or unreachable?"
-        timeout = (f"{name}: a training step did not finish within {config.step_timeout_secs:g} s "
-                   "(--step_timeout_secs): is a ps task overloaded or unreachable?")
-    cluster = spec.as_dict()
-    # Only the chief watches (N-1 probes per interval, not N^2 across the cluster): it makes the tokens, so when it
-    # stops the others' next steps time out.
-    peers = ({i: str(a) for i, a in enumerate(spec.worker) if i != index}
-             if config.mode == "sync" and index == 0 else None)
-    return Replication(
-        build=lambda model, cfg, dealing=None: graph.build_train_graph(model, cfg, cluster=cluster, task_index=index,
-                                                                       elastic=spec.elastic is not None,
-                                                                       dealing=dealing),
-        is_chief=index == 0, examples_per_step=config.batch_size * config.num_devices,
-        session_config=srv.session_config("worker", index), wait_for=srv.task_addresses(spec, ("ps",)),
-        hint=hint, timeout_message=timeout, workers=len(spec.worker),
-        peers=peers, needed=config.replicas_to_aggregate or len(spec.worker),
-        membership=membership,
-        dealing=(lambda target, model, cfg: _dealing(spec, index, cfg, model, target))
-        if config.data_dealing == "dealt" else None,
-    )
-
-
-def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, target: str):
-    """What worker `index`'s graph needs to take dealt shards. Sync mode: the deal never runs dry (the epochs end
-    at a global step, `_epochs_as_steps`). The chief gives back the lease of a worker whose port has been closed
-    for `shutdown.VANISHED_GRACE_SECS` when it waits for the last shards."""
-    from psworker.train import dealer
-
-    batch = config.batch_size * config.num_devices
-    plan = dealer.make_plan(model.num_train_examples(config.data_dir), config.shard_examples,
-                            None if config.mode == "sync" else config.num_epochs, batch)
-    gone = None
-    if index == 0:
-        watch = shutdown.GoneWatch({i: str(a) for i, a in enumerate(spec.worker) if i != index})
-
-        def gone(j: int) -> bool:
-            watch.update()
-            return watch.gone_for(j) >= shutdown.VANISHED_GRACE_SECS
-
-    log.info("worker:%d: dealt shards of %d examples (%d per epoch of %d)%s", index, plan.shard_examples,
-             plan.shards_per_epoch, plan.num_examples,
-             f", {plan.num_epochs} epochs" if plan.num_epochs else "")
-    return dealer.Dealing(plan=plan, index=index, num_workers=len(spec.worker), target=target,
-                          session_config=srv.session_config("worker", index), is_chief=index == 0, seed=config.seed,
-                          pad_to=batch if config.num_devices > 1 else 1, gone=gone)
-
-
-def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
-    """What the runner needs to train the whole cluster from the client ."""
-    name = f"worker:{CLIENT_INDEX}"
-    num_workers = len(spec.worker)
-    cluster = spec.as_dict()
-    examples_per_step = config.batch_size * config.num_devices * num_workers
-    log.info("%s: in-graph client for %d workers x %d towers, %d examples per step", name, num_workers,
-             config.num_devices, examples_per_step)
-    if config.data_dealing == "dealt":
-        log.info("%s: in-graph replication reads static slices (dealt shards are between-graph only)", name)
-
-    def release(target: str) -> None:   # the serving workers can go; each tells the ps tasks itself that it is done
-        shutdown.release_workers(target, spec, CLIENT_INDEX)
-
-    hint = ("each step needs every worker: is one down or slow? "
-            f"(gives up after --step_timeout_secs {config.step_timeout_secs:g})")
-    return Replication(
-        build=lambda model, cfg, dealing=None: build_in_graph_train_graph(model, cfg, cluster=cluster),
-        is_chief=True, examples_per_step=examples_per_step,
-        # No device filters: this client places ops on every worker task.
-        session_config=srv.session_config("worker", CLIENT_INDEX, filter_devices=False),
-        wait_for=srv.task_addresses(spec, ("ps", "worker")), hint=hint,
-        timeout_message=(f"{name}: an in-graph training step did not finish within {config.step_timeout_secs:g} s "
-                         "(--step_timeout_secs): each step needs every worker; is one down?"),
-        release=release,
-    )
-
-
-__all__ = ["Replication", "TrainResult", "run", "chief_hooks", "between_graph", "in_graph"]
+__all__ = ["TrainResult", "run"]

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: fake_tasks
 
 from fake_tasks.fakes import fake  # noqa: E402
+from psworker.launcher.backends.local import LocalBackend  # noqa: E402
 from psworker.launcher.launch import stop_on_signals  # noqa: E402
 from psworker.launcher.report import exit_status  # noqa: E402
 from psworker.launcher.supervisor import Supervisor  # noqa: E402
@@ -28,7 +29,7 @@ tasks = [
     fake("worker", 1, "spawn_grandchild", "--ignore-term"),
     fake("worker", 2, "spawn_grandchild", "--setsid"),
 ]
-sup = Supervisor(tasks, args.log_dir, grace_period_secs=args.grace, ps_exit_grace_secs=1.0)
+sup = Supervisor(tasks, args.log_dir, backend=LocalBackend(), grace_period_secs=args.grace, ps_exit_grace_secs=1.0)
 with stop_on_signals(sup) as caught, sup:
     print("DRIVER STARTED", flush=True)
     result = sup.wait(timeout=120)

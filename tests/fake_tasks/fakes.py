@@ -23,8 +23,8 @@ def fake(job: str, index: int, program: str, *args: object, env: dict[str, str] 
 
 
 def task_state(sup, name: str) -> str:
-    """The supervisor's state of task `name` (starting, training, done, restarting N, ...)."""
-    return sup.progress.snapshot()[name].state
+    """The supervisor's state of task `name` as shown (starting, training, done, restarting N, ...)."""
+    return sup.progress.snapshot()[name].label
 
 
 def wait_gone(pids: list[int], timeout: float) -> None:

@@ -1,0 +1,100 @@
+"""The supervisor's hands on its tasks' processes, through a `ProcessBackend`: start an attempt (its log opened with
+a marker line, the backend's start, a reader thread copying its output), see which attempts have exited, restart
+one, and stop and reap them all. What to do is the run policy's (`psworker.launcher.run_policy`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Mapping, Optional
+
+from psworker import events
+from psworker.launcher.backends.base import ProcessBackend
+from psworker.launcher.output import OutputCopier
+from psworker.launcher.progress import Progress, TaskState
+from psworker.launcher.report import describe_returncode
+from psworker.launcher.slot import Slot
+from psworker.launcher.stacks import StackAsker
+
+__all__ = ["Attempts"]
+
+logger = logging.getLogger(__name__)
+
+READER_JOIN_SECS = 5.0
+
+
+class Attempts:
+    """Starts, collects, restarts and stops the attempts of the tasks in `slots` (the supervisor's, by name)."""
+
+    def __init__(self, slots: Mapping[str, Slot], backend: ProcessBackend, output: OutputCopier,
+                 progress: Progress) -> None:
+        self._slots, self._backend, self._output, self._progress = slots, backend, output, progress
+
+    def spawn(self, slot: Slot, marker: Optional[events.Restart] = None) -> None:
+        """Starts a new attempt of the slot's task (`marker`: the restart line its log gets first)."""
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"           # lines reach the log as printed; task.env may override
+        env.update(dict(slot.task.env))
+        log = slot.open_log(marker)
+        try:
+            popen = self._backend.start(slot.task, env)
+        except BaseException:
+            log.close()
+            raise
+        slot.new_attempt(popen)
+        self._progress.started(slot.name, slot.restarts, slot.started_at)
+        slot.reader = threading.Thread(target=self._output.pump, args=(slot.name, popen.stdout, log, slot.tail,
+                                                                         slot.task, popen.pid),
+                                       name=f"psworker-log-{slot.name}", daemon=True)
+        slot.reader.start()
+        logger.debug("started %s (pid %d): %s", slot.name, popen.pid, " ".join(slot.task.argv))
+
+    def collect(self, now: float) -> None:
+        """Records the exit of every task that has exited (an injected `exit` fault sets the code judged)."""
+        for slot in self._slots.values():
+            if slot.running:
+                returncode = slot.popen.poll()
+                if returncode is not None:
+                    if slot.forced_code is not None:
+                        returncode = slot.forced_code
+                    slot.returncode, slot.ended_at = returncode, now
+                    logger.info("%s (pid %d) exited: %s", slot.name, slot.popen.pid,
+                                slot.cause or describe_returncode(returncode))
+
+    def restart(self, slot: Slot, cause: str) -> None:
+        """Ends what is left of the slot's last attempt and starts the next, its log marked with `cause`."""
+        self._backend.signal(slot.popen, signal.SIGKILL)    # stragglers of the old attempt
+        if slot.reader is not None:
+            slot.reader.join(READER_JOIN_SECS)
+        slot.restarts += 1
+        slot.causes.append(cause)
+        logger.warning("restarting %s (restart %d: %s)", slot.name, slot.restarts, cause)
+        self.spawn(slot, marker=events.Restart.now(slot.restarts, cause))
+
+    def stop_all(self, reason: str, grace_secs: float, stacks: Optional[StackAsker]) -> None:
+        """Stops every running attempt (their stacks asked for first, with `stacks`; then the backend's SIGTERM,
+        `grace_secs`, SIGKILL), reaps all, and waits for the log readers to copy the last lines."""
+        slots = list(self._slots.values())
+        procs = [s.popen for s in slots if s.popen is not None]
+        running = [s for s in slots if s.running]
+        if running and stacks is not None:
+            stacks.ask_all(running, self._backend, f"stopping: {reason}")
+        for slot in running:
+            slot.stopped = True
+            self._progress.set_state(slot.name, TaskState.STOPPED)
+        if running:
+            logger.info("stopping %s (%s)", ", ".join(s.name for s in running), reason)
+        self._backend.stop(procs, grace_secs)
+        for slot in running:
+            code = slot.popen.poll()
+            slot.returncode = code if code is not None else -int(signal.SIGKILL)
+            slot.ended_at = time.time()
+        for slot in slots:
+            if slot.reader is not None:
+                slot.reader.join(READER_JOIN_SECS)
+                if slot.reader.is_alive():
+                    logger.error("the log reader of %s did not finish", slot.name)
+        self._output.close()

@@ -1,0 +1,100 @@
+"""The pure half of dealt shards (`psworker.train.dealer`): how the split is cut (`ShardPlan`: shards of a per-epoch
+permutation of the example positions, `make_plan`), and what a read of the dealer's state says (a worker's lease,
+its untrained examples, the run's account at the end). No TensorFlow."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["DEFAULT_MAX_SHARD", "NO_LIMIT", "RING", "ShardPlan", "default_shard_examples", "lease_entries",
+           "make_plan", "permutation", "remaining", "report"]
+
+log = logging.getLogger(__name__)
+
+RING = 8                          # lease entries per worker: shards read ahead of training, at least a batch each
+DEFAULT_MAX_SHARD = 2048          # the default shard: the smaller of this and an eighth of the split (8 batches+)
+NO_LIMIT = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How the split is cut: `num_examples` positions, shards of `shard_examples`, `num_epochs` passes (None:
+    dealing never ends). Every shard and its positions are pure functions of this and the run's seed."""
+
+    num_examples: int
+    shard_examples: int
+    num_epochs: Optional[int] = None
+
+    @property
+    def shards_per_epoch(self) -> int:
+        return -(-self.num_examples // self.shard_examples)
+
+    @property
+    def limit(self) -> int:
+        """Shards dealt in all (`NO_LIMIT` without epochs)."""
+        return NO_LIMIT if self.num_epochs is None else self.shards_per_epoch * self.num_epochs
+
+    def length(self, shard: int) -> int:
+        """Examples in `shard` (an epoch's last shard may be shorter)."""
+        j = shard % self.shards_per_epoch
+        return min(self.shard_examples, self.num_examples - j * self.shard_examples)
+
+    def positions(self, seed: int, shard: int, start: int = 0) -> np.ndarray:
+        """The example positions of `shard` from offset `start`: int64, in reading order."""
+        epoch, j = divmod(shard, self.shards_per_epoch)
+        first = j * self.shard_examples
+        return permutation(self.num_examples, seed, epoch)[first + start:first + self.length(shard)]
+
+
+def permutation(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+    """Epoch `epoch`'s order of the positions `0..num_examples-1`, a pure function of `seed` and `epoch`."""
+    return np.random.default_rng([seed, epoch]).permutation(num_examples).astype(np.int64)
+
+
+def default_shard_examples(num_examples: int, batch: int) -> int:
+    """The smaller of `DEFAULT_MAX_SHARD` and an eighth of the split, but 8 batches at least (a take per shard)."""
+    return max(1, min(DEFAULT_MAX_SHARD, max(-(-num_examples // 8), 8 * batch)))
+
+
+def make_plan(num_examples: int, shard_examples: Optional[int], num_epochs: Optional[int],
+              batch: int) -> ShardPlan:
+    """The plan for a worker reading `batch` examples per step: a shard holds at least one batch (so that the
+    lease ring always covers the read-ahead)."""
+    size = shard_examples or default_shard_examples(num_examples, batch)
+    if size < batch:
+        log.info("shard_examples %d is below a worker's batch (%d): shards of %d", size, batch, batch)
+        size = batch
+    return ShardPlan(num_examples, min(size, num_examples), num_epochs)
+
+
+def remaining(plan: ShardPlan, state: dict, index: int) -> int:
+    """Examples of worker `index`'s lease not trained yet, from a read of the state."""
+    count, head = int(state["ring_count"][index]), int(state["ring_head"][index])
+    total = sum(plan.length(int(state["ring_shard"][index][(head + k) % RING]))
+                - int(state["ring_start"][index][(head + k) % RING]) for k in range(count))
+    return max(0, total - int(state["trained"][index]))
+
+
+def lease_entries(state: dict, index: int) -> list[tuple[int, int]]:
+    """Worker `index`'s lease, in reading order: `[(shard, start)]`, the first start moved past what it trained."""
+    count, head = int(state["ring_count"][index]), int(state["ring_head"][index])
+    entries = [(int(state["ring_shard"][index][(head + k) % RING]), int(state["ring_start"][index][(head + k) % RING]))
+               for k in range(count)]
+    if entries:
+        entries[0] = (entries[0][0], entries[0][1] + int(state["trained"][index]))
+    return entries
+
+
+def report(plan: ShardPlan, state: dict) -> tuple[int, int, float]:
+    """`(examples trained, examples trained again, epochs)` from a read of the state at the end: trained again are
+    those beyond the positions dealt (each shard read once, the untrained rest of leases and pool not counted)."""
+    trained = int(state["examples_trained"])
+    dealt = sum(plan.length(k) for k in range(min(int(state["next_shard"]), plan.limit)))
+    untrained = sum(remaining(plan, state, j) for j in range(len(state["trained"])))
+    pooled = sum(plan.length(int(s)) - int(st) for s, st in zip(state["pool_shard"], state["pool_start"]) if s >= 0)
+    read = dealt - untrained - pooled
+    return trained, max(0, trained - read), trained / plan.num_examples
