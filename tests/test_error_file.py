@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import sys
+import time
 
 import pytest
 
@@ -141,4 +143,29 @@ def test_the_report_takes_the_message_from_the_error_file_not_the_log(tmp_path):
         ": said in the error file"), run.output
     assert f"worker:0's error: TrainingFailed, exit 3 ({run_dir}/logs/worker-0.error.json" in run.output
     assert "said in the log" in (run_dir / "logs" / "worker-0.log").read_text()
+    assert_processes_gone(run.pids)
+
+
+@pytest.mark.slow
+def test_a_real_run_that_diverges_reports_the_nan_from_the_error_file(tmp_path):
+    """`psworker local` training the MLP with a learning rate that makes the loss NaN: the worker that sees it exits
+    3 through the one error exit, its record names TrainingFailed and the global step, the report's first line is
+    its message, and every process is gone."""
+    run_dir = tmp_path / "run"
+    started = time.time()
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(run_dir), "--no_live",
+                        "--learning_rate", "1e30"], cwd=tmp_path, timeout=300)
+    assert run.returncode == EXIT_TRAINING_FAILED, run.output[-4000:]
+    first = next(line for line in run.output.splitlines() if line.startswith("psworker: run failed"))
+    m = re.match(r"psworker: run failed: (worker:\d) exited with exit code 3 \(first failure, at [\d:.]+\): "
+                 r"(worker:\d): the loss became NaN \(lower --learning_rate\?\)$", first)
+    assert m and m.group(1) == m.group(2), first
+    name = m.group(1)
+    record = errorfile.read_record(run_dir / "logs" / f"{name.replace(':', '-')}.error.json")
+    assert (record.exit_code, record.exit_class, record.exception_type) == (
+        EXIT_TRAINING_FAILED, "TrainingFailed", "psworker.errors.TrainingFailed")
+    assert record.message == f"{name}: the loss became NaN (lower --learning_rate?)"
+    assert started <= record.time <= time.time() and record.traceback == ()
+    assert isinstance(record.global_step, int) and record.global_step >= 1, record
+    assert f"{name}'s error: TrainingFailed, exit 3, at global step {record.global_step} (" in run.output
     assert_processes_gone(run.pids)
