@@ -243,5 +243,5 @@ def format_layout(spec: CountSpec, cluster: ClusterSpec, hosts: Sequence[str],
     return "\n".join(lines)
 
 
-__all__ = ["Task", "plan", "format_plan", "shell_equivalent", "layout", "task_of_rank", "task_counts", "with_train", "chief_name",
-           "placeholder_hosts", "nodes_needed", "format_layout"]
+__all__ = ["Task", "plan", "format_plan", "shell_equivalent", "layout", "task_of_rank", "task_counts", "with_train",
+           "chief_name", "placeholder_hosts", "nodes_needed", "format_layout"]

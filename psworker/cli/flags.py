@@ -238,5 +238,5 @@ def add_status_flags(p: argparse.ArgumentParser) -> None:
 
 
 __all__ = ["value_type", "port_type", "int_type", "positive_float", "non_negative_float", "add_train_flags",
-           "add_model_flag", "train_overrides", "with_train_flags", "add_cluster_flags", "train_config", "launch_config",
-           "add_launch_flags", "add_status_flags"]
+           "add_model_flag", "train_overrides", "with_train_flags", "add_cluster_flags", "train_config",
+           "launch_config", "add_launch_flags", "add_status_flags"]
