@@ -8,12 +8,13 @@ from __future__ import annotations
 import errno
 import os
 import re
+from pathlib import Path
 from typing import Optional
 
 from psworker.errors import DiskFull
 
 __all__ = ["DISK_ERRNOS", "disk_full", "free_space", "human_bytes", "is_disk_errno", "mount_point",
-           "newest_checkpoint_bytes", "space_warning", "where_free"]
+           "newest_checkpoint_bytes", "space_warning", "where_free", "write_atomically"]
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 _KINDS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
@@ -137,3 +138,15 @@ def space_warning(train_dir: str) -> Optional[str]:
         return None
     return (f"{where_free(train_dir)}, less than two checkpoints need (the newest, {newest[0]}, takes "
             f"{human_bytes(newest[1])}): the next checkpoint may not fit")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes `text` to `path` so that a reader sees the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+    except OSError as err:       # a full disk fails the close, whose error names no file
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror, str(tmp)) from err
+        raise
+    os.replace(tmp, path)

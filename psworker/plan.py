@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Optional, TypeVar, Union
 
 from psworker.errors import SpecError
-from psworker.spec import (SCRIPT_JOBS, Address, ClusterSpec, CountSpec, build_cluster, format_address,
-                           parse_address)
+from psworker.spec import (SCRIPT_JOBS, Address, ClusterSpec, CountSpec, build_cluster, check_elastic,
+                           format_address, merge_train, parse_address)
 
 HOSTS_SOURCE = "--hosts"
+AnySpec = TypeVar("AnySpec", ClusterSpec, CountSpec)
 
 LAUNCH_SCRIPTS = {"ps": "launch/start_ps.sh", "worker": "launch/start_worker.sh"}
 
@@ -129,6 +131,27 @@ def task_counts(spec: Union[ClusterSpec, CountSpec]) -> dict[str, int]:
     return {job: len(spec.addresses(job)) for job in spec.jobs()}
 
 
+def with_train(spec: AnySpec, overrides: Mapping[str, Any], source: str = "--flags") -> AnySpec:
+    """The spec with training settings applied (a command's flags: None values are left out): the one merge of
+    every command (launchers, tasks, manifests, a Slurm submission), checked against the worker job's size
+    (`replicas_to_aggregate`) and its elastic range.
+
+    Raises:
+        SpecError: a bad value, or a rule across settings and the cluster broken.
+    """
+    workers = task_counts(spec).get("worker", 0)
+    train = merge_train(spec.train, overrides, source, num_workers=workers)
+    check_elastic(getattr(spec, "elastic", None), train, source, workers)
+    return dataclasses.replace(spec, train=train)
+
+
+def chief_name(names: Iterable[str]) -> Optional[str]:
+    """The chief among task `names`, as TensorFlow and Kubeflow's TFJob take it: `chief:0` when there is a chief job,
+    else `worker:0` (None when neither is there)."""
+    names = set(names)
+    return "chief:0" if "chief:0" in names else "worker:0" if "worker:0" in names else None
+
+
 def placeholder_hosts(n: int) -> list[str]:
     """`node0 .. node{n-1}`, zero-padded so that sorting by name (as layout does) keeps their order."""
     width = len(str(max(n - 1, 0)))
@@ -220,5 +243,5 @@ def format_layout(spec: CountSpec, cluster: ClusterSpec, hosts: Sequence[str],
     return "\n".join(lines)
 
 
-__all__ = ["Task", "plan", "format_plan", "shell_equivalent", "layout", "task_of_rank", "task_counts",
-           "placeholder_hosts", "nodes_needed", "format_layout"]
+__all__ = ["Task", "plan", "format_plan", "shell_equivalent", "layout", "task_of_rank", "task_counts", "with_train",
+           "chief_name", "placeholder_hosts", "nodes_needed", "format_layout"]

@@ -124,6 +124,18 @@ def test_a_launch_config_holds_the_command_rules_for_every_caller():
     assert LaunchConfig(spec=fixed, command=("x",), ps_exit_grace_secs=3.0).ps_exit_grace_secs == 3.0
 
 
+def test_run_local_with_a_command_refuses_an_elastic_job_before_writing_anything(tmp_path):
+    """The library call meets the CLI's rule: `run_local(spec, command=...)` raises before it picks a run dir."""
+    from psworker.errors import UsageError
+    from psworker.launcher.launch import run_local
+
+    run_dir = tmp_path / "run"
+    elastic = parse_spec(spec_text(f"{{addresses: {ADDRS}, min: 1, start: 2}}", f"{{train_dir: {run_dir}}}"), "e.yaml")
+    with pytest.raises(UsageError, match="runs psworker's own trainer only"):
+        run_local(elastic, command=(sys.executable, "-c", "pass"), install_signal_handlers=False)
+    assert not run_dir.exists()
+
+
 def test_run_and_ssh_with_a_command_refuse_an_elastic_job_before_starting_anything(tmp_path):
     """A user's script does not speak the join/leave protocol: `run -- CMD` (and `ssh -- CMD`) exit 2 up front."""
     spec = tmp_path / "elastic.yaml"

@@ -178,3 +178,24 @@ def test_psworker_own_trainer_refuses_a_chief_job_and_two_chiefs_are_invalid():
         parse_spec({"cluster": {"chief": ["h:1", "h:4"], "ps": ["h:2"], "worker": ["h:3"]}}, "c.yaml")
     with pytest.raises(SpecError, match=r"cluster\.evaluator\[0\]: duplicate address h:2"):
         parse_spec({"cluster": {"evaluator": ["h:2"], "ps": ["h:2"], "worker": ["h:3"]}}, "c.yaml")
+
+
+CHIEF_EVALUATES = """
+import os, sys, time
+job = os.environ["PSWORKER_JOB_NAME"]
+if job == "ps":
+    time.sleep(60)
+if job == "chief":
+    print("precision @ 1 = 0.875 (64 examples, global step 9)", flush=True)
+"""
+
+
+def test_the_success_report_reads_the_chief_job_s_log(tmp_path):
+    """With a chief job the chief is chief:0, not worker:0 (`plan.chief_name`): its evaluation line is repeated."""
+    spec = write(tmp_path / "c.yaml", "cluster: {chief: ['localhost:auto'], ps: ['localhost:auto'], "
+                                      "worker: ['localhost:auto']}\n")
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--", sys.executable, "-c",
+                        CHIEF_EVALUATES], cwd=tmp_path, timeout=120, command="run")
+    assert run.returncode == 0, run.output
+    assert "psworker: precision @ 1 = 0.875 (64 examples, global step 9)" in run.output, run.output
+    assert_no_processes(run.pids)

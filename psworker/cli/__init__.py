@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import ContextManager, Optional
 
-from psworker import environment, events
+from psworker import environment, errorfile, events
 from psworker.cli.parser import LAUNCHER, TASK, build_parser
 from psworker.diskspace import disk_full
 from psworker.errors import EXIT_FAILED, EXIT_USAGE, PsworkerError
@@ -36,9 +36,10 @@ def _configure_logging(args: argparse.Namespace) -> None:
         logging.basicConfig(level=logging.INFO, format=events.LOG_FORMAT, stream=sys.stderr)
 
 
-def _print_error(exc: BaseException) -> None:
-    """The one place that reports an error to a person: `psworker: error: MESSAGE` on stderr."""
-    print(events.TaskError(str(exc)).render(), file=sys.stderr, flush=True)
+def _print_error(exc: PsworkerError, cause: Optional[BaseException] = None) -> int:
+    """The one place that reports an error: `psworker: error: MESSAGE` on stderr for a person, and the error file
+    the launcher asked for (`errorfile.report`). Returns the exit code."""
+    return errorfile.report(exc, exc.exit_code, cause=cause)
 
 
 def _quiet(args: argparse.Namespace) -> ContextManager[None]:
@@ -81,8 +82,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         environment.check()
         registry.import_plugins()
     except PsworkerError as e:
-        _print_error(e)
-        return e.exit_code
+        return _print_error(e)
     try:
         args = _parse(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # --help or a usage error already printed by argparse
@@ -94,19 +94,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         with _quiet(args):
             code = int(args.func(args) or 0)
     except PsworkerError as e:
-        _print_error(e)
-        code = e.exit_code
-    except KeyboardInterrupt:
+        code = _print_error(e)
+    except KeyboardInterrupt as e:
         print("psworker: interrupted", file=sys.stderr, flush=True)
-        code = 130
+        code = errorfile.report(e, 130, line=False)
     except Exception as e:  # noqa: BLE001 - a bug: its traceback, then the same prompt exit for a task process
         disk = disk_full(e)     # a checkpoint, summary or log write that found no space: no bug, no traceback
         if disk is not None:
-            _print_error(disk)
-            code = disk.exit_code
-        elif not task_process:
-            raise
+            code = _print_error(disk, cause=e)
         else:
+            errorfile.report(e, EXIT_FAILED, line=False)
+            if not task_process:
+                raise
             log.exception("psworker %s failed", args.command)
             code = EXIT_FAILED
     if task_process and args.argv is not None:

@@ -12,7 +12,8 @@ from psworker.launcher.backends.local import NETWORK_MODES
 
 if TYPE_CHECKING:
     from psworker.launcher.config import LaunchConfig
-from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig, check_elastic, merge_train
+from psworker.plan import AnySpec, with_train
+from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig
 from psworker.train_config import parse_setting, setting_doc
 
 T = TypeVar("T")
@@ -136,7 +137,13 @@ def add_model_flag(p: argparse.ArgumentParser, help_: str) -> None:
 
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in TRAIN_FIELDS}
+    """The training settings a command's flags give (None: not given; a command without a flag gives None)."""
+    return {name: getattr(args, name, None) for name in TRAIN_FIELDS}
+
+
+def with_train_flags(spec: AnySpec, args: argparse.Namespace) -> AnySpec:
+    """The spec with the command's training flags applied, as every command applies them (`plan.with_train`)."""
+    return with_train(spec, train_overrides(args))
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -153,11 +160,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 
 def train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
-    """The spec's train section with the task's flags applied, checked against the worker job (its elastic range
-    too: `--mode sync` may break it)."""
-    config = merge_train(spec.train, train_overrides(args), num_workers=len(spec.worker))
-    check_elastic(spec.elastic, config, "--flags", len(spec.worker))
-    return config
+    """The spec's train section with the task's flags applied (`with_train_flags`)."""
+    return with_train_flags(spec, args).train
 
 
 def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec], backend: Any, *,
@@ -234,5 +238,5 @@ def add_status_flags(p: argparse.ArgumentParser) -> None:
 
 
 __all__ = ["value_type", "port_type", "int_type", "positive_float", "non_negative_float", "add_train_flags",
-           "add_model_flag", "train_overrides", "add_cluster_flags", "train_config", "launch_config",
-           "add_launch_flags", "add_status_flags"]
+           "add_model_flag", "train_overrides", "with_train_flags", "add_cluster_flags", "train_config",
+           "launch_config", "add_launch_flags", "add_status_flags"]

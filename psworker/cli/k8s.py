@@ -4,14 +4,13 @@ delete a run through the official client (the `k8s` extra)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import re
 import sys
 
-from psworker.cli.flags import COMMAND_EPILOG, add_train_flags, int_type, port_type, train_overrides, value_type
+from psworker.cli.flags import COMMAND_EPILOG, add_train_flags, int_type, port_type, value_type, with_train_flags
 from psworker.errors import UsageError
-from psworker.spec import JOBS, load_spec, merge_train
+from psworker.spec import JOBS, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +38,12 @@ def cmd_k8s_manifest(args: argparse.Namespace) -> int:
     """`psworker k8s manifest SPEC --image IMAGE ... [-- COMMAND...]`: writes the run's Kubernetes objects as YAML
     (COMMAND: run in every pod instead of psworker's tasks)."""
     from psworker.k8s import manifests as k8s
-    from psworker.plan import task_counts
-    spec = load_spec(args.spec, allow_counts=True)
-    train = merge_train(spec.train, train_overrides(args), num_workers=task_counts(spec)["worker"])
+    spec = with_train_flags(load_spec(args.spec, allow_counts=True), args)
     options = k8s.K8sOptions(
         name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
         port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
         retries=args.retries, cluster_domain=args.cluster_domain, command=tuple(args.command))
-    text = k8s.to_yaml(k8s.manifests(dataclasses.replace(spec, train=train), options))
+    text = k8s.to_yaml(k8s.manifests(spec, options))
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:

@@ -4,23 +4,17 @@ and hands it to `psworker.launcher.launch.launch`."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import Optional
 
 from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
-                                port_type, train_overrides, value_type)
+                                port_type, value_type, with_train_flags)
 from psworker.errors import UsageError
-from psworker.spec import ClusterSpec, load_spec, merge_train
+from psworker.spec import load_spec
 
 __all__ = ["cmd_local", "cmd_run", "cmd_ssh", "cmd_status", "local_flags", "run_flags", "show_status", "ssh_flags",
            "status_flags"]
-
-
-def _spec_with_train_flags(args: argparse.Namespace) -> ClusterSpec:
-    spec = load_spec(args.spec)
-    return dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args), num_workers=len(spec.worker)))
 
 
 def _reexec_argv(args: argparse.Namespace) -> Optional[tuple[str, ...]]:
@@ -35,7 +29,7 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args), tensorboard_port=args.tensorboard,
                            ps_link_rate_bps=args.ps_link_rate)
-    return launch(launch_config(args, _spec_with_train_flags(args), backend))
+    return launch(launch_config(args, with_train_flags(load_spec(args.spec), args), backend))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -45,11 +39,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not args.command:
         raise UsageError("psworker run needs a command after '--', e.g. psworker run SPEC -- python train.py")
-    spec = load_spec(args.spec)
-    if args.train_dir is not None:
-        spec = dataclasses.replace(spec, train=merge_train(spec.train, {"train_dir": args.train_dir}))
     backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args))
-    return launch(launch_config(args, spec, backend, command=args.command))
+    return launch(launch_config(args, with_train_flags(load_spec(args.spec), args), backend, command=args.command))
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
@@ -59,7 +50,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     from psworker.launcher.launch import launch
 
     backend = SshOptions(ssh_config=args.ssh_config, ssh_options=tuple(args.ssh_option), remote_dir=args.remote_dir)
-    return launch(launch_config(args, _spec_with_train_flags(args), backend, command=args.command,
+    return launch(launch_config(args, with_train_flags(load_spec(args.spec), args), backend, command=args.command,
                                 python=args.remote_python))
 
 

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
 
 from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
-                                port_type, train_overrides, value_type)
+                                port_type, train_overrides, value_type, with_train_flags)
 from psworker.launcher.backends.slurm import script as sched
-from psworker.spec import load_spec, merge_train
+from psworker.spec import load_spec
 
 __all__ = ["cmd_slurm_launch", "cmd_slurm_status", "cmd_slurm_submit", "launch_flags", "status_flags",
            "submit_flags"]
@@ -45,11 +44,7 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
     from psworker.launcher.backends.slurm.backend import SlurmOptions
     from psworker.launcher.launch import launch
 
-    from psworker.plan import task_counts
-
-    spec = load_spec(args.spec, allow_counts=True)
-    spec = dataclasses.replace(spec, train=merge_train(spec.train, train_overrides(args),
-                                                       num_workers=task_counts(spec)["worker"]))
+    spec = with_train_flags(load_spec(args.spec, allow_counts=True), args)
     run_dir = str(Path(args.run_dir or os.getcwd()).resolve())
     code = launch(launch_config(args, spec, SlurmOptions(port_base=args.port_base), command=args.command,
                                 run_dir=run_dir))

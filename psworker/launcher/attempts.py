@@ -38,6 +38,7 @@ class Attempts:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"           # lines reach the log as printed; task.env may override
         env.update(dict(slot.task.env))
+        env.update(slot.error_file_env())       # where a failing attempt writes its record (`errorfile`)
         log = slot.open_log(marker)
         try:
             popen = self._backend.start(slot.task, env)

@@ -25,7 +25,7 @@ from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
 from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, task_log_name, write_end, write_run_dir
 from psworker.launcher.supervisor import Supervisor
-from psworker.plan import Task, plan
+from psworker.plan import Task, chief_name, plan
 from psworker.spec import ClusterSpec
 
 __all__ = ["LaunchConfig", "SignalCatcher", "launch", "plan_tasks", "run_local", "stop_on_signals", "supervise"]
@@ -114,8 +114,9 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
         for line in worker_warnings(*_idle_workers(result)):
             print(f"psworker: warning: {line}", file=console, flush=True)
     print(f"psworker: {_where(config, outputs, log_dir)}", file=console, flush=True)
+    chief = chief_name(result.exits) or "worker:0"
     try:
-        chief_log = (log_dir / task_log_name("worker:0")).read_text(encoding="utf-8", errors="replace")
+        chief_log = (log_dir / task_log_name(chief)).read_text(encoding="utf-8", errors="replace")
     except OSError:
         chief_log = ""
     exported, precision = events.last(events.Exported, chief_log), events.last(events.Precision, chief_log)

@@ -9,6 +9,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from psworker.plan import chief_name
+
 __all__ = ["ALL_WORKERS", "CHIEF_OR_WORKER0", "RestartPolicy", "SUCCESS_POLICIES", "SuccessPolicy",
            "WORKER_EXIT_GRACE_SECS", "is_retryable"]
 
@@ -41,10 +43,7 @@ class SuccessPolicy:
     def deciding_task(self, names: Iterable[str]) -> Optional[str]:
         """The task whose exit 0 alone ends the run: under `CHIEF_OR_WORKER0` `chief:0` when there is one, else
         `worker:0` (None when neither is in `names`); under `ALL_WORKERS` none."""
-        names = set(names)
-        if self.rule == ALL_WORKERS:
-            return None
-        return "chief:0" if "chief:0" in names else "worker:0" if "worker:0" in names else None
+        return None if self.rule == ALL_WORKERS else chief_name(names)
 
 
 def is_retryable(returncode: int) -> bool:

@@ -7,6 +7,8 @@ import signal
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from psworker.errorfile import ErrorRecord
+
 __all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report",
            "success_line"]
 
@@ -36,7 +38,9 @@ class TaskFailure:
     log_tail: tuple[str, ...]       # the last lines of its output (current attempt)
     at: float
     reason: str = ""
-    error: str = ""                 # its own `psworker: error:` message (the first line), if it printed one
+    error: str = ""                 # its own error message: its error record's, else its `psworker: error:` line
+    record: Optional[ErrorRecord] = None    # the failure as the task wrote it (`psworker.errorfile`), if it did
+    error_file: str = ""            # where it wrote it
 
 
 @dataclass(frozen=True)
@@ -78,29 +82,39 @@ def success_line(result: RunResult, done_jobs: Iterable[str], seconds: float) ->
     return f"psworker: run succeeded in {seconds:.1f} s ({result.reason}); the launcher stopped {stopped}"
 
 
+def _failure_lines(result: RunResult, f: TaskFailure) -> list[str]:
+    """The first failing task: its exit and its own error message, where it was (its main thread's innermost frames,
+    when its log holds a stack dump), then its error record (`psworker.errorfile`), or without one its last log
+    lines."""
+    at = datetime.datetime.fromtimestamp(f.at).strftime("%H:%M:%S.%f")[:-3]
+    lines = [f"psworker: run failed: {f.name} {f.reason or describe_returncode(f.returncode)} "
+             f"(first failure, at {at})" + (f": {f.error}" if f.error else "")]
+    log_path = result.exits[f.name].log_path if f.name in result.exits else "?"
+    stack = result.exits[f.name].stack if f.name in result.exits else ()
+    if stack:
+        lines.append(f"--- where {f.name} was: its main thread, innermost frame first (every thread's stack: "
+                     f"{log_path}) ---")
+        lines.extend(f"  {frame}" for frame in stack)
+    if f.record is not None:
+        lines.append(f"--- {f.name}'s error: {f.record.describe()} ({f.error_file}; full log: {log_path}) ---")
+        lines.extend(f"  {line}" for line in f.record.traceback)
+        return lines
+    without = ", stack dumps left out" if stack else ""
+    lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{without} (full log: {log_path}) ---")
+    lines.extend(f"  {line}" for line in f.log_tail)
+    if not f.log_tail:
+        lines.append("  (no output)")
+    return lines
+
+
 def format_report(result: RunResult) -> str:
-    """A report for people: the first failing task, its exit and its own error message, where it was (its main
-    thread's innermost frames, when its log holds a stack dump), its last log lines, then one row per task with its
-    exit, its restarts (and their causes) and, for a stopped task, its innermost frame."""
+    """A report for people: the first failure (`_failure_lines`), then one row per task with its exit, its restarts
+    (and their causes) and, for a stopped task, its innermost frame."""
     lines = []
     if result.ok:
         lines.append("psworker: run succeeded" + (f" ({result.reason})" if result.reason else ""))
     elif result.failure is not None:
-        f = result.failure
-        at = datetime.datetime.fromtimestamp(f.at).strftime("%H:%M:%S.%f")[:-3]
-        lines.append(f"psworker: run failed: {f.name} {f.reason or describe_returncode(f.returncode)} "
-                     f"(first failure, at {at})" + (f": {f.error}" if f.error else ""))
-        log_path = result.exits[f.name].log_path if f.name in result.exits else "?"
-        stack = result.exits[f.name].stack if f.name in result.exits else ()
-        if stack:
-            lines.append(f"--- where {f.name} was: its main thread, innermost frame first (every thread's stack: "
-                         f"{log_path}) ---")
-            lines.extend(f"  {frame}" for frame in stack)
-        without = ", stack dumps left out" if stack else ""
-        lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{without} (full log: {log_path}) ---")
-        lines.extend(f"  {line}" for line in f.log_tail)
-        if not f.log_tail:
-            lines.append("  (no output)")
+        lines.extend(_failure_lines(result, result.failure))
     else:
         lines.append("psworker: run stopped" + (f" ({result.reason})" if result.reason else ""))
     lines.append("--- tasks ---")

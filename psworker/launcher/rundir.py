@@ -1,6 +1,6 @@
 """The run directory: chosen once per run (given, or a fresh `runs/<spec>-<time>`), and holding the run's
-resolved `cluster.yaml` (`SPEC_FILE`) and `logs/<job>-<index>.log` (`LOG_SUBDIR`, `task_log_name`), written once,
-here."""
+resolved `cluster.yaml` (`SPEC_FILE`), `logs/<job>-<index>.log` (`LOG_SUBDIR`, `task_log_name`), written once,
+here, and a failed task's `logs/<job>-<index>.error.json` (`task_error_name`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 from typing import Optional, TextIO, Union
 
+from psworker.diskspace import write_atomically
 from psworker.spec import ClusterSpec, CountSpec, dump_spec
 
 __all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "choose_run_dir", "fresh_run_dir", "read_end",
-           "task_log_name", "write_atomically", "write_end", "write_run_dir"]
+           "task_error_name", "task_log_name", "write_end", "write_run_dir"]
 
 SPEC_FILE = "cluster.yaml"        # the run's resolved spec, in the run dir (and where remote tasks read it)
 LOG_SUBDIR = "logs"
@@ -24,6 +25,11 @@ END_FILE = "ended.json"   # how the run ended, written by its launcher (`psworke
 def task_log_name(task: str) -> str:
     """`worker-0.log`: the log file of task `worker:0` in `LOG_SUBDIR`."""
     return f"{task.replace(':', '-')}.log"
+
+
+def task_error_name(task: str) -> str:
+    """`worker-0.error.json`: the error file (`psworker.errorfile`) of task `worker:0`'s attempt, beside its log."""
+    return f"{task.replace(':', '-')}.error.json"
 
 
 def fresh_run_dir(spec: Union[ClusterSpec, CountSpec], base: Union[str, os.PathLike] = ".") -> Path:
@@ -55,18 +61,6 @@ def choose_run_dir(given: Optional[Union[str, os.PathLike]], spec: Union[Cluster
     if console is not None:
         print(f"psworker: train_dir is {path}", file=console, flush=True)
     return path
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Writes `text` to `path` so that a reader sees the old file or the new one, never a part."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-    except OSError as err:       # a full disk fails the close, whose error names no file
-        if err.filename is None:
-            raise OSError(err.errno, err.strerror, str(tmp)) from err
-        raise
-    os.replace(tmp, path)
 
 
 def write_run_dir(run_dir: Path, spec: ClusterSpec) -> str:

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from psworker.diskspace import write_atomically
 from psworker.errors import PsworkerError, UsageError
 from psworker.launcher.membership import out_of_range
-from psworker.launcher.rundir import SPEC_FILE, write_atomically
+from psworker.launcher.rundir import SPEC_FILE
 
 __all__ = ["ACK_TIMEOUT_SECS", "ScaleInbox", "ScaleRequest", "read_state", "request_scale"]
 

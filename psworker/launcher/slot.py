@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
 
-from psworker import events
+from psworker import errorfile, events
+from psworker.launcher.rundir import task_error_name
 from psworker.launcher.run_policy import TaskView
 
 __all__ = ["LOG_TAIL_LINES", "Slot", "TaskLike", "distinct_names"]
@@ -75,6 +76,24 @@ class Slot:
         """What the run policy sees of this task now (`counts`: its exit counts for success)."""
         return TaskView(self.name, self.task.job, self.task.is_chief, self.popen is not None, self.returncode,
                         self.restarts, self.cause, self.stopped, self.restart_at is not None, counts)
+
+    @property
+    def error_path(self) -> Path:
+        """The attempt's error file (`psworker.errorfile`), beside its log."""
+        return self.log_path.with_name(task_error_name(self.name))
+
+    def error_file_env(self) -> dict[str, str]:
+        """The variable that tells the next attempt where its error record goes; an earlier attempt's (or run's) record
+        is removed first, so that a record found after this attempt is its own."""
+        try:
+            self.error_path.unlink(missing_ok=True)
+        except OSError as err:
+            logger.warning("cannot remove %s, an earlier attempt's error file: %s", self.error_path, err)
+        return {errorfile.ERROR_FILE_ENV: os.path.abspath(self.error_path)}
+
+    def error_record(self) -> Optional[errorfile.ErrorRecord]:
+        """The record the attempt that ended wrote of its failure, if it wrote one."""
+        return errorfile.read_record(self.error_path)
 
     def open_log(self, marker: Optional[events.Restart]) -> Any:
         """Opens the log for appending; a new attempt (or a new run on an old log) starts with a marker line."""

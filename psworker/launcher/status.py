@@ -21,6 +21,7 @@ from rich.table import Table
 from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress, TaskState
 from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end, task_log_name
+from psworker.plan import chief_name
 
 __all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
 
@@ -249,7 +250,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
 
     spec = load_spec(Path(run_dir) / SPEC_FILE)
     names = [f"{j}:{i}" for j in spec.jobs() for i in range(len(spec.addresses(j)))]
-    chief = "chief:0" if "chief:0" in names else "worker:0"
+    chief = chief_name(names) or "worker:0"
     progress, precision = Progress(names), None
     now = time.time() if now is None else now
     for name in names:

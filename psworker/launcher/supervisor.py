@@ -372,6 +372,10 @@ class Supervisor:
     def _make_failure(self, slot: Slot, reason: str) -> TaskFailure:
         slot.reader.join(2.0)               # let it copy the last lines (EOF follows the exit)
         logger.error("%s %s", slot.name, reason)
+        record = slot.error_record()        # its failure as data; without one (a user's program, a signal): the log
+        if record is not None:
+            return TaskFailure(slot.name, slot.returncode, (), slot.ended_at, reason, error=record.message,
+                               record=record, error_file=str(slot.error_path))
         tail = tuple(slot.tail)
         if any(stackdump.is_dump_line(line) for line in tail):     # a dump fills it: the lines around the dump
             tail = tail_without_stacks(slot.log_path, len(tail))

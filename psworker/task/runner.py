@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from psworker import events
+from psworker import errorfile, events
 from psworker.errors import AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
@@ -192,6 +192,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                 raise TrainingFailed(f"{name}: the loss became NaN (lower --learning_rate?)") from None
             finally:
                 creator.abandon_on_close()
+                errorfile.note_step(progress.last_global_step)    # for a failure's record, if one follows
             log.info("%s: last step done (%d local steps)", name, progress.local_steps)
     if replication.membership is not None and replication.membership.signals.reason is not None:
         if tg.dealer is not None:
@@ -240,8 +241,7 @@ def _give_up(base: str, tasks: dict, running_secs: float) -> None:
     log.error("the step has run %.0f s, past its deadline; TensorFlow did not end it: ending the process",
               running_secs)
     error = _step_timeout(_timeout_message(base, probe.probe_all(tasks), running_secs))
-    print(events.TaskError(str(error)).render(), file=sys.stderr, flush=True)
-    exit_now(error.exit_code)
+    exit_now(errorfile.report(error, error.exit_code))
 
 
 def _timeout_message(base: str, probed: list, running_secs: float) -> str:

@@ -22,8 +22,8 @@ from psworker.launcher.backends.slurm.script import (SUBMITTED_SPEC, SbatchOptio
                                                      write_sbatch_script)
 from psworker.launcher.inject import Fault
 from psworker.launcher.rundir import fresh_run_dir
-from psworker.plan import task_counts
-from psworker.spec import TRAIN_FIELDS, load_spec, merge_train
+from psworker.plan import task_counts, with_train
+from psworker.spec import TRAIN_FIELDS, load_spec
 
 __all__ = ["JOB_ID_FILE", "JobLaunch", "SubmitConfig", "run_dir_of_job", "submit", "submit_job"]
 
@@ -114,7 +114,7 @@ def submit_job(config: SubmitConfig) -> Optional[str]:
     """
     spec = load_spec(config.spec_path, allow_counts=True)
     counts = task_counts(spec)
-    merge_train(spec.train, dict(config.train), num_workers=counts["worker"])  # bad settings fail here, not queued
+    with_train(spec, dict(config.train))        # bad settings fail here, not once queued
     port_base = count_spec(spec, config.port_base).port
     run_dir = _job_run_dir(config, spec)
     spec_copy = run_dir / SUBMITTED_SPEC              # the job reads this copy: later edits do not change it
