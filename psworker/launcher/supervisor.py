@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL_SECS = 0.1
 STACK_FRAMES = 5                  # the report shows this many innermost frames of a stuck task's main thread
 _READER_JOIN_SECS = 5.0
+_EXIT_READER_WAIT_SECS = 0.5      # for a task's reader to reach the end of its output once the task has exited
 
 # (task name, returncode, restarts so far) -> True to restart; a `delay(restarts)` method sets the backoff.
 RestartDecider = Callable[[str, int, int], bool]
@@ -344,8 +345,11 @@ class Supervisor:
                     if slot.forced_code is not None:
                         returncode = slot.forced_code
                     slot.returncode, slot.ended_at = returncode, now
-                    logger.info("%s (pid %d) exited: %s", slot.name, slot.popen.pid,
-                                slot.cause or describe_returncode(returncode))
+                    if slot.reader is not None:     # its last lines before the word that it exited
+                        slot.reader.join(_EXIT_READER_WAIT_SECS)
+                    text = f"{slot.name} (pid {slot.popen.pid}) exited: {slot.cause or describe_returncode(returncode)}"
+                    if not self._output.exited(slot.name, text):
+                        logger.info("%s", text)
 
     def _watch(self, now: float) -> None:
         watch.resume_stopped(self._slots.values(), self._backend, self.progress, now)
