@@ -6,7 +6,8 @@ deprecation warnings are repeated by every task and say nothing a user can act o
 
 Lines that several tasks print within a short window are shown once, prefixed with the tasks' range
 (`[worker:0-3,5]`): a `LineGrouper` compares the lines with each task's own name, index, address and pid
-replaced (`normalise`), and releases each group, in the order the groups began, once its window is over.
+replaced (`normalise`), and releases each group once its window is over and no older group of its tasks waits
+(each task's lines in order). The routine lines that differ in their numbers fold in it too (`launcher.folds`).
 """
 
 from __future__ import annotations
@@ -220,7 +221,8 @@ class LineGrouper:
         """Adds task `name`'s line `text`, compared by `key` (None: a line shown alone and at once, such as a step
         line, once the lines before it are out); returns the console lines due at `now`.
 
-        A fold's line (`console.folds`) comes with `render` (its group's console line) and `hold` (its window)."""
+        `hold`: this line's window, if not the grouper's (a routine line's, `launcher.folds`); `render`: its group's
+        console line from the group's lines (a fold's)."""
         out = self.due(now)                 # a group released takes no more lines
         last = self._last.get(name, 0)
         group = next((g for g in self._by_key.get(key, ())
