@@ -12,7 +12,9 @@ import pytest
 
 from psworker.launcher.console import (LineGrouper, TaskTokens, by_task, expand_tasks, for_console, format_tasks,
                                        normalise, render_group)
+from psworker.launcher import folds
 from psworker.launcher.backends.local import LocalBackend
+from psworker.launcher.folds import exited_0
 from psworker.launcher.output import GROUP_WINDOW_SECS
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, write_spec
@@ -141,12 +143,14 @@ def test_a_tasks_lines_are_released_when_its_output_ends():
     assert g.drain() == ["[worker:2] c"]
 
 
-def test_a_line_without_a_key_is_never_grouped_and_waits_only_for_the_lines_before_it():
+def test_a_line_without_a_key_is_never_grouped_and_waits_only_for_its_own_tasks_lines_before_it():
     g = LineGrouper(0.5)
     add(g, "worker:0", "waiting", 0.0)
-    assert g.add("worker:1", "step 5", None, 0.1) == []         # behind worker:0's group, to keep the order
-    assert g.add("worker:2", "step 5", None, 0.2) == []
-    assert g.due(0.5) == ["[worker:0] waiting", "[worker:1] step 5", "[worker:2] step 5"]
+    add(g, "worker:1", "waiting", 0.05)
+    assert g.add("worker:1", "step 5", None, 0.1) == []         # behind its own waiting line, to keep the order
+    assert g.add("worker:2", "step 5", None, 0.2) == ["[worker:2] step 5"]    # nothing of worker:2's waits
+    assert g.next_due() == 0.5
+    assert g.due(0.5) == ["[worker:0-1] waiting", "[worker:1] step 5"]
     assert g.add("worker:1", "step 6", None, 0.6) == ["[worker:1] step 6"]
 
 
@@ -205,10 +209,18 @@ def chorus(job: str, index: int, *args: str) -> ProgramTask:
 
 def same_lines(console_lines: list[str], log: Path, tokens: TaskTokens) -> None:
     """The console showed exactly the lines of the task's log that the console shows, in order (compared with the
-    task's own tokens replaced, as a grouped line shows them)."""
-    shown = [for_console(line) for line in log.read_text().splitlines()]
-    expected = [normalise(text, tokens) for text in shown if text is not None]
-    assert [normalise(text, tokens) for text in console_lines] == expected, (log, console_lines)
+    task's own tokens replaced, as a grouped line shows them); its routine lines (`folds`) as lines of their kind."""
+    shown = [text for text in (for_console(line) for line in log.read_text().splitlines()) if text is not None]
+    expected = [normalise(text, tokens) for text in shown if folds.kind(text) is None]
+    assert [normalise(text, tokens) for text in console_lines if folds.kind(text) is None] == expected, \
+        (log, console_lines)
+    kinds = [folds.kind(text) for text in shown if folds.kind(text) is not None]
+    on_console = [folds.kind(text) for text in console_lines if folds.kind(text) is not None]
+    assert _runs(on_console) == _runs(kinds) and len(on_console) <= len(kinds), (log, console_lines)
+
+
+def _runs(kinds: list[str]) -> list[str]:
+    return [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
 
 
 def test_24_tasks_printing_the_same_start_up_lines_show_each_line_once(tmp_path):
@@ -231,8 +243,11 @@ def test_24_tasks_printing_the_same_start_up_lines_show_each_line_once(tmp_path)
                          "[worker:0-23] <task> serving at grpc://<address> (pid <pid>)",
                          "[worker:0-23] variables of /job:worker/replica:0/task:<index> on /job:ps/replica:0/task:0",
                          "[worker:0-23] waiting for the chief's model on the ps tasks"], console.getvalue()
+    # the launcher's word that each exited 0: folded, each task named once
+    exits = [line for line in lines if line.startswith("psworker: ")]
+    assert sorted(n for line in exits for n in exited_0(line)) == sorted(t.name for t in tasks), console.getvalue()
     # step lines are never grouped, not even identical ones: each is its own task's progress
-    assert sorted(lines[4:]) == sorted(f"[worker:{i}] step 100, loss = 0.50 (100.0 examples/sec; 0.010 sec/batch)"
+    assert sorted(line for line in lines[4:] if line not in exits) == sorted(f"[worker:{i}] step 100, loss = 0.50 (100.0 examples/sec; 0.010 sec/batch)"
                                        for i in range(24)), console.getvalue()
     pids = set()
     for task in tasks:
@@ -270,34 +285,45 @@ def test_grouped_lines_come_out_while_the_tasks_run(tmp_path):
         same_lines(shown[task.name], tmp_path / "logs" / f"{task.job}-{task.index}.log", TaskTokens.of(task))
 
 
-# -- a real cluster: 1 ps + 8 workers ------------------------------------------------------------------------
+# -- a real cluster: 2 ps + 8 workers ------------------------------------------------------------------------
 
 STARTUP = {   # lines every worker prints at start-up (the chief does not wait for its own model)
     "towers": re.compile(r"towers: \d+ on "),
     "serving": re.compile(r"(worker:\d+|<task>) serving at grpc://"),
-    "ps up": re.compile(r"ps:0 at \S+ is up$"),
     "waiting": re.compile(r"waiting for the chief's model on the ps tasks$"),
 }
 
 
 @pytest.mark.slow
-def test_a_real_cluster_of_8_workers_shows_repeated_start_up_lines_once(tmp_path):
+def test_a_real_cluster_of_2_ps_and_8_workers_shows_repeated_lines_once(tmp_path):
+    """Start-up lines shown once per group; the routine lines of each task's end (and of the ps tasks coming up)
+    folded, every task in them; every other line of each task as its log has it, in order."""
     train_dir = tmp_path / "train"
-    spec = write_spec(tmp_path / "cluster.yaml", num_workers=8, max_steps=100, batch_size=16, log_every_steps=20,
-                      train_dir=str(train_dir))
+    spec = write_spec(tmp_path / "cluster.yaml", num_ps=2, num_workers=8, max_steps=100, batch_size=16,
+                      log_every_steps=20, train_dir=str(train_dir))
     run = run_launcher([str(spec), "--train_dir", str(train_dir)], cwd=tmp_path, timeout=420)
     assert run.returncode == 0, run.output[-4000:]
     assert_processes_gone(run.pids)
-    shown = by_task(run.output)
+    shown, lines = by_task(run.output), run.output.splitlines()
     from psworker.spec import load_spec
-    addresses = load_spec(train_dir / "cluster.yaml").worker
-    for i in range(8):
-        tokens = TaskTokens("worker", i, addresses[i].host, addresses[i].port)
-        same_lines(shown[f"worker:{i}"], train_dir / "logs" / f"worker-{i}.log", tokens)
-    grouped = [line for line in run.output.splitlines() if re.match(r"\[worker:\d+[-,]", line)]
+    loaded = load_spec(train_dir / "cluster.yaml")
+    workers, ps = [f"worker:{i}" for i in range(8)], ["ps:0", "ps:1"]
+    for job, addresses in (("worker", loaded.worker), ("ps", loaded.ps)):
+        for i, a in enumerate(addresses):
+            same_lines(shown[f"{job}:{i}"], train_dir / "logs" / f"{job}-{i}.log", TaskTokens(job, i, a.host, a.port))
+    grouped = [line for line in lines if re.match(r"\[worker:\d+[-,]", line)]
     for what, pattern in STARTUP.items():
-        expected = [f"worker:{i}" for i in range(1 if what == "waiting" else 0, 8)]
+        expected = workers[1:] if what == "waiting" else workers
         holders = [n for n in expected if sum(bool(pattern.match(t)) for t in shown[n]) == 1]
         assert holders == expected, (what, run.output[-6000:])
     assert any(any(p.match(line.partition("] ")[2]) for p in STARTUP.values()) for line in grouped), \
         run.output[-6000:]
+    for kind in ("up", "last step", "worker done"):       # in each worker's lines, folded or not
+        assert [n for n in workers if any(folds.kind(t) == kind for t in shown[n])] == workers, (kind, lines)
+    for name in ps:                                        # each ps heard from every worker
+        said = [m for t in shown[name] for m in [re.fullmatch(r"(worker:[\d,-]+) (?:is|are) done .*", t)] if m]
+        assert sorted({n for m in said for n in expand_tasks(m.group(1))}) == sorted(workers), (name, lines)
+        assert len(said) < len(workers), (name, lines)         # a ps's lines folded
+    exits = [line for line in lines if exited_0(line)]
+    assert sorted(n for line in exits for n in exited_0(line)) == sorted(ps + workers), lines
+    assert len(exits) < len(ps + workers), lines

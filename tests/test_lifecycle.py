@@ -11,6 +11,7 @@ import time
 import pytest
 
 from psworker.errors import EXIT_PEER_GONE
+from psworker.launcher.folds import exited_0
 from psworker.testing import STEP_LINE, assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, launch_script, run_launcher
 
@@ -209,7 +210,7 @@ def test_local_launcher_sync_run_the_ps_exits_by_itself(tmp_path):
                         "--max_steps", "150", "--batch_size", "32", "--log_every_steps", "50"],
                        cwd=tmp_path, timeout=240)
     assert run.returncode == 0, run.output[-4000:]
-    assert re.search(r"^psworker: ps:0 \(pid \d+\) exited: exit code 0$", run.output, re.MULTILINE), run.output[-3000:]
+    assert any("ps:0" in exited_0(line) for line in run.output.splitlines()), run.output[-3000:]
     assert not re.search(r"stopping [^\n]*ps:0", run.output), run.output[-3000:]
     assert "psworker: all 2 workers finished" in run.output
     assert checkpoint_step(tmp_path / "t") == 150

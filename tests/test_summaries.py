@@ -42,14 +42,15 @@ def scalars(logdir: str) -> dict[str, list]:
 
 def test_worker_hook_writes_tagged_scalars_every_n_steps(tmp_path):
     hook = train_tiny(tmp_path, 1, steps=21, every=5)
-    assert hook.writes == 4   # the first step starts the first interval; then one write per 5 local steps
+    # the first step: the loss and learning rate (no interval for a rate yet); then all four every 5 local steps
+    assert hook.writes == 5
     found = scalars(str(tmp_path / "worker_1"))
     assert set(found) == {"worker_1/loss", "worker_1/learning_rate", "worker_1/examples_per_sec",
                           "worker_1/global_steps_per_sec"}
     steps = [e.step for e in found["worker_1/loss"]]
-    assert len(steps) == 4 and steps == sorted(set(steps)) and 19 <= steps[-1] <= 21
+    assert len(steps) == 5 and steps == sorted(set(steps)) and steps[0] <= 1 and 19 <= steps[-1] <= 21
     for tag, events in found.items():
-        assert [e.step for e in events] == steps, tag
+        assert [e.step for e in events] == (steps if tag.endswith(("loss", "learning_rate")) else steps[1:]), tag
     assert all(e.value == pytest.approx(0.1) for e in found["worker_1/learning_rate"])
     losses = [e.value for e in found["worker_1/loss"]]
     assert losses == sorted(losses, reverse=True) and losses[-1] < 9.0

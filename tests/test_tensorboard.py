@@ -227,3 +227,31 @@ def test_local_tensorboard_serves_the_run_while_it_lasts_and_stops_with_it(tmp_p
     assert_processes_gone(run.pids)
     with pytest.raises(OSError):
         urllib.request.urlopen(str(seen["url"]) + "data/runs", timeout=2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_on_a_terminal_tensorboard_serves_the_run_after_it_until_ctrl_c(tmp_path):
+    """On a terminal (the console a pty, as a person runs it), `psworker local --tensorboard` serves on once the run
+    is over, every worker's run and the eval listed, until Ctrl-C (SIGINT); the launcher then exits with the run's
+    status, 0, and TensorBoard is gone with its port. Off a terminal it stops with the run (the test above)."""
+    from psworker.testing import assert_processes_gone
+    from tests.cluster_utils import REPO, Launcher
+
+    run = Launcher([str(REPO / "cluster_specs/local.yaml"), "--tensorboard", "--max_steps", "300",
+                    "--train_dir", str(tmp_path / "t")], tmp_path, tty=True)
+    try:
+        _, started = run.wait_for(r"TensorBoard at (http://127\.0\.0\.1:\d+/) \(127\.0\.0\.1 only\) shows the run "
+                                  r"from its first step, and after it until Ctrl-C", "the TensorBoard line")
+        url = started.group(1)
+        run.wait_for(rf"psworker: TensorBoard at {re.escape(url)} serves the run until Ctrl-C", "the run's end")
+        assert run.find(r"psworker: precision @ 1 = ") is not None, run.tail()
+        assert set(wait_for_runs(url, {"worker_0", "worker_1", "eval"}, timeout=60)) >= {"worker_0", "eval"}
+        assert run.proc.poll() is None, run.tail()          # the run is over; TensorBoard serves on
+        assert run.end(signal.SIGINT) == 0, run.tail()     # the run's status, not Ctrl-C's
+    finally:
+        run.close()
+    assert [line for line in run.snapshot() if line.strip()][-1] == (f"psworker: TensorBoard stopped with the run; psworker tensorboard --logdir "
+                                  f"{tmp_path / 't'} serves it again"), run.tail()
+    assert_processes_gone(run.pids)
+    assert port_is_free(int(url.rstrip("/").rsplit(":", 1)[1]))

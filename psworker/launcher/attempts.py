@@ -24,6 +24,7 @@ __all__ = ["Attempts"]
 logger = logging.getLogger(__name__)
 
 READER_JOIN_SECS = 5.0
+EXIT_READER_WAIT_SECS = 0.5     # for a task's reader to reach the end of its output once the task has exited
 
 
 class Attempts:
@@ -62,8 +63,11 @@ class Attempts:
                     if slot.forced_code is not None:
                         returncode = slot.forced_code
                     slot.returncode, slot.ended_at = returncode, now
-                    logger.info("%s (pid %d) exited: %s", slot.name, slot.popen.pid,
-                                slot.cause or describe_returncode(returncode))
+                    if slot.reader is not None:     # its last lines before the word that it exited
+                        slot.reader.join(EXIT_READER_WAIT_SECS)
+                    text = f"{slot.name} (pid {slot.popen.pid}) exited: {slot.cause or describe_returncode(returncode)}"
+                    if not self._output.exited(slot.name, text):
+                        logger.info("%s", text)
 
     def restart(self, slot: Slot, cause: str) -> None:
         """Ends what is left of the slot's last attempt and starts the next, its log marked with `cause`."""

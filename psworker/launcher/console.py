@@ -6,18 +6,18 @@ deprecation warnings are repeated by every task and say nothing a user can act o
 
 Lines that several tasks print within a short window are shown once, prefixed with the tasks' range
 (`[worker:0-3,5]`): a `LineGrouper` compares the lines with each task's own name, index, address and pid
-replaced (`normalise`), and releases each group, in the order the groups began, once its window is over.
+replaced (`normalise`), and releases each group once its window is over and no older group of its tasks waits
+(each task's lines in order). The routine lines that differ in their numbers fold in it too (`launcher.folds`).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from psworker import events, stackdump
 
@@ -194,32 +194,43 @@ class _Group:
     key: Optional[str]
     due: float
     lines: list[tuple[str, str]] = field(default_factory=list)
+    render: Optional[Callable[[list[tuple[str, str]]], str]] = None   # a fold's: several lines of a task allowed
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.lines}
 
 
 class LineGrouper:
     """Groups the lines that several tasks print within `window_secs` of the first one; time comes from the caller.
 
-    A line joins the oldest waiting group with the same key that began after the task's own previous line's group,
-    or begins a new group (alone when it has no key). Groups are released oldest first, each once its window is
-    over, so no line waits longer than the window and each task's lines keep their order. A window of 0 releases
-    every line as it comes.
+    A line joins the oldest waiting group with the same key that began after the task's own previous line's group
+    (or, for a fold's group, holds that line), or begins a new group (alone when it has no key). A group is released
+    once its window is over and no older waiting group holds a line of one of its tasks: no line waits longer than
+    the longest window, and each task's lines keep their order. A window of 0 releases every line as it comes.
     """
 
     def __init__(self, window_secs: float) -> None:
         self._window = window_secs
-        self._queue: collections.deque[_Group] = collections.deque()
+        self._queue: list[_Group] = []      # waiting, oldest first
         self._by_key: dict[str, list[_Group]] = {}
         self._last: dict[str, int] = {}     # task name -> seq of the group of its latest line
         self._seq = 0
 
-    def add(self, name: str, text: str, key: Optional[str], now: float) -> list[str]:
+    def add(self, name: str, text: str, key: Optional[str], now: float, *, hold: Optional[float] = None,
+            render: Optional[Callable[[list[tuple[str, str]]], str]] = None) -> list[str]:
         """Adds task `name`'s line `text`, compared by `key` (None: a line shown alone and at once, such as a step
-        line, once the lines before it are out); returns the console lines due at `now`."""
-        out = self.due(now)                 # a group whose window is over takes no more lines
-        group = next((g for g in self._by_key.get(key, ()) if g.seq > self._last.get(name, 0)), None)
+        line, once the lines before it are out); returns the console lines due at `now`.
+
+        `hold`: this line's window, if not the grouper's (a routine line's, `launcher.folds`); `render`: its group's
+        console line from the group's lines (a fold's)."""
+        out = self.due(now)                 # a group released takes no more lines
+        last = self._last.get(name, 0)
+        group = next((g for g in self._by_key.get(key, ())
+                      if g.seq > last or (g.seq == last and g.render is not None)), None)
         if group is None:
             self._seq += 1
-            group = _Group(self._seq, key, now if key is None else now + self._window)
+            window = self._window if hold is None or self._window <= 0 else hold
+            group = _Group(self._seq, key, now if key is None else now + window, render=render)
             self._queue.append(group)
             if key is not None:
                 self._by_key.setdefault(key, []).append(group)
@@ -228,35 +239,45 @@ class LineGrouper:
         return out + self.due(now)
 
     def due(self, now: float) -> list[str]:
-        """Releases the groups whose window is over at `now`, oldest first."""
-        out = []
-        while self._queue and self._queue[0].due <= now:
-            out.append(self._release())
+        """Releases the groups whose window is over at `now` and whose tasks wait behind no older group, oldest
+        first."""
+        out, behind = [], set()
+        for group in list(self._queue):
+            if group.due <= now and not group.names() & behind:
+                out.append(self._release(group))
+            else:
+                behind |= group.names()
         return out
 
     def release(self, name: str) -> list[str]:
         """Releases the groups up to the one of task `name`'s latest line (its output has ended: nothing of it waits
         behind the launcher's word that it exited)."""
         last = self._last.get(name, 0)
-        out = []
-        while self._queue and self._queue[0].seq <= last:
-            out.append(self._release())
-        return out
+        return [self._release(g) for g in [g for g in self._queue if g.seq <= last]]
 
     def drain(self) -> list[str]:
         """Releases every waiting group (the run is over)."""
-        return [self._release() for _ in range(len(self._queue))]
+        return [self._release(g) for g in list(self._queue)]
 
     def next_due(self) -> Optional[float]:
-        """When the oldest waiting group is due, or None when nothing waits."""
-        return self._queue[0].due if self._queue else None
+        """When the next group is due (one behind an older group of its tasks: when that one is), None when
+        nothing waits."""
+        soonest, ready = None, {}           # ready: task -> when its latest group so far can be released
+        for group in self._queue:
+            at = max([group.due] + [ready[n] for n in group.names() if n in ready])
+            for n in group.names():
+                ready[n] = at
+            soonest = at if soonest is None else min(soonest, at)
+        return soonest
 
-    def _release(self) -> str:
-        group = self._queue.popleft()
+    def _release(self, group: _Group) -> str:
+        self._queue.remove(group)
         if group.key is None:
             return render_group(group.lines, "")
         same = self._by_key[group.key]
         same.remove(group)
         if not same:
             del self._by_key[group.key]
+        if group.render is not None:
+            return group.render(group.lines)
         return render_group(group.lines, group.key)

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 from psworker import diskspace, events
+from psworker.launcher import folds
 from psworker.launcher.console import LineGrouper, TaskTokens, normalise
 from psworker.launcher.progress import Progress
 
@@ -77,15 +78,25 @@ class OutputCopier:
                 if shown is not None:     # a step line is never grouped: each task's step is its own
                     alone = self._window <= 0 or isinstance(event, events.Step)
                     key = None if alone else shown if tokens is None else normalise(shown, tokens)
-                    self._show(name, shown, key)
+                    self._show(name, shown, key, None if alone else folds.match(shown), _routine(text))
         except Exception as err:
             self._error(name, err)
         finally:
-            with self._cond:
-                self._write(self._grouper.release(name))
             for f in (stream, log):
                 with contextlib.suppress(Exception):
                     f.close()
+
+    def exited(self, name: str, text: str) -> bool:
+        """The launcher's word that task `name` exited (`worker:3 (pid 41) exited: ...`): an exit 0 folds with the
+        others' (returns True: shown in its turn, after the task's own lines); any other exit releases the task's
+        waiting lines and returns False (the caller logs it, at once)."""
+        fold = folds.match(text, launcher=True) if self._window > 0 else None
+        with self._cond:
+            if fold is None or self._closed:
+                self._write(self._grouper.release(name))
+                return False
+        self._show(name, text, None, fold)
+        return True
 
     def close(self) -> None:
         """Writes every line still waiting and stops the flusher; later lines go to the console at once."""
@@ -96,12 +107,19 @@ class OutputCopier:
         if self._flusher is not None:
             self._flusher.join(_FLUSHER_JOIN_SECS)
 
-    def _show(self, name: str, text: str, key: Optional[str]) -> None:
+    def _show(self, name: str, text: str, key: Optional[str], fold: Optional[tuple[folds.Fold, Any]] = None,
+              routine: bool = False) -> None:
         with self._cond:
             if self._closed:
                 self._write([f"[{name}] {text}"])
                 return
-            self._write(self._grouper.add(name, text, key, time.monotonic()))
+            if fold is None:
+                hold = folds.FOLD_WINDOW_SECS if routine else None
+                lines = self._grouper.add(name, text, key, time.monotonic(), hold=hold)
+            else:
+                lines = self._grouper.add(name, text, folds.fold_key(fold[0], text), time.monotonic(),
+                                          hold=folds.FOLD_WINDOW_SECS, render=folds.renderer(fold[0]))
+            self._write(lines)
             if self._window > 0 and self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_when_due, name="psworker-console",
                                                  daemon=True)
@@ -144,3 +162,10 @@ class OutputCopier:
     def _error(self, name: str, err: BaseException) -> None:
         logger.error("copying the output of %s failed", name, exc_info=err)
         self.errors.append((name, err))
+
+
+def _routine(line: str) -> bool:
+    """A psworker task's own INFO record: grouped over `folds.FOLD_WINDOW_SECS`, as the folds are (a warning, an
+    error and any other program's line over `GROUP_WINDOW_SECS`)."""
+    record = events.LogRecord.parse(line)
+    return record is not None and record.level == "INFO" and record.logger.split(".")[0] == "psworker"

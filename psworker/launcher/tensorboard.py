@@ -9,10 +9,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from psworker.errors import TensorBoardError, UsageError
 from psworker.launcher.backends.base import die_with_parent
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 MAX_PORT = 65535
 _PR_SET_PDEATHSIG = 1
+RUN_RELOAD_SECS = 2.0    # a run's TensorBoard rereads its event files this often (each reread reads what is new)
 
 
 def command(logdir: str, port: int, *, reload_interval_secs: float = 5.0) -> list[str]:
@@ -81,8 +83,9 @@ def start_detached(logdir: str, port: int = 0, *, timeout_secs: float = 60.0) ->
     log_path = os.path.join(logdir, LOG_SUBDIR, "tensorboard.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(command(logdir, port), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent())
+        proc = subprocess.Popen(command(logdir, port, reload_interval_secs=RUN_RELOAD_SECS), stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_parent())
     try:
         _wait_until_up(proc, url, timeout_secs, log_path)
     except BaseException:
@@ -90,6 +93,33 @@ def start_detached(logdir: str, port: int = 0, *, timeout_secs: float = 60.0) ->
         raise
     proc.returncode = 0          # never waited on through this handle again; `stop_pid` reaps it
     return proc.pid, url
+
+
+def keeps_serving(console: Any) -> bool:
+    """Whether `psworker local --tensorboard` serves on after its run until Ctrl-C: when a person can press it, that
+    is when the console is a terminal and this is the main thread. Elsewhere (CI, a pipe, a file, a library call)
+    TensorBoard stops with the run, and the launcher prints the `psworker tensorboard` command that serves it."""
+    isatty = getattr(console, "isatty", lambda: False)
+    return bool(isatty()) and threading.current_thread() is threading.main_thread()
+
+
+def serve_until_interrupted(pid: int, poll_secs: float = 1.0) -> None:
+    """Returns at Ctrl-C (SIGINT), SIGTERM or SIGHUP, or once TensorBoard (`start_detached`'s `pid`, our child) has
+    exited by itself; the old signal handlers return after. Call it from the main thread."""
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda signum, frame: stop.set())
+           for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while not stop.wait(poll_secs):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    log.warning("TensorBoard (pid %d) exited by itself", pid)
+                    return
+            except ChildProcessError:
+                return
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def stop_pid(pid: int, timeout_secs: float = 10.0) -> None:
@@ -174,4 +204,5 @@ def _tail(path: str, lines: int = 20) -> str:
         return "(no output)"
 
 
-__all__ = ["serve", "command", "TensorBoardError", "HOST"]
+__all__ = ["serve", "command", "start_detached", "keeps_serving", "serve_until_interrupted", "stop_pid",
+           "TensorBoardError", "HOST"]

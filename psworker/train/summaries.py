@@ -77,7 +77,8 @@ def _hook_base():
 
 
 class WorkerSummaryHook(_hook_base()):
-    """Every `every_steps` local steps writes this worker's scalars (see `worker_tags`) at the global step.
+    """Every `every_steps` local steps writes this worker's scalars (see `worker_tags`) at the global step; at its
+    first step the loss and learning rate alone (TensorBoard lists the run from then on).
 
     `examples_per_sec` is this worker's own rate over the interval; `global_steps_per_sec` is how fast the global
     step (every worker together) moved over the same interval. The event file is flushed at each write and closed at
@@ -127,14 +128,18 @@ class WorkerSummaryHook(_hook_base()):
         loss, lr, step = run_values.results
         now = self._clock()
         step = int(step)
-        if self._mark is None:   # the first step sets the start of the first interval (it includes start-up)
-            self._mark = (now, step)
+        if self._mark is None:   # the first step starts the first interval (it includes start-up): no rates yet,
+            self._mark = (now, step)     # but the loss and learning rate, so that TensorBoard has the run from now on
+            self._write({"loss": loss, "learning_rate": lr}, step)
             return
         then, then_step = self._mark
         seconds = max(now - then, 1e-9)
         self._mark = (now, step)
         values = {"loss": loss, "learning_rate": lr, "examples_per_sec": self._every * self._examples / seconds,
                   "global_steps_per_sec": (step - then_step) / seconds}
+        self._write(values, step)
+
+    def _write(self, values: dict, step: int) -> None:
         self._writer.add_summary(scalar_summary({self._tags[k]: v for k, v in values.items()}), step)
         self._writer.flush()
         self.writes += 1

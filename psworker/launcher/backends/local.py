@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
 NETWORK_MODES = ("auto", "isolated", "host")
 TENSORBOARD_PID_ENV = "PSWORKER_TENSORBOARD_PID"   # `--tensorboard`: the server a re-executed launcher must stop
+TENSORBOARD_URL_ENV = "PSWORKER_TENSORBOARD_URL"   # ... and where it serves
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,14 @@ def _check_shaping_possible(argv: Optional[Sequence[str]]) -> None:
                        "namespaces)")
     if missing is not None:
         raise UsageError(f"--ps_link_rate: cannot shape the ps links here: missing {missing}")
+
+
+def _stopped(run_dir: Path) -> bool:
+    """Whether the run in `run_dir` was stopped by a signal (Ctrl-C): then TensorBoard stops with it."""
+    from psworker.launcher.rundir import read_end
+
+    end = read_end(run_dir)
+    return end is None or end.outcome == "stopped"
 
 
 def isolate_network(mode: str, argv: Optional[Sequence[str]], shaped: bool = False) -> None:
@@ -201,8 +210,10 @@ class LocalBackend(Backend):
         if opts.tensorboard_port is not None and pid is None:
             started, url = tensorboard.start_detached(str(run_dir), opts.tensorboard_port)
             pid = os.environ[TENSORBOARD_PID_ENV] = str(started)
-            print(f"psworker: TensorBoard at {url} (127.0.0.1 only), for as long as the run lasts", file=console,
-                  flush=True)
+            os.environ[TENSORBOARD_URL_ENV] = url
+            after = "and after it until Ctrl-C" if tensorboard.keeps_serving(console) else "for as long as it lasts"
+            print(f"psworker: TensorBoard at {url} (127.0.0.1 only) shows the run from its first step, {after}",
+                  file=console, flush=True)
         try:
             argv = opts.reexec_argv   # the re-executed launcher takes the run dir chosen here
             isolate_network(opts.network, None if argv is None else [*argv[:1], "--train_dir", str(run_dir),
@@ -210,6 +221,10 @@ class LocalBackend(Backend):
             yield
         finally:
             if pid is not None:
+                if tensorboard.keeps_serving(console) and sys.exc_info()[0] is None and not _stopped(run_dir):
+                    print(f"psworker: TensorBoard at {os.environ.get(TENSORBOARD_URL_ENV, '?')} serves the run "
+                          "until Ctrl-C", file=console, flush=True)
+                    tensorboard.serve_until_interrupted(int(pid))
                 tensorboard.stop_pid(int(pid))
                 print(f"psworker: TensorBoard stopped with the run; psworker tensorboard --logdir {run_dir} serves it "
                       "again", file=console, flush=True)
