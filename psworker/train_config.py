@@ -101,7 +101,7 @@ class TrainConfig:
     data_dealing: str = _setting("dealt", "dealt: shards of the training split dealt on demand from a cursor on the "
                                           "ps, kept in the checkpoint (fast workers read more, nothing is lost on "
                                           "restarts or scaling); static: each worker reads its own fixed slice, "
-                                          "forever (between-graph; in-graph replication always reads static slices)",
+                                          "forever (in-graph: the client reads every worker's batch, dealt, or each worker its own slice)",
                                  choices=lambda: DATA_DEALINGS)
     num_epochs: Optional[int] = _setting(None, "dealt: end training once every example was dealt this many times "
                                                "and trained (or at max_steps, whichever comes first; sync mode: at "
@@ -222,9 +222,9 @@ def check_train_rules(config: TrainConfig, source: str, prefix: str,
                         f"set either save_checkpoint_steps ({config.save_checkpoint_steps}) or "
                         f"save_checkpoint_secs ({config.save_checkpoint_secs:g}), not both")
     _check_transfer_rules(config, source, prefix)
-    if config.num_epochs is not None and (config.data_dealing != "dealt" or config.replication == "in-graph"):
+    if config.num_epochs is not None and config.data_dealing != "dealt":
         raise SpecError(source, _join(prefix, "num_epochs"), "epochs are counted with dealt shards only (data_dealing "
-                        "dealt, between-graph replication); drop num_epochs")
+                        "dealt); drop num_epochs")
     r = config.replicas_to_aggregate
     if r is not None and num_workers is not None and not 1 <= r <= num_workers:
         raise SpecError(source, _join(prefix, "replicas_to_aggregate"),

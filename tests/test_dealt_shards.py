@@ -1,5 +1,5 @@
 """Dealt shards on real clusters (issue 25): a model whose examples carry their position logs each position it
-trains on (`tests.dealt_model`), and the tests count how often each position was read, with and without faults."""
+trains on (`psworker.models.positions`), and the tests count how often each position was read, with and without faults."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml
 
 from psworker import events
 from psworker.testing import LocalCluster, assert_processes_gone, checkpoint_step
-from tests import dealt_model
+from psworker.models import positions as dealt_model
 from tests.cluster_utils import REPO
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def positions_dir(tmp_path, monkeypatch):
     """Every task imports the positions model and logs what it trains into the returned folder."""
     folder = tmp_path / "positions"
     folder.mkdir()
-    monkeypatch.setenv("PSWORKER_MODELS", "tests.dealt_model")
+    monkeypatch.setenv("PSWORKER_MODELS", "psworker.models.positions")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.setenv(dealt_model.POSITIONS_DIR_ENV, str(folder))
     return folder
@@ -170,6 +170,27 @@ def test_a_stopped_straggler_loses_nothing_and_the_fast_worker_reads_most(make_c
     assert coverage(read) == {2: N}, coverage(read)
     fast, slow = trained_by(positions_dir, "worker0"), trained_by(positions_dir, "worker1")
     assert fast + slow == 2 * N and fast > 2 * slow, (fast, slow)
+    assert_processes_gone(cluster.pids)
+
+
+def test_in_graph_replication_deals_every_position_once_per_epoch(make_cluster, positions_dir):
+    """In-graph, 1 ps + 2 workers, 2 epochs, no faults: the client reads each step's global batch (2 x 10) from the
+    positions it deals and splits it over both workers; every position is trained on exactly twice, the run ends by
+    itself at the 30 steps the epochs take, and the client reports 600 examples, none again."""
+    cluster = make_cluster(train=train(replication="in-graph", num_epochs=2))
+    assert_all_exit_0(cluster)
+    read = counts(positions_dir)
+    assert coverage(read) == {2: N}, coverage(read)
+    steps = dealt_model.read_positions(positions_dir)
+    # the client logs each worker's half of a step where it read the batch: 2 lines per step
+    assert set(steps) == {"worker0"} and {len(s) for s in steps["worker0"]} == {BATCH}, {k: len(v) for k, v in
+                                                                                         steps.items()}
+    assert checkpoint_step(cluster.train_dir) == 2 * N // (2 * BATCH)
+    log = cluster.log("worker:0")
+    assert "read by the in-graph client for 2 workers" in log, cluster.tail("worker:0")
+    dealt = events.last(events.DataDealt, log)
+    assert dealt is not None and (dealt.trained, dealt.again, dealt.num_epochs) == (2 * N, 0, 2), dealt
+    assert "serving for the client" in cluster.log("worker:1")
     assert_processes_gone(cluster.pids)
 
 

@@ -199,3 +199,33 @@ def test_the_success_report_reads_the_chief_job_s_log(tmp_path):
     assert run.returncode == 0, run.output
     assert "psworker: precision @ 1 = 0.875 (64 examples, global step 9)" in run.output, run.output
     assert_no_processes(run.pids)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_tf1_script_reads_dealt_shards_through_script_dealing(tmp_path):
+    """`tests/user_scripts/dealt_tf1.py` (300 examples, 2 epochs) under `psworker run` with 1 ps + 2 workers: its
+    `ScriptDealing` deals every position to one of the workers exactly twice, the run ends by itself when the epochs
+    are dealt and trained, and the chief reports 600 examples trained, none again."""
+    import collections
+
+    spec = write(tmp_path / "cluster.yaml",
+                 "cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:auto']\n")
+    positions = tmp_path / "positions"
+    positions.mkdir()
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--",
+                        sys.executable, str(SCRIPTS / "dealt_tf1.py"), "--ps_hosts={ps_hosts}",
+                        "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
+                        "--train_dir", str(tmp_path / "ckpt"), "--positions_dir", str(positions)],
+                       cwd=tmp_path, timeout=240, command="run")
+    assert run.returncode == 0, run.output[-4000:]
+    read = collections.Counter()
+    for path in positions.iterdir():
+        for line in path.read_text().splitlines():
+            read.update(int(p) for p in line.split())
+    assert collections.Counter(read.get(p, 0) for p in range(300)) == {2: 300}, sorted(read.items())[:20]
+    assert "[worker:0] data: 600 examples trained, 0 of them again; epoch 2.00 of 2" in run.output, \
+        run.output[-4000:]
+    assert "[worker:0] worker 0 done (deal over: True)" in run.output, run.output[-4000:]
+    assert checkpoint_step(tmp_path / "ckpt") == 60
+    assert_no_processes(run.pids)

@@ -129,8 +129,6 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
     examples_per_step = config.batch_size * config.num_devices * num_workers
     log.info("%s: in-graph client for %d workers x %d towers, %d examples per step", name, num_workers,
              config.num_devices, examples_per_step)
-    if config.data_dealing == "dealt":
-        log.info("%s: in-graph replication reads static slices (dealt shards are between-graph only)", name)
 
     def release(target: str) -> None:   # the serving workers can go; each tells the ps tasks itself that it is done
         shutdown.release_workers(target, spec, CLIENT_INDEX)
@@ -138,7 +136,8 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
     hint = ("each step needs every worker: is one down or slow? "
             f"(gives up after --step_timeout_secs {config.step_timeout_secs:g})")
     return Replication(
-        build=lambda model, cfg, dealing=None: build_in_graph_train_graph(model, cfg, cluster=cluster),
+        build=lambda model, cfg, dealing=None: build_in_graph_train_graph(model, cfg, cluster=cluster,
+                                                                          dealing=dealing),
         is_chief=True, examples_per_step=examples_per_step,
         # No device filters: this client places ops on every worker task.
         session_config=srv.session_config("worker", CLIENT_INDEX, filter_devices=False),
@@ -146,4 +145,22 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
         timeout_message=(f"{name}: an in-graph training step did not finish within {config.step_timeout_secs:g} s "
                          "(--step_timeout_secs): each step needs every worker; is one down?"),
         release=release,
+        dealing=(lambda target, model, cfg: _in_graph_dealing(cfg, model, target, num_workers))
+        if config.data_dealing == "dealt" else None,
     )
+
+
+def _in_graph_dealing(config: TrainConfig, model: Model, target: str, num_workers: int):
+    """What the in-graph client needs to deal shards to itself, the one reader of every worker's batch
+    (`train.ingraph`): the deal ends with the epochs; the last global batch is filled up to a whole one."""
+    from psworker.train import dealer
+
+    batch = config.batch_size * config.num_devices * num_workers
+    plan = dealer.make_plan(model.num_train_examples(config.data_dir), config.shard_examples, config.num_epochs,
+                            batch)
+    log.info("worker:%d: dealt shards of %d examples (%d per epoch of %d)%s, read by the in-graph client for %d "
+             "workers", CLIENT_INDEX, plan.shard_examples, plan.shards_per_epoch, plan.num_examples,
+             f", {plan.num_epochs} epochs" if plan.num_epochs else "", num_workers)
+    return dealer.Dealing(plan=plan, index=CLIENT_INDEX, num_workers=1, target=target,
+                          session_config=srv.session_config("worker", CLIENT_INDEX, filter_devices=False),
+                          is_chief=True, seed=config.seed, pad_to=batch if batch > config.batch_size else 1)

@@ -145,7 +145,8 @@ def _epochs_as_steps(config: TrainConfig, model: Model, replication: Replication
     that no worker runs dry while a step still needs its gradient."""
     import dataclasses
 
-    if config.mode != "sync" or config.num_epochs is None or replication.dealing is None:
+    if config.mode != "sync" or config.num_epochs is None or replication.dealing is None \
+            or config.replication == "in-graph":   # in-graph: the client's deal ends with the epochs
         return config
     per_step = (config.replicas_to_aggregate or replication.workers) * config.batch_size * config.num_devices
     steps = -(-config.num_epochs * model.num_train_examples(config.data_dir) // per_step)

@@ -161,7 +161,9 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
 
 
 @dataclass(frozen=True)
-class _Inputs:
+class DealtInputs:
+    """The input of a dealt reader: its batch, the dealer's state and client, and the iterator's initializer."""
+
     batch: tuple            # (images, labels)
     state: Any = None       # dealt: the DealerState
     client: Any = None      # dealt: the DealerClient
@@ -169,29 +171,39 @@ class _Inputs:
 
 
 def _inputs(model: Model, config: TrainConfig, dealing: Any, global_step, input_device: str, task_index: int,
-            num_workers: int) -> _Inputs:
-    """This worker's input batch: a static slice, or positions dealt by `dealing` (the dealer's variables beside
-    the global step, its client, and an initializable iterator when the model gives its dataset)."""
+            num_workers: int) -> DealtInputs:
+    """This worker's input batch: a static slice, or positions dealt by `dealing` (`dealt_inputs`)."""
     import tensorflow as tf
 
     batch = config.batch_size * config.num_devices
     if dealing is None:
         with tf.device(input_device):
-            return _Inputs(model.train_inputs(InputSpec(data_dir=config.data_dir, batch_size=batch,
-                                                        shard_index=task_index, num_shards=num_workers,
-                                                        seed=config.seed)))
+            return DealtInputs(model.train_inputs(InputSpec(data_dir=config.data_dir, batch_size=batch,
+                                                            shard_index=task_index, num_shards=num_workers,
+                                                            seed=config.seed)))
+    return dealt_inputs(model, config, dealing, global_step, input_device, batch)
+
+
+def dealt_inputs(model: Model, config: TrainConfig, dealing: Any, global_step, input_device: str,
+                 batch: int) -> DealtInputs:
+    """Batches of `batch` examples at the positions `dealing` deals, read on `input_device` (the process that
+    builds the graph: the positions come from a Python generator), with the dealer's variables beside the global
+    step, its client, and an initializable iterator when the model gives its dataset."""
+    import tensorflow as tf
+
     from psworker.train import dealer
 
     state = dealer.DealerState(dealing.num_workers, global_step.device, config.seed)
     client = dealer.DealerClient(dealing, global_step.device)
-    spec = InputSpec(data_dir=config.data_dir, batch_size=batch, shard_index=task_index, num_shards=num_workers,
-                     seed=config.seed, positions=lambda: dealer.positions_dataset(client))
+    spec = InputSpec(data_dir=config.data_dir, batch_size=batch, shard_index=dealing.index,
+                     num_shards=dealing.num_workers, seed=config.seed,
+                     positions=lambda: dealer.positions_dataset(client))
     with tf.device(input_device):
         ds = model.train_dataset(spec)
         if ds is None:
-            return _Inputs(model.train_inputs(spec), state, client)
+            return DealtInputs(model.train_inputs(spec), state, client)
         iterator = tf.compat.v1.data.make_initializable_iterator(ds)
-        return _Inputs(iterator.get_next(), state, client, iterator.initializer)
+        return DealtInputs(iterator.get_next(), state, client, iterator.initializer)
 
 
 def _gradients(model: Model, optimizer: Any, pulls: Any, images, labels, config: TrainConfig, worker_device: str):

@@ -1,9 +1,12 @@
-"""A test-only model whose training examples carry their position, and which logs each position it trains on.
+"""A model for tests and benchmarks whose training examples carry their position, and which logs each position it
+trains on (not a built-in: `tests/test_dealt_shards.py` and `benchmarks/dealt_straggler.py` count the reads).
 
-Registered as `positions` when imported (name this module in `PSWORKER_MODELS`; `tests.test_dealt_shards` does).
+Registered as `positions` when imported (name this module, `psworker.models.positions`, in `PSWORKER_MODELS`).
 Every training step appends the batch's positions to `$PSWORKER_POSITIONS_DIR/<task>-<pid>.txt`, one line per
 step, before its update: a line written by a step that never updated (a kill in between) is read again later,
 so the lines count every position trained at least once, and each position read again at most once too often.
+The log runs where the batch was read (`images.device`): a Python function runs only in the process that built
+the graph, which for in-graph replication is the client, not the worker that computes the tower.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class PositionsModel(Model):
         v1 = tf.compat.v1
         x = images * tf.constant([1.0 / NUM_EXAMPLES, 1.0])
         if training:
-            logged = tf.numpy_function(_log_positions, [tf.cast(images[:, 0], tf.int64)], tf.int64)
+            with tf.compat.v1.device(None), tf.compat.v1.device(images.device):
+                logged = tf.numpy_function(_log_positions, [tf.cast(images[:, 0], tf.int64)], tf.int64)
             with tf.control_dependencies([logged]):
                 x = tf.identity(x)
         w = v1.get_variable("weights", [2, self.num_classes], tf.float32, v1.zeros_initializer())
@@ -103,5 +107,5 @@ def read_positions(folder: Path) -> dict[str, list[list[int]]]:
 
 try:
     registry.register("positions", PositionsModel)
-except ValueError:   # imported again under another name (a test imports it, PSWORKER_MODELS names it)
+except ValueError:   # registered already (by an older copy under another module name)
     pass
