@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Iterator, Optional, TypeVar, Union
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
-           "Precision", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
+           "Precision", "AucResult", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
            "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"   # a task's log records (cli.main)
@@ -267,6 +267,35 @@ class Precision(Event):
 
 
 @dataclass(frozen=True)
+class AucResult(Event):
+    """A click-through model's evaluation line, where the others print `Precision`: `2026-11-30 12:00:00: auc =
+    0.853, logloss = 0.412 (4000 examples, global step 401)`."""
+
+    auc: float
+    logloss: float
+    examples: Optional[int] = None
+    global_step: Optional[int] = None
+    at: Optional[str] = None
+
+    regex: ClassVar[re.Pattern] = _line(
+        rf"(?:psworker: )?(?:(?P<at>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d): )?auc = (?P<auc>{_NUMBER}), "
+        rf"logloss = (?P<logloss>{_NUMBER})(?: \((?P<n>\d+) examples, global step (?P<step>\d+)\))?")
+
+    @property
+    def summary(self) -> str:
+        what = "" if self.examples is None else f" ({self.examples} examples, global step {self.global_step})"
+        return f"auc = {self.auc:.4f}, logloss = {self.logloss:.4f}{what}"
+
+    def render(self) -> str:
+        return self.summary if self.at is None else f"{self.at}: {self.summary}"
+
+    @classmethod
+    def _from(cls, m: re.Match) -> "AucResult":
+        return cls(float(m.group("auc")), float(m.group("logloss")), _int(m.group("n")), _int(m.group("step")),
+                   m.group("at"))
+
+
+@dataclass(frozen=True)
 class Exported(Event):
     """A SavedModel written to `path` from `checkpoint` (the chief after its evaluation, `psworker export`)."""
 
@@ -414,8 +443,8 @@ class DataDealt(Event):
 
 
 KINDS: tuple[type[Event], ...] = (Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision,
-                                  Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt)
-AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, Exported, Restart,
+                                  AucResult, Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt)
+AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, AucResult, Exported, Restart,
                  NewRun, RemotePid, TaskError, Traceback, DataDealt]
 
 
