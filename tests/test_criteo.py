@@ -27,6 +27,7 @@ ROWS_PER_DAY = 4000
 AUC_LINE = re.compile(r"auc = ([0-9.]+), logloss = ([0-9.]+) \((\d+) examples, global step (\d+)\)")
 TABLE_LINE = re.compile(r"sparse table embeddings \((\d+) rows x (\d+)\): gathered and updated by rows \(([^)]*)\)")
 LINK = re.compile(r"ps:(\d) link \([^)]*\): ([0-9.]+) (MB|kB|B) to it, ([0-9.]+) (MB|kB|B) from it")
+POOLED = re.compile(r"ps links \([^)]*pooled\): ([0-9.]+) (MB|kB|B) of gradients pulled from the workers")
 UNITS = {"MB": 1e6, "kB": 1e3, "B": 1.0}
 
 
@@ -97,9 +98,13 @@ def test_no_tensor_of_a_table_shard_crosses_the_wire(train, caplog, monkeypatch)
 # ---------------------------------------------------------------------------------------------- clusters
 
 
-def _link_bytes(output: str) -> dict[int, float]:
-    """Bytes each ps link moved (both ways), from the launcher's `--ps_link_rate` report."""
-    return {int(m[1]): float(m[2]) * UNITS[m[3]] + float(m[4]) * UNITS[m[5]] for m in LINK.finditer(output)}
+def _link_bytes(output: str) -> tuple[dict[int, float], float]:
+    """Bytes each ps link moved (both ways), and the gradients the ps tasks pulled from the worker (pooled), from
+    the launcher's `--ps_link_rate` report."""
+    pooled = POOLED.search(output)
+    assert pooled, output[-3000:]
+    return ({int(m[1]): float(m[2]) * UNITS[m[3]] + float(m[4]) * UNITS[m[5]] for m in LINK.finditer(output)},
+            float(pooled[1]) * UNITS[pooled[2]])
 
 
 @pytest.fixture(scope="module")
@@ -132,19 +137,39 @@ def test_two_ps_learn_the_planted_signal_each_holding_half_the_table(two_ps_run)
 
 
 @pytest.mark.skipif(not netns.available(), reason="--ps_link_rate needs a network namespace and tc")
-def test_the_bytes_on_the_ps_links_stay_far_below_the_table(two_ps_run):
-    """The tc counters of both ps links over the run (300 steps, two checkpoints that read the table and its
-    accumulator whole, one per save): per step far below one dense pull of the table alone."""
+def test_the_bytes_on_the_ps_links_stay_far_below_the_table(two_ps_run, criteo_dir):
+    """The tc counters of both ps links and of the gradients the ps tasks pulled, over the run (300 steps; each ps
+    writes its own shards of a checkpoint, so saves cross nothing): per step far below one pull of the table."""
     run, _ = two_ps_run
-    moved = _link_bytes(run.output)
-    assert sorted(moved) == [0, 1], run.output[-3000:]
+    links, gradients = _link_bytes(run.output)
+    assert sorted(links) == [0, 1] and gradients > 0, run.output[-3000:]
     rows, dim = (int(g) for g in TABLE_LINE.search(run.output).groups()[:2])
     table_bytes = rows * dim * 4
-    per_step = sum(moved.values()) / 300
-    print(f"bytes on the ps links per step: {per_step:,.0f} (both ways, both ps, checkpoints included); "
-          f"the table alone: {table_bytes:,}")
+    per_step = (sum(links.values()) + gradients) / 300
+    needed = _needed_per_step(criteo_dir, 64)
+    print(f"bytes on the ps links per step: {per_step:,.0f} (both ways, both ps); what the step needs: "
+          f"{needed:,.0f} ({per_step / needed:.2f}x); the table alone: {table_bytes:,}")
     assert per_step < table_bytes / 10, (per_step, table_bytes)
-    assert min(moved.values()) > 0.2 * max(moved.values())   # both ps serve rows, not one
+    assert per_step < 1.5 * needed, (per_step, needed)   # measured 1.01x; the benchmark goal is 1.2x
+
+
+def _needed_per_step(criteo_dir: Path, batch: int, batches: int = 100) -> float:
+    """What one step must move, on average over random batches of the training split: the dense weights pulled
+    and their gradients pushed, and per distinct row touched its id to the ps (gather), its values back, its
+    gradient and id pushed."""
+    import numpy as np
+
+    from psworker.data import criteo
+    from psworker.models.criteo import HIDDEN, CriteoModel
+
+    model = CriteoModel()
+    _, fields = criteo.load_split(str(criteo_dir), False)
+    rows = criteo.preprocess_fields(fields, model.buckets).numpy()[:, criteo.NUM_INT:]
+    rng = np.random.default_rng(0)
+    touched = np.mean([len(np.unique(rows[rng.choice(len(rows), batch, replace=False)])) for _ in range(batches)])
+    widths = (criteo.NUM_CAT * model.embedding_dim + criteo.NUM_INT, *HIDDEN, 1)
+    dense = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    return 2 * 4 * dense + touched * (8 + 4 * model.embedding_dim + 4 * model.embedding_dim + 8)
 
 
 def test_the_export_scores_raw_rows_like_eval_without_psworker(two_ps_run, criteo_dir):
@@ -187,4 +212,4 @@ def test_a_checkpoint_written_with_2_ps_restores_with_3(criteo_dir, tmp_path):
     assert table and len(re.findall(r"rows on /job:ps/task:\d", table[3])) == 3, second.output[-3000:]
     m = AUC_LINE.search(second.output)
     assert m and int(m[4]) == 300 and float(m[1]) >= LEARNED_AUC, second.output[-3000:]
-    assert_processes_gone(first.pids + second.pids)
+    assert_processes_gone(first.pids | second.pids)
