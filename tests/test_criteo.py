@@ -95,6 +95,20 @@ def test_no_tensor_of_a_table_shard_crosses_the_wire(train, caplog, monkeypatch)
                    for r in caplog.records)
 
 
+def test_plan_prints_each_ps_share_of_the_table_and_the_traffic_per_row():
+    from psworker.models.criteo import CriteoModel
+    from psworker.train import plan_report
+
+    text = plan_report.describe("criteo", 3)
+    rows = CriteoModel().table_rows
+    shares = [int(n.replace(",", "")) for n in re.findall(r"embeddings/part_\d +\[(\d+), 8\]", text)]
+    assert sorted(shares) == sorted([rows // 3 + (i < rows % 3) for i in range(3)]), text
+    assert f"sparse table embeddings: {rows:,} rows x 8, {rows * 32:,} bytes over ps:0, ps:1, ps:2" in text, text
+    assert "per distinct row a step touches: 40 bytes pulled (id, values), 40 pushed (id, gradient)" in text
+    loads = [int(n.replace(",", "")) for n in re.findall(r"ps:\d holds ([\d,]+) bytes", text)]
+    assert max(loads) / (sum(loads) / 3) < 1.02, text   # the table and its accumulators balance the ps
+
+
 # ---------------------------------------------------------------------------------------------- clusters
 
 
