@@ -134,6 +134,7 @@ def two_ps_run(criteo_dir, tmp_path_factory):
     return run, cwd / "train"
 
 
+@pytest.mark.slow
 def test_two_ps_learn_the_planted_signal_each_holding_half_the_table(two_ps_run):
     run, train_dir = two_ps_run
     m = AUC_LINE.search(run.output)
@@ -150,6 +151,7 @@ def test_two_ps_learn_the_planted_signal_each_holding_half_the_table(two_ps_run)
     assert checkpoint_step(train_dir) == 300
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not netns.available(), reason="--ps_link_rate needs a network namespace and tc")
 def test_the_bytes_on_the_ps_links_stay_far_below_the_table(two_ps_run, criteo_dir):
     """The tc counters of both ps links and of the gradients the ps tasks pulled, over the run (300 steps; each ps
@@ -186,6 +188,7 @@ def _needed_per_step(criteo_dir: Path, batch: int, batches: int = 100) -> float:
     return 2 * 4 * dense + touched * (8 + 4 * model.embedding_dim + 4 * model.embedding_dim + 8)
 
 
+@pytest.mark.slow
 def test_the_export_scores_raw_rows_like_eval_without_psworker(two_ps_run, criteo_dir):
     run, train_dir = two_ps_run
     eval_auc = float(AUC_LINE.search(run.output)[1])
@@ -211,6 +214,7 @@ print(json.dumps({"auc": float(auc), "psworker": [m for m in sys.modules if m.st
     assert got["auc"] == pytest.approx(eval_auc, abs=2e-4)   # eval prints 4 decimals; ties are rare in float32
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_with_2_ps_restores_with_3(criteo_dir, tmp_path):
     """100 steps on 2 ps, then the same train dir on 3 ps to step 200: the restore splits each table 3 ways, and
     training goes on from step 100 to a model that still scores the planted signal."""
@@ -227,3 +231,15 @@ def test_a_checkpoint_written_with_2_ps_restores_with_3(criteo_dir, tmp_path):
     m = AUC_LINE.search(second.output)
     assert m and int(m[4]) == 300 and float(m[1]) >= LEARNED_AUC, second.output[-3000:]
     assert_processes_gone(first.pids | second.pids)
+
+
+@pytest.mark.slow
+def test_sync_workers_aggregate_sparse_gradients_and_learn(criteo_dir, tmp_path):
+    """Sync mode, 2 ps + 2 workers: the table's gradients go through sparse conditional accumulators on the ps."""
+    spec = write_spec(tmp_path / "sync.yaml", num_ps=2, num_workers=2, model="criteo", batch_size=64, mode="sync")
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "train"), "--data_dir", str(criteo_dir),
+                        "--max_steps", "200"], cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    m = AUC_LINE.search(run.output)
+    assert m and int(m[4]) == 200 and float(m[1]) >= LEARNED_AUC, run.output[-3000:]
+    assert_processes_gone(run.pids)

@@ -56,6 +56,9 @@ class Model(abc.ABC):
     # What evaluation reports: "precision@1" (top-1 hits), or "auc" (a binary click model: AUC and logloss of
     # softmax(logits)[:, 1], `events.AucResult`).
     eval_metric: str = "precision@1"
+    # The input runs Python (`tf.numpy_function`), which only the process that built the graph can run: in-graph
+    # replication then reads every worker's batches on its client (worker 0) and sends them on.
+    python_input: bool = False
 
     @abc.abstractmethod
     def train_inputs(self, spec: InputSpec):

@@ -58,6 +58,7 @@ class CriteoModel(Model):
     raw_input_shape = (criteo.NUM_FEATURES,)
     preprocessed_dtype = "int64"            # `preprocess_fields`: integers, then table rows
     eval_metric = "auc"
+    python_input = True                     # lines gathered by position from memory (`tf.numpy_function`)
 
     def __init__(self, max_buckets: int = MAX_BUCKETS, embedding_dim: int = EMBEDDING_DIM):
         self.buckets = buckets(max_buckets)

@@ -60,7 +60,8 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
         for i in range(num_workers):
             worker_device = f"/job:worker/task:{i}"
             with tf.name_scope(f"worker_{i}"):
-                with tf.device(f"{worker_device}/device:CPU:0"):
+                # A Python input (`Model.python_input`) runs only in this process: read there, sent to the worker.
+                with tf.device(f"{client_device if model.python_input else worker_device}/device:CPU:0"):
                     images, labels = model.train_inputs(InputSpec(
                         data_dir=config.data_dir, batch_size=per_worker_batch, shard_index=i,
                         num_shards=num_workers, seed=None if config.seed is None else config.seed + i,
