@@ -13,11 +13,18 @@ The models are psworker's, rebuilt with `tf.Variable` + `tf.nn` (no Keras):
     (`python -m psworker data cifar10-synthetic --data_dir D`), read, cropped, flipped, brightness/contrast,
     standardised, batched: the same pipeline as psworker/data/cifar10.py.
   - mlp: 64-256-10 ReLU MLP of psworker/models/mlp.py on scikit-learn's digits (same split, same standardisation).
+  - criteo: psworker/models/criteo.py's click-through model (one fused table of the 26 hashed columns, dim 8, the
+    log of the 13 integers, a 64-32-1 MLP, logloss, Adagrad at 0.1) on Criteo day files
+    (`python -m psworker data criteo-synthetic --data_dir D`; every day but the last). As a fair peer must: the
+    table is a `ShardedVariable` (`MinSizePartitioner`, --ps > 1) built from a callable initializer that takes each
+    partition's shape and offset; each batch's ids are deduplicated before `tf.nn.embedding_lookup`; each
+    Adagrad accumulator is colocated with its shard and updated there by `ResourceSparseApplyAdagrad`.
 
     python benchmarks/pss_peer.py --model cnn --workers 1 --steps 200 --data_dir D   # 1 ps + 1 worker
     python benchmarks/pss_peer.py --model mlp --workers 0 --steps 2000                 # in-process baseline
 
     python benchmarks/pss_peer.py --model cnn --ps 2 --workers 2 --ps_link_rate 100mbit --data_dir D
+    python benchmarks/pss_peer.py --model criteo --ps 2 --workers 1 --batch_size 256 --data_dir CRITEO_DIR
 
 --ps N > 1 gives the strategy a `MinSizePartitioner` (256 KiB shards, at most N), its best. --ps_link_rate RATE
 runs the whole peer in a private network namespace (`unshare --net --map-root-user`) with each ps port shaped as
@@ -178,7 +185,110 @@ def digits_dataset(batch_size: int, seed: Optional[int] = None):
     return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 
 
+CRITEO_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+                        14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+CRITEO_BUCKETS = tuple(min(4 * c, 20_000) for c in CRITEO_CARDINALITIES)   # psworker/models/criteo.py's
+CRITEO_DIM = 8
+
+
+def criteo_dataset(data_dir: str, batch_size: int, seed: Optional[int] = None):
+    """Criteo day files (every day but the last; .gz too) -> shuffled batches of (int64 [B, 39], int32 [B]): the 13
+    integers (empty: 0), then each categorical's row in the fused table (its column's offset + hash bucket)."""
+    import gzip
+    import re
+
+    import numpy as np
+    import tensorflow as tf
+
+    days = sorted((int(m[1]), n) for n in os.listdir(data_dir) if (m := re.match(r"^day_(\d+)(\.gz)?$", n)))
+    if len(days) < 2:
+        raise SystemExit(f"no Criteo day files in {data_dir}: run `python -m psworker data criteo-synthetic "
+                         f"--data_dir {data_dir}` first")
+    rows = []
+    for _, name in days[:-1]:
+        path = os.path.join(data_dir, name)
+        with (gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")) as f:
+            rows += [line.rstrip(b"\r\n").split(b"\t") for line in f]
+    table = np.array(rows, dtype=bytes)
+    labels, fields = (table[:, 0] == b"1").astype(np.int32), table[:, 1:]
+    offsets = tf.constant(np.concatenate([[0], np.cumsum(CRITEO_BUCKETS)[:-1]]), tf.int64)
+
+    def parse(f, y):
+        ints = tf.strings.to_number(tf.where(tf.equal(f[:, :13], b""), b"0", f[:, :13]), tf.int64)
+        cats = tf.stack([tf.strings.to_hash_bucket_fast(f[:, 13 + c], CRITEO_BUCKETS[c]) for c in range(26)], 1)
+        return tf.concat([ints, cats + offsets[tf.newaxis, :]], axis=1), y
+
+    ds = tf.data.Dataset.from_tensor_slices((fields, labels)).shuffle(len(labels), seed=seed).repeat()
+    return ds.batch(batch_size, drop_remainder=True).map(parse).prefetch(2)
+
+
 # ------------------------------------------------------------------------------------------------ models
+
+
+class CtrNet:
+    """psworker's criteo model (see the module docstring): its variables, loss and sparse Adagrad step."""
+
+    def __init__(self, strategy=None):
+        import tensorflow as tf
+
+        rows = sum(CRITEO_BUCKETS)
+
+        def table_init(shape=(rows, CRITEO_DIM), dtype=tf.float32, partition_shape=None, partition_offset=None):
+            return tf.random.truncated_normal(partition_shape or shape, stddev=0.05, dtype=dtype)
+
+        self.table = tf.Variable(table_init, shape=(rows, CRITEO_DIM), dtype=tf.float32, name="embeddings")
+        widths = (26 * CRITEO_DIM + 13, 64, 32, 1)
+        self.dense = []
+        for i, (a, b) in enumerate(zip(widths, widths[1:]), start=1):
+            self.dense.append(tf.Variable(tf.random.truncated_normal([a, b], stddev=(2.0 / a) ** 0.5), name=f"w{i}"))
+            self.dense.append(tf.Variable(tf.zeros([b]), name=f"b{i}"))
+        self.global_step = tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False)
+        shards = getattr(self.table, "variables", [self.table])
+        self.accumulators = []
+        for v in [*shards, *self.dense]:   # each accumulator on its variable's ps
+            colocate = strategy.extended.colocate_vars_with(v) if strategy else _null()
+            with colocate:
+                self.accumulators.append(tf.Variable(tf.fill(v.shape, 0.1), trainable=False))
+        self.shards = shards
+
+    def loss(self, features, labels):
+        import tensorflow as tf
+
+        ids = features[:, 13:]
+        distinct, where = tf.unique(tf.reshape(ids, [-1]))
+        rows = tf.nn.embedding_lookup(self.table, distinct)
+        x = tf.reshape(tf.gather(rows, where), [-1, 26 * CRITEO_DIM])
+        x = tf.concat([x, tf.math.log1p(tf.cast(tf.maximum(features[:, :13], 0), tf.float32))], axis=1)
+        p = [tf.identity(v) for v in self.dense]
+        for i in range(0, len(p), 2):
+            x = tf.matmul(x, p[i]) + p[i + 1]
+            x = tf.nn.relu(x) if i + 2 < len(p) else x
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(tf.cast(labels, tf.float32), x[:, 0]))
+
+    def train_step(self, features, labels, learning_rate: float):
+        import tensorflow as tf
+
+        variables = [*self.shards, *self.dense]
+        with tf.GradientTape() as tape:
+            loss = self.loss(features, labels)
+        grads = tape.gradient(loss, variables)
+        for v, acc, g in zip(variables, self.accumulators, grads):
+            with tf.device(v.device):
+                if isinstance(g, tf.IndexedSlices):
+                    tf.raw_ops.ResourceSparseApplyAdagrad(var=v.handle, accum=acc.handle, lr=learning_rate,
+                                                          grad=g.values, indices=g.indices)
+                else:
+                    tf.raw_ops.ResourceApplyAdagrad(var=v.handle, accum=acc.handle, lr=learning_rate, grad=g)
+        self.global_step.assign_add(1)
+        return loss
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 
 class Net:
     """The model's variables (created in the caller's strategy scope) and its loss."""
@@ -270,6 +380,10 @@ class Net:
 # ------------------------------------------------------------------------------------------------ runs
 
 def make_dataset(model: str, batch_size: int, data_dir: Optional[str]):
+    if model == "criteo":
+        if not data_dir:
+            raise SystemExit("--data_dir is required for criteo")
+        return criteo_dataset(data_dir, batch_size)
     if model == "cnn":
         if not data_dir:
             raise SystemExit("--data_dir is required for the cnn")
@@ -281,7 +395,7 @@ def run_in_process(args) -> float:
     """Seconds for `args.steps` steps of the same tf.function step in this process, no servers."""
     import tensorflow as tf
 
-    net = Net(args.model, args.ema)
+    net = CtrNet() if args.model == "criteo" else Net(args.model, args.ema)
     it = iter(make_dataset(args.model, args.batch_size, args.data_dir))
 
     @tf.function
@@ -313,7 +427,7 @@ def run_cluster(args) -> tuple[float, dict]:
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         with strategy.scope():
-            net = Net(args.model, args.ema)
+            net = CtrNet(strategy) if args.model == "criteo" else Net(args.model, args.ema)
 
         def dataset_fn():
             return make_dataset(args.model, args.batch_size, args.data_dir)
@@ -376,7 +490,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         serve(json.loads(a.cluster), a.job, a.index)
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=("cnn", "mlp"), default="mlp")
+    p.add_argument("--model", choices=("cnn", "mlp", "criteo"), default="mlp")
     p.add_argument("--workers", type=int, default=1, help="0: in-process baseline, no servers")
     p.add_argument("--ps", type=int, default=1, help="ps tasks (> 1: a MinSizePartitioner shards the variables)")
     p.add_argument("--ps_link_rate", default=None, metavar="RATE",
@@ -386,7 +500,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--batch_size", type=int, default=64, help="per step (per worker)")
     p.add_argument("--learning_rate", type=float, default=0.1)
     p.add_argument("--ema", action="store_true", help="also update moving averages of the weights on the ps")
-    p.add_argument("--data_dir", help="CIFAR-10 records (cnn)")
+    p.add_argument("--data_dir", help="CIFAR-10 records (cnn), Criteo day files (criteo)")
     args = p.parse_args(argv)
     if args.ps_link_rate is not None:
         from psworker.launcher.shaping import parse_rate

@@ -250,7 +250,7 @@ def test_model_choices_follow_the_registry(tmp_path):
     r = subprocess.run([sys.executable, "-m", "psworker", "local", "--help"], capture_output=True, text=True,
                        timeout=60, env=env)
     assert r.returncode == 0, r.stderr
-    assert "--model {mlp,cifar10,linear,tiny}" in r.stdout
+    assert "--model {mlp,cifar10,linear,criteo,tiny}" in r.stdout
     r = subprocess.run([sys.executable, "-m", "psworker", "slurm", "submit", str(SPECS / "local.yaml"), "--model",
                         "tiny", "--run_dir", str(tmp_path / "run"), "--dry_run"], capture_output=True, text=True,
                        timeout=60, env=env)

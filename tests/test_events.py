@@ -33,6 +33,8 @@ SAMPLES = [
     events.TfImported("ps:0", 4.732),
     events.Precision(0.947, 359, 401, "2026-12-01 21:21:34"),
     events.Precision(0.5),
+    events.AucResult(0.8561, 0.4628, 4000, 300, "2026-12-02 22:27:59"),
+    events.AucResult(0.5, 0.6931),
     events.Exported("r3/model.ckpt-401", 401, "/data/r 3/export/401", "worker:0"),
     events.Exported("train/model.ckpt-20", 20, "out/20"),
     events.Restart(2, "exit code 170 (a peer went away) after injected kill:worker:0@step=30", "2026-12-01T12:00:00.123"),
@@ -53,6 +55,10 @@ REAL = {
     "[worker:0] 2026-12-01 21:21:34: precision @ 1 = 0.947 (359 examples, global step 401)":
         events.Precision(0.947, 359, 401, "2026-12-01 21:21:34"),
     "psworker: precision @ 1 = 0.947 (359 examples, global step 401)": events.Precision(0.947, 359, 401),
+    "[worker:0] 2026-12-02 22:27:59: auc = 0.8561, logloss = 0.4628 (4000 examples, global step 300)":
+        events.AucResult(0.8561, 0.4628, 4000, 300, "2026-12-02 22:27:59"),
+    "psworker: auc = 0.8561, logloss = 0.4628 (4000 examples, global step 300)":
+        events.AucResult(0.8561, 0.4628, 4000, 300),
     "2026-12-01 21:21:34,501 INFO psworker.train.export: exported r3/model.ckpt-401 (global step 401) to "
     "r3/export/401": events.Exported("r3/model.ckpt-401", 401, "r3/export/401"),
     "[ps:0] every worker is done; exiting": events.PsDone("ps:0"),

@@ -95,7 +95,7 @@ def test_a_module_that_imports_registers_its_model(tmp_path, plugins):
     r = _psworker(["validate", str(spec)], tmp_path, plugins, " wide_deep ,")
     assert r.returncode == 0 and r.stdout.startswith("OK "), r.stderr
     r = _psworker(["validate", str(spec)], tmp_path, plugins, "")
-    assert r.returncode == 2 and "'wide_deep' is not one of mlp, cifar10, linear" in r.stderr
+    assert r.returncode == 2 and "'wide_deep' is not one of mlp, cifar10, linear, criteo" in r.stderr
 
 
 def test_a_failed_import_fails_again_at_the_next_call(tmp_path, plugins, monkeypatch):

@@ -138,6 +138,12 @@ def test_status_of_a_finished_run_says_how_it_ended_and_its_final_precision(tmp_
                                     capture_output=True, text=True, env=task_env(), timeout=60).stdout)
     assert doc["ended"]["outcome"] == "succeeded" and doc["precision"] == {"precision": 0.972, "examples": 359,
                                                                            "global_step": 7}
+    with open(run / "logs" / "worker-0.log", "a") as log:     # a click-through model's last line instead
+        print(events.AucResult(0.8561, 0.4628, 4000, 9, at="2026-12-02 12:00:01").render(), file=log)
+    assert "final evaluation: auc = 0.8561, logloss = 0.4628 (4000 examples, global step 9)\n" in _status(run)
+    doc = json.loads(subprocess.run([sys.executable, "-m", "psworker", "status", str(run), "--json"],
+                                    capture_output=True, text=True, env=task_env(), timeout=60).stdout)
+    assert doc["precision"] == {"auc": 0.8561, "logloss": 0.4628, "examples": 4000, "global_step": 9}
 
 
 def test_a_run_in_progress_has_no_ending(tmp_path):

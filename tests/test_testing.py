@@ -32,7 +32,7 @@ def scoped_models():
 def test_a_model_registered_at_run_time_is_accepted_by_the_spec(scoped_models):
     from psworker import models
 
-    with pytest.raises(SpecError, match="'runtime_model' is not one of mlp, cifar10, linear"):
+    with pytest.raises(SpecError, match="'runtime_model' is not one of mlp, cifar10, linear, criteo"):
         merge_train(TrainConfig(), {"model": "runtime_model"})
     models.register("runtime_model", models.get("mlp").__class__)
     assert merge_train(TrainConfig(), {"model": "runtime_model"}).model == "runtime_model"

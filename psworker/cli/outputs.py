@@ -14,14 +14,27 @@ __all__ = ["DATASETS", "cmd_data", "cmd_eval", "cmd_export", "cmd_tensorboard", 
 
 log = logging.getLogger(__name__)
 
-# `psworker data NAME`: NAME -> function in psworker.data.cifar10_files taking (data_dir). One registry.
-DATASETS = {"cifar10": "download_and_extract", "cifar10-synthetic": "write_synthetic"}
+# `psworker data NAME`: NAME -> "module:function" taking (data_dir, **options). One registry.
+DATASETS = {"cifar10": "psworker.data.cifar10_files:download_and_extract",
+            "cifar10-synthetic": "psworker.data.cifar10_files:write_synthetic",
+            "criteo-synthetic": "psworker.data.criteo_synthetic:write_synthetic"}
+# The flags only criteo-synthetic takes: flag -> its keyword.
+_CRITEO_OPTIONS = {"days": "days", "rows_per_day": "rows_per_day", "max_cardinality": "max_cardinality",
+                   "gzip": "compress", "seed": "seed"}
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    """`psworker data NAME --data_dir D`: downloads or writes a data set."""
-    from psworker.data import cifar10_files
-    getattr(cifar10_files, DATASETS[args.name])(args.data_dir)
+    """`psworker data NAME --data_dir D [criteo-synthetic's options]`: downloads or writes a data set."""
+    import importlib
+
+    from psworker.errors import UsageError
+    given = {flag: getattr(args, flag) for flag in _CRITEO_OPTIONS}
+    options = {_CRITEO_OPTIONS[flag]: v for flag, v in given.items() if v is not None and v is not False}
+    if options and args.name != "criteo-synthetic":
+        raise UsageError(f"--{', --'.join(k for k, v in _CRITEO_OPTIONS.items() if v in options)}: only "
+                         f"criteo-synthetic takes these options")
+    module, _, function = DATASETS[args.name].partition(":")
+    getattr(importlib.import_module(module), function)(args.data_dir, **options)
     log.info("%s ready in %s", args.name, args.data_dir)
     return 0
 
@@ -63,6 +76,16 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 def data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=list(DATASETS), metavar="NAME", help=", ".join(DATASETS))
     p.add_argument("--data_dir", required=True)
+    criteo = p.add_argument_group("criteo-synthetic")
+    criteo.add_argument("--days", type=int_type(2), default=None, metavar="N",
+                        help="day_N files to write; the last is the held-out split (default 3)")
+    criteo.add_argument("--rows_per_day", type=int_type(1), default=None, metavar="N",
+                        help="lines per day file (default 4000)")
+    criteo.add_argument("--max_cardinality", type=int_type(1), default=None, metavar="N",
+                        help="distinct values per categorical column at most (Criteo's own counts below it; "
+                             "default 10000; 10000000 for Criteo's full sizes)")
+    criteo.add_argument("--gzip", action="store_true", help="write day_N.gz")
+    criteo.add_argument("--seed", type=int_type(0), default=None, metavar="N", help="random seed (default 0)")
 
 
 def eval_flags(p: argparse.ArgumentParser) -> None:

@@ -19,17 +19,18 @@ from typing import Optional, Union
 from psworker.events.base import E, LOG_FORMAT, Event, LogRecord, log_time
 from psworker.events.process import (NewRun, RemotePid, Restart, StacksReady, StacksRequested, TaskError, Traceback,
                                      current_attempt)
-from psworker.events.training import (DataDealt, Exported, FirstStep, FoundComplete, PsDone, Precision, Step,
-                                      TfImported, WorkerDone)
+from psworker.events.training import (AucResult, DataDealt, Exported, FirstStep, FoundComplete, PsDone, Precision,
+                                      Step, TfImported, WorkerDone)
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
-           "Precision", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError", "Traceback", "KINDS",
+           "Precision", "AucResult", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError",
+           "Traceback", "KINDS",
            "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested"]
 
 KINDS: tuple[type[Event], ...] = (Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision,
-                                  Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt)
-AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, Exported, Restart,
-                 NewRun, RemotePid, TaskError, Traceback, DataDealt]
+                                  AucResult, Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt)
+AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, AucResult, Exported,
+                 Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt]
 
 
 def parse_line(line: str) -> Optional[AnyEvent]:

@@ -10,8 +10,8 @@ from typing import ClassVar, Optional
 
 from psworker.events.base import NUMBER, TASK, Event, line_pattern, named, task_of, to_float, to_int
 
-__all__ = ["DataDealt", "Exported", "FirstStep", "FoundComplete", "PsDone", "Precision", "Step", "TfImported",
-           "WorkerDone"]
+__all__ = ["DataDealt", "Exported", "FirstStep", "FoundComplete", "PsDone", "Precision", "AucResult", "Step",
+           "TfImported", "WorkerDone"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,36 @@ class Precision(Event):
     @classmethod
     def _from(cls, m: re.Match) -> "Precision":
         return cls(float(m.group("p")), to_int(m.group("n")), to_int(m.group("step")), m.group("at"))
+
+
+@dataclass(frozen=True)
+class AucResult(Event):
+    """A click-through model's evaluation line, where the others print `Precision`: `2026-11-30 12:00:00: auc =
+    0.853, logloss = 0.412 (4000 examples, global step 401)`."""
+
+    auc: float
+    logloss: float
+    examples: Optional[int] = None
+    global_step: Optional[int] = None
+    at: Optional[str] = None
+
+    regex: ClassVar[re.Pattern] = line_pattern(
+        rf"(?:psworker: )?(?:(?P<at>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d): )?auc = (?P<auc>{NUMBER}), "
+        rf"logloss = (?P<logloss>{NUMBER})(?: \((?P<n>\d+) examples, global step (?P<step>\d+)\))?")
+
+    @property
+    def summary(self) -> str:
+        """The line without its time."""
+        what = "" if self.examples is None else f" ({self.examples} examples, global step {self.global_step})"
+        return f"auc = {self.auc:.4f}, logloss = {self.logloss:.4f}{what}"
+
+    def render(self) -> str:
+        return self.summary if self.at is None else f"{self.at}: {self.summary}"
+
+    @classmethod
+    def _from(cls, m: re.Match) -> "AucResult":
+        return cls(float(m.group("auc")), float(m.group("logloss")), to_int(m.group("n")), to_int(m.group("step")),
+                   m.group("at"))
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,8 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
         chief_log = (log_dir / task_log_name(chief)).read_text(encoding="utf-8", errors="replace")
     except OSError:
         chief_log = ""
-    exported, precision = events.last(events.Exported, chief_log), events.last(events.Precision, chief_log)
+    exported = events.last(events.Exported, chief_log)
+    precision = events.last(events.Precision, chief_log) or events.last(events.AucResult, chief_log)
     if exported:
         print(f"psworker: SavedModel in {exported.path}/ (psworker export, tf.saved_model.load)", file=console,
               flush=True)

@@ -37,7 +37,7 @@ class RunStatus:
     now: float
     workers: Optional[tuple[int, int]] = None    # an elastic job's (running, target) worker counts
     ended: Optional[RunEnd] = None               # how the run ended, as its launcher recorded (None: not yet/unknown)
-    precision: Optional[events.Precision] = None   # the chief's last evaluation
+    precision: Optional[events.Precision] = None   # the chief's last evaluation (AucResult: a click-through model's)
 
     @property
     def examples_per_sec(self) -> Optional[float]:
@@ -72,8 +72,9 @@ class RunStatus:
                           for n, t in self.tasks.items()},
                 "ended": None if self.ended is None else dataclasses.asdict(self.ended),
                 "precision": None if self.precision is None else {
-                    "precision": self.precision.precision, "examples": self.precision.examples,
-                    "global_step": self.precision.global_step}}
+                    **({"auc": self.precision.auc, "logloss": self.precision.logloss}
+                       if isinstance(self.precision, events.AucResult) else {"precision": self.precision.precision}),
+                    "examples": self.precision.examples, "global_step": self.precision.global_step}}
 
 
 class _Rate:
@@ -266,7 +267,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
                 restarts, state = getattr(event, "number", 0), TaskState.RUNNING
             progress.record(name, event, heard)
             state = _state_after(event, state)
-            if name == chief and isinstance(event, events.Precision):
+            if name == chief and isinstance(event, (events.Precision, events.AucResult)):
                 precision = event
         progress.started(name, restarts, heard)        # restarts, and the time it was last heard of
         if state == TaskState.RUNNING and progress.snapshot()[name].step is not None:

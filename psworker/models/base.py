@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 
+# The graph collection of a model's sparse tables (embedding tables): pass it in `get_variable(collections=...)`
+# beside the global and trainable ones. The trainer reads such a table only by rows (gathers on its ps) and updates
+# it only by rows; its machinery that would move a table whole (staged variables, the transfer dtype, moving
+# averages) leaves it out, and says so.
+SPARSE_TABLES = "psworker_sparse_tables"
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """What training data one worker (or tower) reads.
@@ -45,6 +52,13 @@ class Model(abc.ABC):
     # shape (None: `image_shape`), turned into `image_shape` in the graph by `serving_preprocess`.
     raw_input_dtype: str = "float32"
     raw_input_shape: Optional[tuple[int, ...]] = None
+    preprocessed_dtype: str = "float32"           # `inference`'s input dtype (the export's `preprocessed` signature)
+    # What evaluation reports: "precision@1" (top-1 hits), or "auc" (a binary click model: AUC and logloss of
+    # softmax(logits)[:, 1], `events.AucResult`).
+    eval_metric: str = "precision@1"
+    # The input runs Python (`tf.numpy_function`), which only the process that built the graph can run: in-graph
+    # replication then reads every worker's batches on its client (worker 0) and sends them on.
+    python_input: bool = False
 
     @abc.abstractmethod
     def train_inputs(self, spec: InputSpec):

@@ -23,6 +23,7 @@ BUILTIN = {
     "mlp": "psworker.models.mlp:MlpModel",
     "cifar10": "psworker.models.cifar10:Cifar10Model",
     "linear": "psworker.models.linear:LinearModel",
+    "criteo": "psworker.models.criteo:CriteoModel",
 }
 _FACTORIES: dict[str, Callable[[], Model]] = {}
 _imported: set[str] = set()

@@ -6,7 +6,12 @@ Two signatures, each with one input `images` and the outputs `logits` (float32 `
   *model.raw_input_shape]`: digits, float32 `[batch, 64]` pixel values 0..16; cifar10, uint8 `[batch, 32, 32, 3]`)
   and applies the eval preprocessing in the graph (`model.serving_preprocess`), the training split's statistics
   stored as constants, so a client needs nothing from psworker;
-- `preprocessed` takes float32 `[batch, *model.image_shape]`, preprocessed exactly as `eval_dataset` yields them.
+- `preprocessed` takes `[batch, *model.image_shape]` of `model.preprocessed_dtype` (float32; the criteo model's
+  int64 table rows), preprocessed exactly as `eval_dataset` yields them.
+
+A click-through model's `serving_default` takes Criteo's 39 raw feature fields as strings (`[batch, 39]`: the
+integers as text, the hex strings, '' where empty) and hashes them in the graph; its tables are restored whole and
+read by rows (gathers) in the serving graph as in training.
 """
 
 from __future__ import annotations
@@ -157,7 +162,8 @@ def _write(model, checkpoint: str, path: str) -> None:
     with graph.as_default(), deprecation.silence():   # TF's "designed for TensorFlow v1" notes: nothing to act on
         raw = v1.placeholder(tf.as_dtype(model.raw_input_dtype), [None, *(model.raw_input_shape or model.image_shape)],
                              name=INPUT_KEY)
-        preprocessed = v1.placeholder(tf.float32, [None, *model.image_shape], name=PREPROCESSED_INPUT_NAME)
+        preprocessed = v1.placeholder(tf.as_dtype(model.preprocessed_dtype), [None, *model.image_shape],
+                                      name=PREPROCESSED_INPUT_NAME)
         signatures = {SIGNATURE_KEY: _signature(model, raw, preprocess=True),
                       PREPROCESSED_SIGNATURE_KEY: _signature(model, preprocessed, preprocess=False)}
         saver = restore_saver(model)

@@ -142,6 +142,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         lr, optimizer, ema = opt.learning_rate, opt.optimizer, opt.ema
         pulls = transfer.Pulls(transfer.options_of(config), worker_device)
         grads, loss = _gradients(model, optimizer, pulls, images, labels, config, worker_device)
+        log_tables(opt.ema)
         sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
         demand = TokensOnDemand(sync, global_step, config.max_steps) if sync is not None and elastic else None
         optimizer = sync or optimizer
@@ -274,7 +275,7 @@ def _sync_optimizer(optimizer: Any, config: TrainConfig, num_workers: int, ema: 
         replicas_to_aggregate=config.replicas_to_aggregate or num_workers,
         total_num_replicas=num_workers,
         variable_averages=ColocatedAverages(ema) if ema else None,
-        variables_to_average=v1.trainable_variables() if ema else None,
+        variables_to_average=dense_trainables() if ema else None,
     )
 
 
@@ -322,6 +323,35 @@ class ColocatedAverages:
         return getattr(self._ema, attr)
 
 
+def dense_trainables() -> list:
+    """The trainable variables of the default graph but the sparse tables (`models.base.SPARSE_TABLES`): what moving
+    averages keep (an average of a table would read and write the whole table every step)."""
+    import tensorflow as tf
+
+    from psworker.models.base import SPARSE_TABLES
+
+    tables = {id(v) for v in tf.compat.v1.get_collection(SPARSE_TABLES)}
+    return [v for v in tf.compat.v1.trainable_variables() if id(v) not in tables]
+
+
+def log_tables(ema: Any) -> None:
+    """One line per sparse table of the default graph: its shards and where they live, and what is off for it."""
+    import tensorflow as tf
+
+    from psworker.models.base import SPARSE_TABLES
+
+    shards = tf.compat.v1.get_collection(SPARSE_TABLES)
+    by_table: dict[str, list] = {}
+    for shard in shards:
+        by_table.setdefault(shard.op.name.split("/part_")[0], []).append(shard)
+    for name, parts in by_table.items():
+        rows = sum(int(p.shape[0]) for p in parts)
+        where = ", ".join(f"{int(p.shape[0])} rows on {p.device or 'this process'}" for p in parts)
+        log.info("sparse table %s (%d rows x %d): gathered and updated by rows (%s); staged variables, the transfer "
+                 "dtype%s and table summaries are off for it", name, rows, int(parts[0].shape[1]), where,
+                 ", moving averages" if ema is not None else "")
+
+
 def finish_train_op(apply_op, ema):
     """The train op: `apply_op`, then the moving averages of the trainable variables when `ema` is given (each
     computed on its variable's device, see `ColocatedAverages`). No summary ops: each worker writes its own scalars
@@ -333,7 +363,7 @@ def finish_train_op(apply_op, ema):
     if ema is None:
         return apply_op
     with tf.control_dependencies([apply_op]):
-        return tf.group(apply_op, ColocatedAverages(ema).apply(v1.trainable_variables()), name="train_op")
+        return tf.group(apply_op, ColocatedAverages(ema).apply(dense_trainables()), name="train_op")
 
 
 def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_steps: int = 20) -> tuple[float, int]:
@@ -360,4 +390,5 @@ def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_st
 
 
 __all__ = ["TrainGraph", "Optimization", "optimization", "CappedOptimizer", "ColocatedAverages",
-           "build_train_graph", "finish_train_op", "train_in_process", "SYNC_INIT_TOKENS"]
+           "build_train_graph", "finish_train_op", "dense_trainables", "log_tables", "train_in_process",
+           "SYNC_INIT_TOKENS"]

@@ -99,7 +99,8 @@ def _worker_batches(model: Model, config: TrainConfig, num_workers: int, dealing
     per_worker_batch = config.batch_size * config.num_devices
     if dealing is None:
         def static(i: int):
-            with tf.device(f"/job:worker/task:{i}/device:CPU:0"):
+            # A Python input (`Model.python_input`) runs only in this process: read there, sent to the worker.
+            with tf.device(f"/job:worker/task:{CLIENT_INDEX if model.python_input else i}/device:CPU:0"):
                 return model.train_inputs(InputSpec(
                     data_dir=config.data_dir, batch_size=per_worker_batch, shard_index=i, num_shards=num_workers,
                     seed=None if config.seed is None else config.seed + i,

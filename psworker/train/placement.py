@@ -43,8 +43,8 @@ def partitions(shape, itemsize: int, num_ps: int, min_bytes: int = MIN_PARTITION
 
 @contextlib.contextmanager
 def partitioned_variables(num_ps: int, min_bytes: int = MIN_PARTITION_BYTES):
-    """Within this block, `get_variable` splits each variable of at least `min_bytes` into `num_ps` shards
-    (`partitions`; smaller ones stay plain variables with their usual names). The Saver writes a split variable
+    """Within this block, `get_variable` splits each trainable variable of at least `min_bytes` into `num_ps` shards
+    (`partitions`; smaller ones, and the slots an optimizer makes per shard, stay plain variables). The Saver writes a split variable
     under its full name and shape, so a checkpoint reads the same whatever the number of ps tasks, and restores into
     any other split (or none: evaluation, export)."""
     import tensorflow as tf
@@ -52,7 +52,9 @@ def partitioned_variables(num_ps: int, min_bytes: int = MIN_PARTITION_BYTES):
     v1 = tf.compat.v1
 
     def split_large(getter, name, shape=None, dtype=tf.float32, partitioner=None, **kwargs):
-        if partitioner is None and shape is not None and tf.TensorShape(shape).is_fully_defined():
+        # Not trainable: an optimizer slot or a moving average of one shard (shaped as the shard, kept beside it).
+        if partitioner is None and shape is not None and tf.TensorShape(shape).is_fully_defined() \
+                and kwargs.get("trainable") is not False:
             parts = partitions(tf.TensorShape(shape).as_list(), tf.as_dtype(dtype).size, num_ps, min_bytes)
             if max(parts, default=1) > 1:
                 partitioner = lambda shape, dtype: parts  # noqa: E731

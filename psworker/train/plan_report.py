@@ -30,6 +30,7 @@ class PlacementReport:
     num_ps: int
     variables: tuple[PlacedVariable, ...]
     traffic: object = None   # `traffic.StepTraffic` of one worker step
+    tables: tuple[str, ...] = ()   # the sparse tables' checkpoint names (their shards are in `variables`)
 
     @property
     def trainable_parameters(self) -> int:
@@ -68,7 +69,7 @@ class _NoDataModel:
     def train_inputs(self, spec):
         import tensorflow as tf
 
-        images = tf.zeros([spec.batch_size, *self._model.image_shape], tf.float32)
+        images = tf.zeros([spec.batch_size, *self._model.image_shape], tf.as_dtype(self._model.preprocessed_dtype))
         return images, tf.zeros([spec.batch_size], tf.int32)
 
 
@@ -93,6 +94,7 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     import tensorflow as tf
 
     from psworker import models
+    from psworker.models.base import SPARSE_TABLES
     from psworker.spec import TrainConfig
     from psworker.train.graph import build_train_graph
     from psworker.train.traffic import step_traffic
@@ -117,7 +119,9 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
                                        int(device.task), id(var) in trainable,
                                        whole.full_name if whole else var.op.name,
                                        tuple(whole.full_shape) if whole else shape))
-    return PlacementReport(model_name, num_ps, tuple(rows), traffic)
+        tables = tuple(sorted({getattr(getattr(v, "_save_slice_info", None), "full_name", v.op.name)
+                               for v in tf.compat.v1.get_collection(SPARSE_TABLES)}))
+    return PlacementReport(model_name, num_ps, tuple(rows), traffic, tables)
 
 
 def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int = 1, step_rate: float = 10.0,
@@ -152,7 +156,23 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int 
     lines.append(f"  total: {report.trainable_parameters:,} trainable parameters, {total:,} bytes on the ps tasks")
     lines.append(traffic.describe(report.traffic, steps_per_sec_per_worker=step_rate, workers=workers,
                                   bandwidth_gbps=bandwidth_gbps, imbalance=report.max_over_mean))
+    lines += _table_lines(report)
     return "\n".join(lines)
+
+
+def _table_lines(report: PlacementReport) -> list[str]:
+    """Per sparse table (its shards named in `report.tables`): its bytes per ps, and the traffic per row touched,
+    which the network estimate above leaves out (a step's rows are known only when it runs)."""
+    lines = []
+    for table in report.tables:
+        shards = [v for v in report.variables if v.checkpoint_name == table or v.name == table]
+        rows, dim = shards[0].checkpoint_shape
+        per_ps = sorted({v.ps for v in shards})
+        lines.append(f"sparse table {table}: {rows:,} rows x {dim}, {sum(v.nbytes for v in shards):,} bytes over "
+                     f"{', '.join(f'ps:{i}' for i in per_ps)} (its optimizer slots beside each shard); per "
+                     f"distinct row a step touches: {8 + 4 * dim} bytes pulled (id, values), {8 + 4 * dim} pushed "
+                     f"(id, gradient), not in the estimate above")
+    return lines
 
 
 def _shape(shape: tuple[int, ...]) -> str:

@@ -60,6 +60,7 @@ class Pulls:
         self._areas: list[tuple[Any, Any, Any, Any]] = []
         self._puts: list = []
         self._reads: dict[int, Any] = {}         # id(variable or shard) -> its read on the ps (staged only)
+        self.tables: list = []                   # sparse tables (shards): read by rows on the ps, never pulled whole
 
     def scope(self):
         """A variable scope (the current one, reopened) whose trainable `get_variable`s go through `pull`."""
@@ -73,6 +74,13 @@ class Pulls:
             return self._by_name[name]
         var = getter(name, *args, **kwargs)
         if not kwargs.get("trainable", True):
+            return var
+        if _is_table(kwargs):
+            shards = list(getattr(var, "_variable_list", None) or [var])
+            self.tables += shards
+            self._by_name[name] = var
+            log.info("sparse table %s: read and updated by rows on its ps, not pulled whole: no staging, no %s "
+                     "transfer for it", name, self.options.dtype)
             return var
         self._by_name[name] = self._pulled(var)
         return self._by_name[name]
@@ -119,14 +127,14 @@ class Pulls:
 
         if var_list is not None:
             raise ValueError("Pulls.compute_gradients takes every pulled variable")
-        grads = tf.gradients(loss, [t for t, _ in self.pairs])
-        return list(zip(grads, [v for _, v in self.pairs]))
+        grads = tf.gradients(loss, [t for t, _ in self.pairs] + self.tables)
+        return list(zip(grads, [v for _, v in self.pairs] + self.tables))
 
     def check_complete(self) -> None:
         """Raises ValueError when a trainable variable did not go through `scope()` (it would get no gradient)."""
         import tensorflow as tf
 
-        pulled = {id(v) for _, v in self.pairs}
+        pulled = {id(v) for _, v in self.pairs} | {id(t) for t in self.tables}
         missed = [v.op.name for v in tf.compat.v1.trainable_variables() if id(v) not in pulled]
         if missed:
             raise ValueError(f"--staged_vars/--transfer_dtype: trainable variables made outside the model's "
@@ -136,7 +144,9 @@ class Pulls:
         """The gradients as the ps receives them: cast to the transfer dtype on the worker, back on the ps. Staged,
         each is applied only after this step's pull has read its variable, so the next step computes on values that
         lack exactly this step's update (one step stale, never a race between zero and one)."""
-        return [(grad if grad is None else self._push_one(grad, var), var) for grad, var in grads_and_vars]
+        tables = {id(t) for t in self.tables}   # a table's gradient is its rows' IndexedSlices, pushed as they are
+        return [(grad if grad is None or id(var) in tables else self._push_one(grad, var), var)
+                for grad, var in grads_and_vars]
 
     def _push_one(self, grad, var):
         import tensorflow as tf
@@ -203,6 +213,13 @@ class Pulls:
                 with tf.control_dependencies([area.clear()]):
                     fills.append(area.put([fresh]))
         return tf.group(*fills, name="psworker_staged_vars_fill")
+
+
+def _is_table(getter_kwargs: dict) -> bool:
+    """Whether a `get_variable` call makes a sparse table (`models.base.SPARSE_TABLES` among its collections)."""
+    from psworker.models.base import SPARSE_TABLES
+
+    return SPARSE_TABLES in (getter_kwargs.get("collections") or ())
 
 
 def register_fill(fill) -> None:

@@ -1,0 +1,201 @@
+"""Criteo's display-advertising logs: the file format, the train and held-out splits, tf.data input by position.
+
+One example per line, tab-separated: the label (0 or 1), 13 integer features, 26 categorical features as hex
+strings (e.g. `68fd1e64`); any feature may be empty. The Terabyte set ships as `day_0` .. `day_23`, each optionally
+gzipped (`day_0.gz`). The split: the highest-numbered day file is the held-out split, every other day file is the
+training split (Criteo's own convention: train on days 0-22, test on day 23). Positions in the training split are
+line numbers counted across its files in day order.
+
+The reader keeps each split's raw fields in memory (split once per process): fine up to a few million lines; the
+full Terabyte set needs a streaming reader (not written yet). The graph's preprocessing (`preprocess_fields`) is the
+same for training, evaluation and the exported model: integers parsed (empty: 0), each categorical hashed into its
+column's buckets of one fused table (`to_hash_bucket_fast`), offset by the column's first row.
+
+Synthetic data in exactly this format: `criteo_synthetic.write_synthetic`.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+from psworker.errors import TrainingFailed
+
+NUM_INT = 13
+NUM_CAT = 26
+NUM_FEATURES = NUM_INT + NUM_CAT        # the raw fields of one example, without its label
+NUM_FIELDS = 1 + NUM_FEATURES
+# Distinct values per categorical column in Criteo's Kaggle set (the DLRM reference's counts): a few columns hold
+# millions of values, most a few hundred or thousand.
+CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
+                 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def day_files(data_dir: Optional[str]) -> list[str]:
+    """The `day_N` / `day_N.gz` files in `data_dir`, in day order.
+
+    Raises:
+        TrainingFailed: no data dir, or fewer than two day files (one is held out); the message says how to get them.
+    """
+    if not data_dir:
+        raise _missing(None, "no --data_dir given")
+    folder = os.path.expanduser(str(data_dir))
+    found = sorted(((int(m[1]), name) for name in (os.listdir(folder) if os.path.isdir(folder) else ())
+                    if (m := DAY_FILE.match(name))))
+    days = [d for d, _ in found]
+    if len(set(days)) != len(days):
+        raise TrainingFailed(f"{folder}: a day is there both plain and gzipped: {', '.join(n for _, n in found)}")
+    if len(found) < 2:
+        raise _missing(data_dir, f"{len(found)} day_N file(s) in {folder}, at least 2 needed (the last is held out)")
+    return [os.path.join(folder, name) for _, name in found]
+
+
+def _missing(data_dir: Optional[str], what: str) -> TrainingFailed:
+    where = data_dir or "D"
+    return TrainingFailed(f"Criteo data not found: {what}. Put Criteo's day_N files (optionally .gz) there, or write "
+                          f"a synthetic set with `psworker data criteo-synthetic --data_dir {where}`.")
+
+
+def split_files(data_dir: Optional[str]) -> tuple[list[str], list[str]]:
+    """`(train files, held-out files)`: every day but the last, and the last."""
+    files = day_files(data_dir)
+    return files[:-1], files[-1:]
+
+
+def _open(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def parse_line(line: str) -> tuple[int, list[Optional[int]], list[str]]:
+    """One line as `(label, 13 integers or None where empty, 26 hex strings, '' where empty)`.
+
+    Raises:
+        ValueError: not 40 tab-separated fields, a label other than 0/1, or a non-integer integer field.
+    """
+    fields = line.rstrip("\r\n").split("\t")
+    if len(fields) != NUM_FIELDS:
+        raise ValueError(f"{len(fields)} tab-separated fields, Criteo's lines have {NUM_FIELDS}")
+    if fields[0] not in ("0", "1"):
+        raise ValueError(f"label {fields[0]!r} is not 0 or 1")
+    ints = [int(f) if f else None for f in fields[1:1 + NUM_INT]]
+    return int(fields[0]), ints, fields[1 + NUM_INT:]
+
+
+def format_line(label: int, ints: Sequence[Optional[int]], cats: Sequence[str]) -> str:
+    """The line `parse_line` reads back (None and '' as empty fields), with its newline."""
+    return "\t".join([str(int(label)), *("" if v is None else str(int(v)) for v in ints), *cats]) + "\n"
+
+
+def read_split(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Reads every line of `paths` (in order): `(labels int32 [N], fields fixed-width bytes [N, 39])`, the raw feature fields.
+
+    Raises:
+        TrainingFailed: a line that is not 40 tab-separated fields with a 0/1 label (names the file and line).
+    """
+    labels: list[int] = []
+    rows: list[list[bytes]] = []
+    for path in paths:
+        with _open(path) as f:
+            for number, line in enumerate(f, start=1):
+                fields = line.rstrip(b"\r\n").split(b"\t")
+                if len(fields) != NUM_FIELDS or fields[0] not in (b"0", b"1"):
+                    raise TrainingFailed(f"{path}:{number}: not a Criteo line ({len(fields)} tab-separated fields, "
+                                         f"label {fields[0][:10]!r}; want {NUM_FIELDS} and 0 or 1)")
+                labels.append(fields[0] == b"1")
+                rows.append(fields[1:])
+    fields_array = np.array(rows, dtype=bytes).reshape(len(rows), NUM_FEATURES)   # fixed width: compact
+    return np.asarray(labels, dtype=np.int32), fields_array
+
+
+@functools.lru_cache(maxsize=4)
+def load_split(data_dir: str, held_out: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The training (or held-out) split of `data_dir`, read once per process (`read_split`)."""
+    train, test = split_files(data_dir)
+    return read_split(test if held_out else train)
+
+
+def num_examples(data_dir: Optional[str], held_out: bool = False) -> int:
+    """Lines in the training (or held-out) split."""
+    split_files(data_dir)   # the clear error first
+    return len(load_split(str(data_dir), held_out)[0])
+
+
+# ---------------------------------------------------------------------------------------------- graph
+
+
+def table_offsets(buckets: Sequence[int]) -> np.ndarray:
+    """The first row of each column's buckets in the fused table (int64 `[26]`)."""
+    return np.concatenate([[0], np.cumsum(buckets)[:-1]]).astype(np.int64)
+
+
+def preprocess_fields(fields, buckets: Sequence[int]):
+    """Raw fields (string `[batch, 39]`) -> int64 `[batch, 39]`: the 13 integers (empty: 0), then each categorical's
+    row in the fused table: its column's offset plus `to_hash_bucket_fast(value, buckets[column])`."""
+    import tensorflow as tf
+
+    fields = tf.convert_to_tensor(fields, tf.string)
+    ints = fields[:, :NUM_INT]
+    ints = tf.strings.to_number(tf.where(tf.equal(ints, ""), "0", ints), tf.int64)
+    cats = fields[:, NUM_INT:]
+    rows = [tf.strings.to_hash_bucket_fast(cats[:, c], int(buckets[c])) for c in range(NUM_CAT)]
+    cats = tf.stack(rows, axis=1) + tf.constant(table_offsets(buckets))[tf.newaxis, :]
+    return tf.concat([ints, cats], axis=1, name="criteo_features")
+
+
+def _batches(positions, data_dir: str, held_out: bool, buckets: Sequence[int]):
+    """`positions` (a dataset of int64 batches of line numbers) -> `(features int64 [B, 39], labels int32 [B])`."""
+    import tensorflow as tf
+
+    def gather(p):
+        labels, fields = load_split(data_dir, held_out)
+        return fields[p], labels[p]
+
+    def lookup(p):
+        fields, labels = tf.numpy_function(gather, [p], (tf.string, tf.int32), stateful=False)
+        fields.set_shape([None, NUM_FEATURES])
+        labels.set_shape([None])
+        return preprocess_fields(fields, buckets), labels
+
+    return positions.map(lookup, num_parallel_calls=1).prefetch(2)
+
+
+def dealt_dataset(data_dir: str, positions, batch_size: int, buckets: Sequence[int]):
+    """The training lines at `positions` (int64 line numbers), in order, in batches (the last may be smaller)."""
+    load_split(str(data_dir), False)   # read (and checked) now, not in the first step
+    return _batches(positions.batch(batch_size), str(data_dir), False, buckets)
+
+
+def train_dataset(data_dir: str, batch_size: int, buckets: Sequence[int], shard_index: int = 0,
+                  num_shards: int = 1, seed: Optional[int] = None):
+    """Every `num_shards`-th training line from `shard_index`, shuffled, forever (static slices)."""
+    import tensorflow as tf
+
+    n = num_examples(data_dir)
+    ds = tf.data.Dataset.range(n).shard(num_shards, shard_index)
+    ds = ds.shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=True).repeat()
+    return _batches(ds.batch(batch_size, drop_remainder=True), str(data_dir), False, buckets)
+
+
+def eval_dataset(data_dir: str, batch_size: int, buckets: Sequence[int]):
+    """The whole held-out split once, in order, in batches."""
+    import tensorflow as tf
+
+    n = num_examples(data_dir, held_out=True)
+    return _batches(tf.data.Dataset.range(n).batch(batch_size), str(data_dir), True, buckets)
+
+
+__all__ = ["NUM_INT", "NUM_CAT", "NUM_FEATURES", "NUM_FIELDS", "CARDINALITIES", "day_files", "split_files",
+           "parse_line", "format_line", "read_split", "load_split", "num_examples", "table_offsets",
+           "preprocess_fields", "dealt_dataset", "train_dataset", "eval_dataset"]

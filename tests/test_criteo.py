@@ -1,0 +1,245 @@
+"""The click-through workload (issue 28): the criteo model's graph keeps its table sparse (no tensor of a table's
+size crosses between ps and worker, under staging, bfloat16 transfer and sync mode too), and real local clusters:
+the planted signal learned, each ps holding its share of the table, the bytes on the ps links far below the table's,
+the export scoring raw rows like eval in a process without psworker, a checkpoint of 2 ps restored onto 3."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psworker.data import criteo_synthetic
+from psworker.launcher import netns
+from psworker.spec import TrainConfig
+from psworker.testing import assert_processes_gone, checkpoint_step, write_spec
+from tests.cluster_utils import run_launcher, task_env
+
+# The planted signal: the generator's oracle AUC on this data is ~0.95 (a model that learns nothing scores 0.5).
+# A bound well below the oracle and well above chance; test_the_bound_is_below_what_the_data_allows checks it.
+LEARNED_AUC = 0.7
+ROWS_PER_DAY = 4000
+AUC_LINE = re.compile(r"auc = ([0-9.]+), logloss = ([0-9.]+) \((\d+) examples, global step (\d+)\)")
+TABLE_LINE = re.compile(r"sparse table embeddings \((\d+) rows x (\d+)\): gathered and updated by rows \(([^)]*)\)")
+LINK = re.compile(r"ps:(\d) link \([^)]*\): ([0-9.]+) (MB|kB|B) to it, ([0-9.]+) (MB|kB|B) from it")
+POOLED = re.compile(r"ps links \([^)]*pooled\): ([0-9.]+) (MB|kB|B) of gradients pulled from the workers")
+UNITS = {"MB": 1e6, "kB": 1e3, "B": 1.0}
+
+
+@pytest.fixture(scope="module")
+def criteo_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("criteo")
+    criteo_synthetic.write_synthetic(str(folder), days=3, rows_per_day=ROWS_PER_DAY, compress=True, seed=0)
+    return folder
+
+
+def test_the_bound_is_below_what_the_data_allows(criteo_dir):
+    oracle = criteo_synthetic.read_info(str(criteo_dir)).oracle_auc
+    assert oracle >= LEARNED_AUC + 0.15, oracle
+
+
+# ---------------------------------------------------------------------------------------------- the graph
+
+
+def _graph(num_ps: int, **train):
+    import tensorflow as tf
+
+    from psworker import models
+    from psworker.train.graph import build_train_graph
+
+    graph = tf.Graph()
+    cluster = {"ps": [f"h:{i}" for i in range(num_ps)], "worker": ["h:9", "h:10"]}
+    with graph.as_default():
+        build_train_graph(models.get("criteo"), TrainConfig(model="criteo", data_dir="unused", **train),
+                          cluster=cluster, task_index=0)
+    return graph
+
+
+def _crossing(graph):
+    """Every (tensor, consumer) pair whose producer runs on a ps and consumer on the worker, or the other way."""
+    from psworker.train.traffic import _Devices   # the placement rules `psworker plan` counts traffic with
+
+    where = _Devices(graph)
+    for op in graph.get_operations():
+        for t in op.inputs:
+            src, dst = where.of(t.op), where.of(op)
+            if t.dtype.base_dtype.name != "resource" and ("/job:ps" in src) != ("/job:ps" in dst):
+                yield t, op
+
+
+@pytest.mark.parametrize("train", [{}, {"staged_vars": True, "transfer_dtype": "bfloat16"}, {"mode": "sync"}])
+def test_no_tensor_of_a_table_shard_crosses_the_wire(train, caplog, monkeypatch):
+    """The table is split by rows over the 3 ps, each shard's Adagrad accumulator beside it; what crosses between
+    ps and worker is rows (unknown leading dimension) and never a whole shard, whatever the transfer options."""
+    monkeypatch.setattr("psworker.data.criteo.num_examples", lambda *a, **k: 1000)   # no data needed to build
+    caplog.set_level(logging.INFO)
+    graph = _graph(3, **train)
+    shards = [v for v in graph.get_collection("variables") if v.op.name.startswith("embeddings/")]
+    tables = {v.op.name: v.device for v in shards if "Adagrad" not in v.op.name}
+    assert sorted(tables.values()) == [f"/job:ps/task:{i}" for i in range(3)], tables
+    for v in shards:
+        if "Adagrad" in v.op.name:
+            assert v.device == tables[v.op.name.rsplit("/", 1)[0]]
+    smallest = min(v.shape.num_elements() for v in shards)
+    big = [(t.name, op.name) for t, op in _crossing(graph)
+           if t.shape.is_fully_defined() and t.shape.num_elements() >= smallest]
+    assert not big, big
+    assert any(TABLE_LINE.search(r.getMessage()) for r in caplog.records)
+    if train.get("staged_vars"):
+        assert any("sparse table embeddings: read and updated by rows on its ps, not pulled whole" in r.getMessage()
+                   for r in caplog.records)
+
+
+def test_plan_prints_each_ps_share_of_the_table_and_the_traffic_per_row():
+    from psworker.models.criteo import CriteoModel
+    from psworker.train import plan_report
+
+    text = plan_report.describe("criteo", 3)
+    rows = CriteoModel().table_rows
+    shares = [int(n.replace(",", "")) for n in re.findall(r"embeddings/part_\d +\[(\d+), 8\]", text)]
+    assert sorted(shares) == sorted([rows // 3 + (i < rows % 3) for i in range(3)]), text
+    assert f"sparse table embeddings: {rows:,} rows x 8, {rows * 32:,} bytes over ps:0, ps:1, ps:2" in text, text
+    assert "per distinct row a step touches: 40 bytes pulled (id, values), 40 pushed (id, gradient)" in text
+    loads = [int(n.replace(",", "")) for n in re.findall(r"ps:\d holds ([\d,]+) bytes", text)]
+    assert max(loads) / (sum(loads) / 3) < 1.02, text   # the table and its accumulators balance the ps
+
+
+# ---------------------------------------------------------------------------------------------- clusters
+
+
+def _link_bytes(output: str) -> tuple[dict[int, float], float]:
+    """Bytes each ps link moved (both ways), and the gradients the ps tasks pulled from the worker (pooled), from
+    the launcher's `--ps_link_rate` report."""
+    pooled = POOLED.search(output)
+    assert pooled, output[-3000:]
+    return ({int(m[1]): float(m[2]) * UNITS[m[3]] + float(m[4]) * UNITS[m[5]] for m in LINK.finditer(output)},
+            float(pooled[1]) * UNITS[pooled[2]])
+
+
+@pytest.fixture(scope="module")
+def two_ps_run(criteo_dir, tmp_path_factory):
+    """2 ps + 1 worker, 300 steps of 64, the ps links counted (`--ps_link_rate`, unshaped in practice)."""
+    cwd = tmp_path_factory.mktemp("run2")
+    spec = write_spec(cwd / "criteo.yaml", num_ps=2, num_workers=1, model="criteo", batch_size=64)
+    shaped = ["--ps_link_rate", "10gbit"] if netns.available() else []
+    run = run_launcher([str(spec), "--train_dir", str(cwd / "train"), "--data_dir", str(criteo_dir),
+                        "--max_steps", "300", *shaped], cwd=cwd, timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    assert_processes_gone(run.pids)
+    return run, cwd / "train"
+
+
+@pytest.mark.slow
+def test_two_ps_learn_the_planted_signal_each_holding_half_the_table(two_ps_run):
+    run, train_dir = two_ps_run
+    m = AUC_LINE.search(run.output)
+    assert m and float(m[1]) >= LEARNED_AUC and int(m[3]) == ROWS_PER_DAY, run.output[-3000:]
+    table = TABLE_LINE.search(run.output)
+    assert table, run.output[-3000:]
+    rows, dim = int(table[1]), int(table[2])
+    shares = sorted(re.findall(r"(\d+) rows on /job:ps/task:(\d)", table[3]), key=lambda s: s[1])
+    assert [int(n) for n, _ in shares] == [rows // 2, rows - rows // 2] and [t for _, t in shares] == ["0", "1"]
+    import tensorflow as tf
+
+    shapes = tf.train.load_checkpoint(str(train_dir / "model.ckpt-300")).get_variable_to_shape_map()
+    assert shapes["embeddings"] == [rows, dim] and shapes["embeddings/Adagrad"] == [rows, dim]   # whole, by name
+    assert checkpoint_step(train_dir) == 300
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not netns.available(), reason="--ps_link_rate needs a network namespace and tc")
+def test_the_bytes_on_the_ps_links_stay_far_below_the_table(two_ps_run, criteo_dir):
+    """The tc counters of both ps links and of the gradients the ps tasks pulled, over the run (300 steps; each ps
+    writes its own shards of a checkpoint, so saves cross nothing): per step far below one pull of the table."""
+    run, _ = two_ps_run
+    links, gradients = _link_bytes(run.output)
+    assert sorted(links) == [0, 1] and gradients > 0, run.output[-3000:]
+    rows, dim = (int(g) for g in TABLE_LINE.search(run.output).groups()[:2])
+    table_bytes = rows * dim * 4
+    per_step = (sum(links.values()) + gradients) / 300
+    needed = _needed_per_step(criteo_dir, 64)
+    print(f"bytes on the ps links per step: {per_step:,.0f} (both ways, both ps); what the step needs: "
+          f"{needed:,.0f} ({per_step / needed:.2f}x); the table alone: {table_bytes:,}")
+    assert per_step < table_bytes / 10, (per_step, table_bytes)
+    assert per_step < 1.5 * needed, (per_step, needed)   # measured 1.01x; the benchmark goal is 1.2x
+
+
+def _needed_per_step(criteo_dir: Path, batch: int, batches: int = 100) -> float:
+    """What one step must move, on average over random batches of the training split: the dense weights pulled
+    and their gradients pushed, and per distinct row touched its id to the ps (gather), its values back, its
+    gradient and id pushed."""
+    import numpy as np
+
+    from psworker.data import criteo
+    from psworker.models.criteo import HIDDEN, CriteoModel
+
+    model = CriteoModel()
+    _, fields = criteo.load_split(str(criteo_dir), False)
+    rows = criteo.preprocess_fields(fields, model.buckets).numpy()[:, criteo.NUM_INT:]
+    rng = np.random.default_rng(0)
+    touched = np.mean([len(np.unique(rows[rng.choice(len(rows), batch, replace=False)])) for _ in range(batches)])
+    widths = (criteo.NUM_CAT * model.embedding_dim + criteo.NUM_INT, *HIDDEN, 1)
+    dense = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    return 2 * 4 * dense + touched * (8 + 4 * model.embedding_dim + 4 * model.embedding_dim + 8)
+
+
+@pytest.mark.slow
+def test_the_export_scores_raw_rows_like_eval_without_psworker(two_ps_run, criteo_dir):
+    run, train_dir = two_ps_run
+    eval_auc = float(AUC_LINE.search(run.output)[1])
+    script = r"""
+import gzip, json, sys
+import numpy as np, tensorflow as tf
+model = tf.saved_model.load(sys.argv[1])
+score = model.signatures["serving_default"]
+lines = [l.rstrip("\n").split("\t") for l in gzip.open(sys.argv[2], "rt")]
+labels = np.array([int(l[0]) for l in lines])
+fields = tf.constant([l[1:] for l in lines])
+probs = tf.nn.softmax(score(images=fields)["logits"])[:, 1].numpy()
+order = np.argsort(probs, kind="mergesort"); ranks = np.empty(len(probs)); ranks[order] = np.arange(1, len(probs) + 1)
+pos = labels.sum(); auc = (ranks[labels == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(labels) - pos))
+print(json.dumps({"auc": float(auc), "psworker": [m for m in sys.modules if m.startswith("psworker")]}))
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(train_dir / "export" / "300"),
+                           str(criteo_dir / "day_2.gz")], capture_output=True, text=True, timeout=180,
+                          env=task_env(), cwd=train_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["psworker"] == []
+    assert got["auc"] == pytest.approx(eval_auc, abs=2e-4)   # eval prints 4 decimals; ties are rare in float32
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_with_2_ps_restores_with_3(criteo_dir, tmp_path):
+    """100 steps on 2 ps, then the same train dir on 3 ps to step 200: the restore splits each table 3 ways, and
+    training goes on from step 100 to a model that still scores the planted signal."""
+    two = write_spec(tmp_path / "two.yaml", num_ps=2, num_workers=1, model="criteo", batch_size=64)
+    three = write_spec(tmp_path / "three.yaml", num_ps=3, num_workers=1, model="criteo", batch_size=64)
+    common = ["--train_dir", str(tmp_path / "train"), "--data_dir", str(criteo_dir)]
+    first = run_launcher([str(two), *common, "--max_steps", "100"], cwd=tmp_path, timeout=300)
+    assert first.returncode == 0 and checkpoint_step(tmp_path / "train") == 100, first.output[-3000:]
+    second = run_launcher([str(three), *common, "--max_steps", "300"], cwd=tmp_path, timeout=300)
+    assert second.returncode == 0, second.output[-4000:]
+    assert "restoring the checkpoint model.ckpt-100" in second.output, second.output[-3000:]
+    table = TABLE_LINE.search(second.output)
+    assert table and len(re.findall(r"rows on /job:ps/task:\d", table[3])) == 3, second.output[-3000:]
+    m = AUC_LINE.search(second.output)
+    assert m and int(m[4]) == 300 and float(m[1]) >= LEARNED_AUC, second.output[-3000:]
+    assert_processes_gone(first.pids | second.pids)
+
+
+@pytest.mark.slow
+def test_sync_workers_aggregate_sparse_gradients_and_learn(criteo_dir, tmp_path):
+    """Sync mode, 2 ps + 2 workers: the table's gradients go through sparse conditional accumulators on the ps."""
+    spec = write_spec(tmp_path / "sync.yaml", num_ps=2, num_workers=2, model="criteo", batch_size=64, mode="sync")
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "train"), "--data_dir", str(criteo_dir),
+                        "--max_steps", "200"], cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    m = AUC_LINE.search(run.output)
+    assert m and int(m[4]) == 200 and float(m[1]) >= LEARNED_AUC, run.output[-3000:]
+    assert_processes_gone(run.pids)
