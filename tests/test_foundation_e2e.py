@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from psworker.events import WorkerDone
 from psworker.testing import assert_processes_gone, checkpoint_step, port_open, write_spec
@@ -105,23 +106,46 @@ def assert_tensorboard_runs(train_dir, *, num_workers: int) -> None:
             assert multiplexer.Tensors(run, tag), f"{run}: {tag} has no value"
 
 
+FAILING_WORKER = """
+import os, sys, time
+if os.environ["PSWORKER_JOB_NAME"] == "worker" and os.environ["PSWORKER_TASK_INDEX"] == "1":
+    print("worker 1: cannot read its data", flush=True)
+    sys.exit(1)
+time.sleep(120)
+"""
+
+
 def test_a_failing_task_tears_the_cluster_down(tmp_path):
-    """worker:1's port is taken: it fails to start; the launcher stops the rest and names it."""
+    """worker:1 exits 1 at once while ps:0 and worker:0 would run for minutes: the launcher stops them, names
+    worker:1 as the first failure and shows the tail of its log."""
+    spec = tmp_path / "c.yaml"
+    spec.write_text("cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:auto']\n")
+    started = time.monotonic()
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3", "--no_live",
+                        "--", sys.executable, "-c", FAILING_WORKER], cwd=tmp_path, timeout=180, command="run")
+    assert run.returncode == 1, run.output[-3000:]
+    assert re.search(r"psworker: run failed: worker:1 exited with exit code 1 \(first failure", run.output), \
+        run.output[-3000:]
+    assert "worker 1: cannot read its data" in run.output, run.output[-3000:]   # the tail of worker:1's log
+    assert time.monotonic() - started < 100, "the others ran on instead of being stopped"
+    assert_processes_gone(run.pids)
+
+
+def test_a_task_started_by_hand_on_a_taken_port_names_it(tmp_path):
+    """On a real host no launcher checks the ports first: `start_worker.sh` on a port something else listens on
+    exits 1 with an error naming the task and the address (and starts no training)."""
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     port = blocker.getsockname()[1]
-    spec = tmp_path / "bad.yaml"
-    spec.write_text(f"cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:{port}']\n"
-                    "train:\n  max_steps: 100000\n")
+    spec = write_spec(tmp_path / "c.yaml", max_steps=10)
+    cluster = yaml.safe_load(spec.read_text())
+    cluster["cluster"]["worker"][1] = f"127.0.0.1:{port}"
+    spec.write_text(yaml.safe_dump(cluster))
     try:
-        # --network host: in a private namespace the port would not be taken
-        run = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3",
-                            "--network", "host"],
-                                     cwd=tmp_path, timeout=180)
+        run = subprocess.run(["env", f"PSWORKER_SPEC={spec}", str(LAUNCH / "start_worker.sh"), "--task_index", "1"],
+                             capture_output=True, text=True, env=task_env(), timeout=120, cwd=tmp_path)
     finally:
         blocker.close()
-    assert run.returncode != 0
-    assert re.search(r"psworker: run failed: worker:1 exited with exit code 1 \(first failure", run.output), run.output[-3000:]
-    assert "could not start its server" in run.output   # the tail of worker:1's log is in the report
-    assert_processes_gone(run.pids)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"worker:1 could not start its server at 127.0.0.1:{port}" in run.stderr, run.stderr[-2000:]

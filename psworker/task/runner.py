@@ -169,9 +169,12 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             v1.set_random_seed(config.seed)
         dealing = replication.dealing(target, model, config) if replication.dealing is not None else None
         tg = replication.build(model, config, dealing)
-        # dealt shards: each new session starts the input again, from the data position on the ps
+        # dealt shards: each new session starts the input again, from the data position on the ps; the
+        # collection's op (staged variables' fill, `transfer.register_fill`) includes the default one
+        registered = v1.get_collection(v1.GraphKeys.LOCAL_INIT_OP)
         local_init = (None if tg.input_init is None
-                      else tf.group(v1.train.Scaffold.default_local_init_op(), tg.input_init))
+                      else tf.group(registered[0] if registered else v1.train.Scaffold.default_local_init_op(),
+                                    tg.input_init))
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
                                                           save_relative_paths=True), local_init_op=local_init)
         choice = first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
