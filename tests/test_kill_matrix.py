@@ -3,9 +3,8 @@ x {before the first periodic checkpoint, after it}. Every run must finish (sync:
 least), every task must exit 0, and the global step may roll back by at most the checkpoint interval after a
 ps kill (more if the chief lagged: `ps_kill_bound`) and not at all after a worker kill.
 
-Rollback is read from the console: the global step at the injection (the largest step line seen) minus the
-smallest step printed after the killed task was restarted (the restart waits its backoff, so no step line from
-before the kill is still in flight; a chief restoring a checkpoint shows up there).
+Rollback is read from the console: per worker, the most its step lines fell below the highest one it had printed
+(a chief restoring a checkpoint shows up there; the run's console is in `console.txt` beside the train dir).
 """
 
 from __future__ import annotations
@@ -33,11 +32,16 @@ XFAIL: dict[tuple[str, str, str], str] = {}   # every cell must pass
 
 
 def rollback(output: str) -> int:
-    """How far the global step went back: its value at the injection minus the least one seen after the restart."""
-    at, restarted = INJECTED.search(output), RESTARTING.search(output)
-    assert at and restarted, output[-3000:]
-    after = [step for _, step in console_steps(output[restarted.end():])]
-    return max(0, int(at.group(1)) - min(after)) if after else 0
+    """How far the global step went back: per worker, the most its step lines fell below the highest one it had
+    printed before (each task's lines keep their order on the console; the console may hold them back past the
+    launcher's own restart lines, so the order across tasks says nothing)."""
+    assert INJECTED.search(output) and RESTARTING.search(output), output[-3000:]
+    back: dict[str, int] = {}
+    highest: dict[str, int] = {}
+    for task, step in console_steps(output):
+        back[task] = max(back.get(task, 0), highest.get(task, step) - step)
+        highest[task] = max(highest.get(task, step), step)
+    return max(back.values(), default=0)
 
 
 CELLS = [pytest.param(target, mode, when, id=f"{target}-{mode}-{when}",
@@ -70,6 +74,7 @@ def test_kill_matrix(tmp_path, target, mode, when, record_property):
                         "--no_live"], cwd=tmp_path, timeout=360)
     wall = time.monotonic() - started
     out = run.output
+    (tmp_path / "console.txt").write_text(out)
     assert run.returncode == 0, out[-4000:]
     rows = dict(TASK_ROW.findall(out))
     assert set(rows) == {"ps:0", "worker:0", "worker:1"}, out[-3000:]

@@ -118,7 +118,8 @@ def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, t
              f", {plan.num_epochs} epochs" if plan.num_epochs else "")
     return dealer.Dealing(plan=plan, index=index, num_workers=len(spec.worker), target=target,
                           session_config=srv.session_config("worker", index), is_chief=index == 0, seed=config.seed,
-                          pad_to=batch if config.num_devices > 1 else 1, gone=gone)
+                          pad_to=batch if config.num_devices > 1 else 1, gone=gone,
+                          ps_addresses=tuple(str(a) for a in spec.ps))
 
 
 def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
@@ -145,16 +146,17 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
         timeout_message=(f"{name}: an in-graph training step did not finish within {config.step_timeout_secs:g} s "
                          "(--step_timeout_secs): each step needs every worker; is one down?"),
         release=release,
-        dealing=(lambda target, model, cfg: _in_graph_dealing(cfg, model, target, num_workers))
+        dealing=(lambda target, model, cfg: _in_graph_dealing(cfg, model, target, spec))
         if config.data_dealing == "dealt" else None,
     )
 
 
-def _in_graph_dealing(config: TrainConfig, model: Model, target: str, num_workers: int):
+def _in_graph_dealing(config: TrainConfig, model: Model, target: str, spec: ClusterSpec):
     """What the in-graph client needs to deal shards to itself, the one reader of every worker's batch
     (`train.ingraph`): the deal ends with the epochs; the last global batch is filled up to a whole one."""
     from psworker.train import dealer
 
+    num_workers = len(spec.worker)
     batch = config.batch_size * config.num_devices * num_workers
     plan = dealer.make_plan(model.num_train_examples(config.data_dir), config.shard_examples, config.num_epochs,
                             batch)
@@ -163,4 +165,5 @@ def _in_graph_dealing(config: TrainConfig, model: Model, target: str, num_worker
              f", {plan.num_epochs} epochs" if plan.num_epochs else "", num_workers)
     return dealer.Dealing(plan=plan, index=CLIENT_INDEX, num_workers=1, target=target,
                           session_config=srv.session_config("worker", CLIENT_INDEX, filter_devices=False),
-                          is_chief=True, seed=config.seed, pad_to=batch if batch > config.batch_size else 1)
+                          is_chief=True, seed=config.seed, pad_to=batch if batch > config.batch_size else 1,
+                          ps_addresses=tuple(str(a) for a in spec.ps))

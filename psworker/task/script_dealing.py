@@ -64,7 +64,8 @@ class ScriptDealing:
         self._dealing = dealer.Dealing(
             plan=dealer.make_plan(num_examples, shard_examples, num_epochs, batch_size), index=index,
             num_workers=len(spec.worker), target=target, session_config=self.session_config,
-            is_chief=self.is_chief, seed=seed, gone=None if watch is None else lambda j: _gone(watch, j))
+            is_chief=self.is_chief, seed=seed, gone=None if watch is None else lambda j: _gone(watch, j),
+            ps_addresses=tuple(str(a) for a in spec.ps))
         self.state = dealer.DealerState(len(spec.worker), STATE_DEVICE, seed)
         self.client = dealer.DealerClient(self._dealing, STATE_DEVICE)
 

@@ -22,6 +22,7 @@ ps rolled back to a checkpoint) after reading it, so the examples read twice are
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ SCOPE = "psworker_data"
 POLL_SECS = 0.05                  # a worker waiting for its read-ahead to be trained (its ring is full)
 END_POLL_SECS = 0.2               # the chief waiting for the last leases of the others
 FULL, EXHAUSTED = -2, -1          # what `take` returns instead of a shard
+SIDE_CALL_SECS = 15.0             # a side-session call (its session's creation too) that a dead ps left hanging
+SIDE_ATTEMPTS = 8                 # side-session calls tried, each in a new session, before the error is raised
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Dealing:
     seed: Optional[int] = None
     pad_to: int = 1                       # towers: the last batch is filled up to a multiple of this
     gone: Optional[Callable[[int], bool]] = None
+    ps_addresses: tuple = ()              # `host:port` of each ps: the side session goes to the state's ps itself
 
 
 class DealerState:
@@ -236,25 +240,48 @@ class DealerClient:
         self._waiting_for: set = set()
 
     def _run(self, fetches, who: Optional[int] = None):
-        """Runs `fetches(ops)` in the side session; a session that met a restarted ps (aborted, unavailable) is
-        left behind and the run tried once more in a new one."""
+        """Runs `fetches(ops)` in the side session; a session that met a restarted ps (aborted, unavailable) or
+        hung on a dead one (past `SIDE_CALL_SECS`, its creation included) is left behind and the run tried again
+        in a new one, `SIDE_ATTEMPTS` times in all."""
         import tensorflow as tf
 
-        for attempt in range(2):
+        retried = (tf.errors.AbortedError, tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
+        for attempt in range(SIDE_ATTEMPTS):
             with self._lock:
                 if self._ops is None:
                     self._ops = _Ops(self.dealing.plan, self.dealing.num_workers, self._device)
                 if self._session is None:
-                    self._session = tf.compat.v1.Session(self.dealing.target, graph=self._ops.graph,
-                                                         config=self.dealing.session_config)
+                    target, config = self._side_target()
+                    self._session = tf.compat.v1.Session(target, graph=self._ops.graph, config=config)
                 feed = {self._ops.who: self.dealing.index if who is None else who}
                 try:
                     return self._session.run(fetches(self._ops), feed)
-                except (tf.errors.AbortedError, tf.errors.UnavailableError):
+                except retried as exc:
                     self._session = None   # not closed: a close can wait on the dead ps
-                    if attempt:
+                    if attempt == SIDE_ATTEMPTS - 1:
                         raise
+                    log.info("worker:%d: the dealer's session failed (%s); trying a new one", self.dealing.index,
+                             type(exc).__name__)
         raise AssertionError("unreachable")
+
+    def _side_target(self):
+        """Where the side session runs, and its config (every blocking call bounded: `operation_timeout_in_ms`).
+
+        With the ps addresses known, on the ps that holds the state, which it alone is filtered to: not through
+        this worker's own master, whose new sessions can wait on the train session's close while that close waits
+        for this very input (a ps restart then hung the worker)."""
+        import tensorflow as tf
+
+        config = tf.compat.v1.ConfigProto()
+        target = self.dealing.target
+        match = re.fullmatch(r"/job:ps/(?:replica:\d+/)?task:(\d+)(?:/.*)?", self._device or "")
+        if self.dealing.ps_addresses and match:
+            target = f"grpc://{self.dealing.ps_addresses[int(match.group(1))]}"
+            config.device_filters.append(f"/job:ps/task:{match.group(1)}")
+        elif self.dealing.session_config is not None:
+            config.CopyFrom(self.dealing.session_config)
+        config.operation_timeout_in_ms = int(SIDE_CALL_SECS * 1000)
+        return target, config
 
     def _new_session(self) -> None:
         """The next run makes a new side session (the train session was made again: a ps may have restarted)."""
