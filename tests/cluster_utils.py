@@ -34,6 +34,7 @@ def task_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
+    env["PSWORKER_PYTHON"] = sys.executable   # launch/*.sh default to python3, which may lack our packages
     env.update(extra)
     return env
 

@@ -154,11 +154,11 @@ def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:
 def _in_graph_dealing(config: TrainConfig, model: Model, target: str, spec: ClusterSpec):
     """What the in-graph client needs to deal shards to itself, the one reader of every worker's batch
     (`train.ingraph`): the deal ends with the epochs; the last global batch is filled up to a whole one."""
-    from psworker.train import dealer
+    from psworker.train import dealer, shard_plan
 
     num_workers = len(spec.worker)
     batch = config.batch_size * config.num_devices * num_workers
-    plan = dealer.make_plan(model.num_train_examples(config.data_dir), config.shard_examples, config.num_epochs,
+    plan = shard_plan.make_plan(model.num_train_examples(config.data_dir), config.shard_examples, config.num_epochs,
                             batch)
     log.info("worker:%d: dealt shards of %d examples (%d per epoch of %d)%s, read by the in-graph client for %d "
              "workers", CLIENT_INDEX, plan.shard_examples, plan.shards_per_epoch, plan.num_examples,

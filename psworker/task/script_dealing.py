@@ -27,7 +27,7 @@ from psworker import interop
 from psworker.errors import UsageError
 from psworker.task import server as srv
 from psworker.task import shutdown
-from psworker.train import dealer
+from psworker.train import dealer, shard_plan
 
 STATE_DEVICE = "/job:ps/task:0"
 
@@ -62,7 +62,7 @@ class ScriptDealing:
         self.is_chief = index == 0
         self.session_config = srv.session_config("worker", index)
         self._dealing = dealer.Dealing(
-            plan=dealer.make_plan(num_examples, shard_examples, num_epochs, batch_size), index=index,
+            plan=shard_plan.make_plan(num_examples, shard_examples, num_epochs, batch_size), index=index,
             num_workers=len(spec.worker), target=target, session_config=self.session_config,
             is_chief=self.is_chief, seed=seed, gone=None if watch is None else lambda j: _gone(watch, j),
             ps_addresses=tuple(str(a) for a in spec.ps))
@@ -95,7 +95,7 @@ class ScriptDealing:
     def report(self) -> str:
         """One line: examples trained, trained again, and epochs, from the state on the ps."""
         plan = self._dealing.plan
-        trained, again, epochs = dealer.report(plan, self.client.state())
+        trained, again, epochs = shard_plan.report(plan, self.client.state())
         of = "" if plan.num_epochs is None else f" of {plan.num_epochs}"
         return f"data: {trained} examples trained, {again} of them again; epoch {epochs:.2f}{of}"
 
