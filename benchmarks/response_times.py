@@ -7,7 +7,7 @@ Measures, each `--repeat` times (median and worst printed):
   refused address backs off for 1 s; psworker's probes use their own); a refused port; a listener that speaks no
   gRPC (0.3 s timeout); one `grpc.channel_ready_future` of the live server for comparison;
 - `FastSessionCreator`: a non-chief waiting for a model that never comes (max_wait 1.5 s) until it gives up;
-- SSH, against the test sshd (tests/sshd_fixture.py; skipped where it cannot run): `ssh` to a refused host, the
+- SSH, against the test sshd (psworker/testing_sshd.py; skipped where it cannot run): `ssh` to a refused host, the
   reachability check of 4 hosts with 2 refused (timeout 10 s), the check of a listener that never speaks SSH
   (timeout 2 s), and `psworker ssh` with a refused host until it exits.
 
@@ -160,7 +160,7 @@ def main() -> int:
 
 
 def ssh_rounds(rounds: list[dict[str, float]], repeat: int) -> list[dict[str, float]]:
-    from tests.sshd_fixture import running_sshd, why_no_sshd
+    from psworker.testing_sshd import running_sshd, why_no_sshd
 
     reason = why_no_sshd()
     if reason:

@@ -144,8 +144,8 @@ def slurm(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
-    """A real sshd on 127.0.0.1-3 for the session (tests/sshd_fixture.py); skips where it cannot run."""
-    from tests.sshd_fixture import running_sshd, why_no_sshd
+    """A real sshd on 127.0.0.1-3 for the session (psworker/testing_sshd.py); skips where it cannot run."""
+    from psworker.testing_sshd import running_sshd, why_no_sshd
 
     reason = why_no_sshd()
     if reason:

@@ -1,4 +1,4 @@
-"""SSH pieces against a real sshd (tests/sshd_fixture.py): quoted remote commands, the reachability check, and a
+"""SSH pieces against a real sshd (psworker/testing_sshd.py): quoted remote commands, the reachability check, and a
 remote task that dies with its connection."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`psworker ssh` against the real test sshd on 127.0.0.1-3 (tests/sshd_fixture.py): the default job end to end,
+"""`psworker ssh` against the real test sshd on 127.0.0.1-3 (psworker/testing_sshd.py): the default job end to end,
 Ctrl-C mid-run with nothing left on any host, and a refused host reported before anything starts."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
     """
     import tensorflow as tf
 
-    from psworker.train import devices, towers
+    from psworker.train import devices
     from psworker.train.graph import TrainGraph, finish_train_op, optimization
     from psworker.train.placement import GreedyByteStrategy, partitioned_variables
 
@@ -65,21 +65,7 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
         opt = optimization(model, config, global_step, per_worker_batch * num_workers, num_workers)
         optimizer = opt.optimizer
         batches, dealt = _worker_batches(model, config, num_workers, dealing, global_step)
-        worker_grads, worker_losses = [], []
-        for i in range(num_workers):
-            worker_device = f"/job:worker/task:{i}"
-            with tf.name_scope(f"worker_{i}"):
-                images, labels = batches[i]()
-                grads, loss = towers.build_tower_gradients(
-                    model, optimizer, images, labels, config.num_devices, device_prefix=worker_device
-                )
-            worker_grads.append(grads)
-            worker_losses.append(loss)
-        with tf.name_scope("worker_average"):
-            # Every worker has the same number of towers, so the mean of the per-worker means is the mean
-            # over all towers.
-            grads = towers.average_gradients(worker_grads)
-            loss = tf.math.divide(tf.add_n(worker_losses), float(num_workers), name="mean_loss")
+        grads, loss = _averaged_gradients(model, config, optimizer, batches)
         apply_op = optimizer.apply_gradients(grads, global_step=global_step)
         train_op = finish_train_op(apply_op, opt.ema)
         if dealt is not None:   # after the update: a checkpoint never counts an example not trained on
@@ -87,6 +73,28 @@ def build_in_graph_train_graph(model: Model, config: TrainConfig, *, cluster: di
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=opt.learning_rate,
                       sync_optimizer=None, dealer=dealt and dealt.client, dealer_state=dealt and dealt.state,
                       input_init=dealt and dealt.init)
+
+
+def _averaged_gradients(model: Model, config: TrainConfig, optimizer, batches):
+    """Worker `i`'s towers on `/job:worker/task:i` over `batches[i]()`; the gradients and loss averaged over all."""
+    import tensorflow as tf
+
+    from psworker.train import towers
+
+    worker_grads, worker_losses = [], []
+    for i, batch in enumerate(batches):
+        with tf.name_scope(f"worker_{i}"):
+            images, labels = batch()
+            grads, loss = towers.build_tower_gradients(
+                model, optimizer, images, labels, config.num_devices, device_prefix=f"/job:worker/task:{i}"
+            )
+        worker_grads.append(grads)
+        worker_losses.append(loss)
+    with tf.name_scope("worker_average"):
+        # Every worker has the same number of towers, so the mean of the per-worker means is the mean over all.
+        grads = towers.average_gradients(worker_grads)
+        loss = tf.math.divide(tf.add_n(worker_losses), float(len(batches)), name="mean_loss")
+    return grads, loss
 
 
 def _worker_batches(model: Model, config: TrainConfig, num_workers: int, dealing, global_step):

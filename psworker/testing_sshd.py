@@ -1,4 +1,4 @@
-"""A real OpenSSH server for tests: Debian's /usr/sbin/sshd with its own keys and config in a temp dir.
+"""A real OpenSSH server for tests and benchmarks: Debian's /usr/sbin/sshd with its own keys and config in a temp dir.
 
 It listens on one free port on 127.0.0.1, 127.0.0.2 and 127.0.0.3 (three "hosts" on Linux's whole 127/8
 loopback), lets the current user in with a generated key only, and comes with a client config
@@ -81,18 +81,8 @@ class SshServer:
         return "--- sshd.log\n" + "\n".join(text)
 
 
-@contextlib.contextmanager
-def running_sshd(root: Path, *, hosts: tuple[str, ...] = HOSTS,
-                 timeout: float = START_TIMEOUT_SECS) -> Iterator[SshServer]:
-    """Starts `sshd -D -f <own config>` under `root`, waits until it accepts on every host, yields it, stops it.
-
-    Raises:
-        TimeoutError: sshd did not accept connections within `timeout` (the message holds its log).
-    """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o700)
-    user = getpass.getuser()
+def _write_keys(root: Path) -> tuple[Path, Path, Path]:
+    """A host key and a user key under `root`; the user's public key as the only authorized one."""
     host_key, user_key = root / "ssh_host_ed25519_key", root / "id_ed25519"
     for key in (host_key, user_key):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"psworker-test-{key.name}",
@@ -100,11 +90,14 @@ def running_sshd(root: Path, *, hosts: tuple[str, ...] = HOSTS,
     authorized = root / "authorized_keys"
     shutil.copy(f"{user_key}.pub", authorized)
     authorized.chmod(0o600)
-    port = _free_port_on_all(hosts)
+    return host_key, user_key, authorized
+
+
+def _write_server_config(root: Path, hosts: tuple[str, ...], port: int, host_key: Path, authorized: Path) -> Path:
     listen = "\n".join(f"ListenAddress {h}:{port}" for h in hosts)
     config = root / "sshd_config"
     config.write_text(f"""\
-# A test sshd written by tests/sshd_fixture.py: the generated keys only, nothing from /etc/ssh.
+# A test sshd written by psworker/testing_sshd.py: the generated keys only, nothing from /etc/ssh.
 {listen}
 HostKey {host_key}
 PidFile {root}/sshd.pid
@@ -113,7 +106,7 @@ PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
-AllowUsers {user}
+AllowUsers {getpass.getuser()}
 UsePAM no
 StrictModes no
 PermitUserEnvironment no
@@ -125,14 +118,18 @@ PrintLastLog no
 Subsystem sftp internal-sftp
 LogLevel VERBOSE
 """)
+    return config
+
+
+def _write_client_config(root: Path, hosts: tuple[str, ...], port: int, host_key: Path, user_key: Path) -> Path:
     pub = Path(f"{host_key}.pub").read_text().split()
     known_hosts = root / "known_hosts"
     known_hosts.write_text("".join(f"[{h}]:{port} {pub[0]} {pub[1]}\n" for h in hosts))
     client_config = root / "ssh_config"
     client_config.write_text(f"""\
-# Client side of the test sshd (tests/sshd_fixture.py): `ssh -F {client_config} 127.0.0.2 true`
+# Client side of the test sshd (psworker/testing_sshd.py): `ssh -F {client_config} 127.0.0.2 true`
 Host *
-    User {user}
+    User {getpass.getuser()}
     Port {port}
     IdentityFile {user_key}
     IdentitiesOnly yes
@@ -143,33 +140,59 @@ Host *
     ConnectTimeout 5
     LogLevel ERROR
 """)
+    return client_config
+
+
+def _wait_listening(server: SshServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(_listening(h, server.port) for h in server.hosts):
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"test sshd exited {server.proc.returncode} while starting\n{server.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"test sshd: not accepting on {', '.join(server.hosts)} port {server.port} within "
+                               f"{timeout:g} s\n{server.log_tail()}")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Each connection has its own sshd process (in its own session): ends those too, then the listener."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        children = psutil.Process(proc.pid).children(recursive=True)
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        psutil.wait_procs(children, timeout=10)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def running_sshd(root: Path, *, hosts: tuple[str, ...] = HOSTS,
+                 timeout: float = START_TIMEOUT_SECS) -> Iterator[SshServer]:
+    """Starts `sshd -D -f <own config>` under `root`, waits until it accepts on every host, yields it, stops it.
+
+    Raises:
+        TimeoutError: sshd did not accept connections within `timeout` (the message holds its log).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o700)
+    host_key, user_key, authorized = _write_keys(root)
+    port = _free_port_on_all(hosts)
+    config = _write_server_config(root, hosts, port, host_key, authorized)
+    client_config = _write_client_config(root, hosts, port, host_key, user_key)
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     proc = subprocess.Popen([SSHD, "-D", "-f", str(config), "-E", str(root / "sshd.log")],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     server = SshServer(root=root, port=port, hosts=hosts, client_config=client_config, proc=proc)
     try:
-        deadline = time.monotonic() + timeout
-        while not all(_listening(h, port) for h in hosts):
-            if proc.poll() is not None:
-                raise RuntimeError(f"test sshd exited {proc.returncode} while starting\n{server.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"test sshd: not accepting on {', '.join(hosts)} port {port} within "
-                                   f"{timeout:g} s\n{server.log_tail()}")
-            time.sleep(0.1)
+        _wait_listening(server, timeout)
         yield server
     finally:
-        # Each connection has its own sshd process (in its own session): end those too, then the listener.
-        with contextlib.suppress(psutil.NoSuchProcess):
-            children = psutil.Process(proc.pid).children(recursive=True)
-            for child in children:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
-            psutil.wait_procs(children, timeout=10)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _stop(proc)
