@@ -30,6 +30,46 @@ _LINE_BREAKS = re.compile(r"\x1b\[[0-9;]*[ABEFGHJK]|\r")
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]")
 
 
+_CSI = re.compile(rb"\x1b\[([0-9;?]*)([A-Za-z])|\x1b[()][A-Za-z0-9]")
+
+
+def _put(lines: list[str], row: int, col: int, text: str) -> None:
+    line = lines[row]
+    lines[row] = line[:col].ljust(col) + text + line[col + len(text):]
+
+
+def terminal_lines(raw: bytes) -> list[str]:
+    """What a terminal shows once `raw` is written to it, scrollback and screen, trailing blanks dropped. It knows
+    what rich's Live and our console write: text, CR, LF, cursor up (CSI n A), column (CSI n G), erase line
+    (CSI 2K; CSI K: to its end) and erase below (CSI J); colours and cursor visibility change nothing here."""
+    lines, row, col, pos = [""], 0, 0, 0
+    for m in [*_CSI.finditer(raw), None]:
+        for part in re.split(r"(\r|\n)", raw[pos:m.start() if m else len(raw)].decode("utf-8", "replace")):
+            if part == "\n":
+                row, col = row + 1, 0           # the pty turns LF into CR LF
+                lines += [""] * (row + 1 - len(lines))
+            elif part == "\r":
+                col = 0
+            elif part:
+                text = "".join(c for c in part if c >= " ")
+                _put(lines, row, col, text)
+                col += len(text)
+        if m is None:
+            break
+        pos, arg, op = m.end(), (m.group(1) or b"").decode(), m.group(2)
+        n = int(arg) if arg.isdigit() else 1
+        if op == b"A":
+            row = max(0, row - n)
+        elif op == b"G":
+            col = n - 1
+        elif op == b"K":
+            lines[row] = "" if arg == "2" else lines[row][:col] if arg in ("", "0") else " " * col + lines[row][col:]
+        elif op == b"J" and arg in ("", "0"):
+            lines[row] = lines[row][:col]
+            del lines[row + 1:]
+    return [line.rstrip() for line in lines]
+
+
 def task_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -71,6 +111,7 @@ class Launcher:
                                          stderr=subprocess.STDOUT, start_new_session=True)
             self._fd = self.proc.stdout.fileno()
         self.lines: list[str] = []
+        self.raw = bytearray()          # every byte read, escape sequences and all (`terminal_lines`)
         self.pids: set[int] = set()
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -83,6 +124,7 @@ class Launcher:
                 chunk = os.read(self._fd, 65536)
             except OSError:     # a pty's EIO once every writer is gone
                 chunk = b""
+            self.raw += chunk
             pending += chunk
             *whole, pending = pending.split(b"\n")
             if not chunk and pending:           # the end: a last line without its newline

@@ -19,7 +19,7 @@ import yaml
 
 from psworker.launcher.folds import exited_0
 from psworker.testing import assert_processes_gone, checkpoint_step, console_steps
-from tests.cluster_utils import TIMEOUT_SECS, Launcher, task_env
+from tests.cluster_utils import TIMEOUT_SECS, Launcher, task_env, terminal_lines
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +105,39 @@ def test_async_job_scaled_2_to_4_to_1(tmp_path):
     assert "every worker is done; exiting" in (train_dir / "logs" / "ps-0.log").read_text()
     code, out = scale(train_dir, 2)
     assert code == 2 and "cannot scale: the run has finished (succeeded)" in out, out
+
+
+def test_the_live_view_on_a_terminal_shows_a_scale_up_above_it_and_ends_with_one_frame(tmp_path):
+    """`psworker local` on a pseudo-terminal, read back as a terminal shows it (issue 27): the launcher's own lines
+    (the scale, the join, the exits) stand above the live view in the order they happened, the view's frames
+    overwrite each other (one task table is left at the end), and its step never passes max_steps."""
+    max_steps, train_dir = 2000, tmp_path / "train"
+    spec = write_spec(tmp_path / "live.yaml", 3, {"min": 1, "start": 2}, mode="async", max_steps=max_steps)
+    run = Launcher([spec, "--train_dir", str(train_dir)], tmp_path, tty=True)
+    try:
+        for w in ("worker:0", "worker:1"):                     # held, so that the run cannot end before worker:2
+            run.wait_for(rf"^\[{w}\] step \d+", f"a step line of {w}")
+            signal_tasks(run, signal.SIGSTOP, w)
+        assert scale(train_dir, 3) == (0, "psworker: scale 2 -> 3 workers (request 1)\n")
+        run.wait_for(r"^psworker: worker:2 joined at global step \d+$", "worker:2 joining")
+        signal_tasks(run, signal.SIGCONT, "worker:0", "worker:1")
+        finish(run, ["ps:0", "worker:0", "worker:1", "worker:2"])
+    finally:
+        run.close()
+    shown = terminal_lines(bytes(run.raw))
+    (tmp_path / "terminal.txt").write_text("\n".join(shown) + "\n")
+    print("\n".join(shown))        # `pytest -rP`: the capture of the closing note of issue 27
+    at = {what: [i for i, line in enumerate(shown) if re.search(what, line)]
+          for what in (r"^psworker: scale 2 -> 3 workers \(request 1\)$", r"^psworker: starting worker:2",
+                       r"^psworker: worker:2 joined at global step \d+$", r"^psworker: .*exited: exit code 0",
+                       r"^\s*task\s+state\s+last step\s+restarts$", r"^step \d+/\d+ ")}
+    for what, rows in at.items():
+        assert rows, (what, shown[-80:])
+    firsts = [rows[0] for rows in at.values()]
+    assert firsts[:4] == sorted(firsts[:4]), (firsts, shown)          # above the view, in the order they happened
+    assert len(at[r"^\s*task\s+state\s+last step\s+restarts$"]) == 1, shown   # the frames overwrote each other
+    assert all(int(re.match(r"step (\d+)/", shown[i]).group(1)) <= max_steps for i in at[r"^step \d+/\d+ "])
+    assert_processes_gone(run.pids)
 
 
 def test_sync_job_scaled_to_min_and_back_with_a_preempted_worker_restarted(tmp_path):
