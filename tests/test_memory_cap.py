@@ -27,21 +27,21 @@ from tests.cluster_utils import REPO, run_launcher, task_env
 
 NO_MEMCG = cgroups.unavailable()
 needs_memcg = pytest.mark.skipif(NO_MEMCG is not None, reason=f"no memory cgroup here: {NO_MEMCG}")
-PEAKS = re.compile(r"--ps_memory_limit (\S+ \S+) per ps; peak memory \(RSS / the cgroup's, page cache included\): "
-                   r"(.*)")
-PEAK = re.compile(r"ps:(\d+) (\?|[\d.]+ \w+) / (\?|[\d.]+ \w+)")
+PEAKS = re.compile(r"--ps_memory_limit (\S+ \S+) \(([\d,]+) MiB\) per ps; peak memory \(RSS / the cgroup's, page cache "
+                   r"included\): (.*)")
+PEAK = re.compile(r"ps:(\d+) (\?|[\d,]+ MiB) / (\?|[\d,]+ MiB)")
 MiB = 2 ** 20
 
 
 def _size(text: str):
-    return None if text == "?" else memory.parse_size(text)
+    return None if text == "?" else memory.parse_size(text.replace(",", ""))
 
 
 def peaks(output: str) -> dict[int, tuple]:
     """{ps index: (peak RSS, the cgroup's peak)} in bytes (None: unknown) from the launcher's last line on them."""
     found = PEAKS.findall(output)
     assert found, output[-3000:]
-    return {int(i): (_size(rss), _size(cg)) for i, rss, cg in PEAK.findall(found[-1][1])}
+    return {int(i): (_size(rss), _size(cg)) for i, rss, cg in PEAK.findall(found[-1][2])}
 
 
 def own_cgroups() -> list[str]:

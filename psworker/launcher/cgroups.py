@@ -234,13 +234,15 @@ def peak_line(cgroups: Mapping[int, MemoryCgroup], run_dir: Optional[Path]) -> s
     limits = {c.limit for c in cgroups.values()}
     parts = []
     for index, cgroup in sorted(cgroups.items()):
-        rss = _ps_peak_rss(run_dir, f"ps:{index}")
-        peak = cgroup.peak()
-        parts.append(f"ps:{index} {'?' if rss is None else format_size(rss)} / "
-                     f"{'?' if peak is None else format_size(peak)}")
-    limit = "/".join(format_size(n) for n in sorted(limits))
+        rss, peak = _ps_peak_rss(run_dir, f"ps:{index}"), cgroup.peak()
+        parts.append(f"ps:{index} {'?' if rss is None else _mib(rss)} / {'?' if peak is None else _mib(peak)}")
+    limit = "/".join(f"{format_size(n)} ({_mib(n)})" for n in sorted(limits))
     return (f"--ps_memory_limit {limit} per ps; peak memory (RSS / the cgroup's, page cache included): "
             + ", ".join(parts))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:,.0f} MiB"
 
 
 def _ps_peak_rss(run_dir: Optional[Path], name: str) -> Optional[int]:
