@@ -112,6 +112,26 @@ def test_a_ps_over_its_cap_is_killed_by_the_kernel_and_the_report_says_so(tmp_pa
     assert own_cgroups() == []
 
 
+@needs_memcg
+def test_cgroups_a_killed_launcher_left_are_removed_when_empty():
+    """A launcher killed by SIGKILL cannot remove its ps cgroups: the next one removes them, empty, once their
+    launcher's pid is gone; a live launcher's stay."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    parent = cgroups.own_memory_cgroup()
+    left = cgroups.MemoryCgroup(parent / f"psworker-{dead_pid}-0abc-ps-0", 0).path
+    ours = cgroups.create(parent, cgroups.new_name(0, "0def"), 64 * MiB)
+    try:
+        left.mkdir()
+        cgroups.remove_stale(parent)
+        assert not left.exists() and ours.path.exists()
+    finally:
+        ours.remove()
+        if left.exists():
+            left.rmdir()
+    assert own_cgroups() == []
+
+
 def test_without_root_the_flag_is_refused_before_anything_starts():
     """As user nobody (`setpriv`; a user namespace would not do: its unmapped uid is still root to the cgroup file
     system): exit 2, one line naming why, nothing written."""
