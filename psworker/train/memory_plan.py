@@ -93,8 +93,9 @@ def describe(fit: MemoryFit) -> list[str]:
     """`psworker plan`'s lines: each ps's need against the limit, and whether it fits."""
     size = memory.format_size
     lines = [f"memory per ps under --ps_memory_limit {size(fit.limit)}: its variables and optimizer slots as placed "
-             f"above; its sparse tables' shards and slots {memory.TABLE_COPIES} times more (a checkpoint copies a "
-             f"table read by rows while it reads it); {size(fit.baseline)} for a bare ps (TensorFlow's runtime)"]
+             f"above; its sparse tables' shards and slots {memory.TABLE_COPIES} times more (the copies of a table read "
+             f"by rows, measured over the first steps and a checkpoint); {size(fit.baseline)} for a bare ps "
+             f"(TensorFlow's runtime)"]
     for i, need in enumerate(fit.needs_per_ps):
         verdict = (f"fits ({size(fit.limit - need)} to spare)" if need <= fit.limit
                    else f"over by {size(need - fit.limit)}")
