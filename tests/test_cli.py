@@ -171,6 +171,11 @@ BAD_VALUES = [
     (SUBMIT + ["--account", "a b"], "--account", "whitespace"),
     (SUBMIT + ["--job_name", "it's"], "--job_name", "quotes"),
     (SUBMIT + ["--output", "out#1"], "--output", "'#'"),
+    # sizes
+    (LOCAL + ["--ps_memory_limit", "1.5 gigs"], "--ps_memory_limit",
+     "'1.5 gigs' is not a size: a number and a unit, e.g. 1.5GB or 800MiB"),
+    (LOCAL + ["--ps_memory_limit", "512"], "--ps_memory_limit", "a memory limit must be at least 1 MiB"),
+    (["plan", str(SPECS / "local.yaml"), "--ps_memory_limit", "lots"], "--ps_memory_limit", "'lots' is not a size"),
     # other numbers
     (["plan", str(SPECS / "local.yaml"), "--tasks_per_node", "0"], "--tasks_per_node", "must be >= 1, got 0"),
     (["plan", str(SPECS / "local.yaml"), "--step_rate", "0"], "--step_rate", "must be a number > 0"),

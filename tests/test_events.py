@@ -30,6 +30,7 @@ SAMPLES = [
     events.PsDone("ps:0"),
     events.PsDone("ps:1", training_complete=True),
     events.PsDone("ps:1", still_serving=True),
+    events.PsDone("ps:3", peak_rss=612 * 2 ** 20),
     events.TfImported("ps:0", 4.732),
     events.Precision(0.947, 359, 401, "2026-12-01 21:21:34"),
     events.Precision(0.5),
@@ -64,6 +65,8 @@ REAL = {
     "[ps:0] every worker is done; exiting": events.PsDone("ps:0"),
     "2026-12-01 21:21:35,010 INFO psworker.task.main: ps:0: training is complete; exiting":
         events.PsDone("ps:0", training_complete=True),
+    "2026-12-03 08:21:25,562 INFO psworker.task.main: ps:0: every worker is done; exiting (peak RSS 2453.6 MiB)":
+        events.PsDone("ps:0", peak_rss=int(2453.6 * 2 ** 20)),
     "2026-12-01 02:23:51,105 INFO psworker.task: worker:0: TensorFlow imported in 4.732 s":
         events.TfImported("worker:0", 4.732),
     "2026-12-01 21:30:02,441 INFO psworker.task.runner: worker:1: training is already complete: the global step on "

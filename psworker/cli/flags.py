@@ -136,6 +136,12 @@ def add_model_flag(p: argparse.ArgumentParser, help_: str) -> None:
     p.add_argument("--model", default=None, choices=choices, type=_setting_type("model"), help=help_)
 
 
+def add_memory_limit_flag(p: argparse.ArgumentParser, help_: str) -> None:
+    """`--ps_memory_limit SIZE` (`local`, `plan`): bytes, from `memory.parse_size` (a bad size: exit 2)."""
+    from psworker.memory import parse_size
+    p.add_argument("--ps_memory_limit", type=value_type(parse_size, "size"), default=None, metavar="SIZE", help=help_)
+
+
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The training settings a command's flags give (None: not given; a command without a flag gives None)."""
     return {name: getattr(args, name, None) for name in TRAIN_FIELDS}

@@ -8,13 +8,13 @@ import json
 import sys
 from typing import Optional
 
-from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
-                                port_type, value_type, with_train_flags)
+from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_memory_limit_flag, add_status_flags,
+                                add_train_flags, launch_config, port_type, value_type, with_train_flags)
 from psworker.errors import UsageError
-from psworker.spec import load_spec
+from psworker.spec import ClusterSpec, load_spec
 
-__all__ = ["cmd_local", "cmd_run", "cmd_ssh", "cmd_status", "local_flags", "run_flags", "show_status", "ssh_flags",
-           "status_flags"]
+__all__ = ["check_memory_plan", "cmd_local", "cmd_run", "cmd_ssh", "cmd_status", "local_flags", "run_flags",
+           "show_status", "ssh_flags", "status_flags"]
 
 
 def _reexec_argv(args: argparse.Namespace) -> Optional[tuple[str, ...]]:
@@ -28,8 +28,31 @@ def cmd_local(args: argparse.Namespace) -> int:
     from psworker.launcher.launch import launch
 
     backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args), tensorboard_port=args.tensorboard,
-                           ps_link_rate_bps=args.ps_link_rate)
-    return launch(launch_config(args, with_train_flags(load_spec(args.spec), args), backend))
+                           ps_link_rate_bps=args.ps_link_rate, ps_memory_limit_bytes=args.ps_memory_limit)
+    spec = with_train_flags(load_spec(args.spec), args)
+    if args.ps_memory_limit is not None:
+        check_memory_plan(spec, args.ps_memory_limit)
+    return launch(launch_config(args, spec, backend))
+
+
+def check_memory_plan(spec: ClusterSpec, limit: int) -> None:
+    """`--ps_memory_limit`: refuses (exit 2) before anything starts where this machine cannot cap a ps, or where a
+    ps of the model's placement would not fit under the cap (`train.memory_plan`). It builds the model's graph, so
+    it runs here, in the CLI (the launcher never imports train/), once: not again in a re-executed launcher."""
+    from psworker import memory
+    from psworker.cli.quiet import cpp_chatter_hidden
+    from psworker.launcher import netns
+    from psworker.launcher.backends.local import memory_cap_possible
+    from psworker.train import memory_plan
+
+    if netns.inside():
+        return
+    memory_cap_possible()
+    with cpp_chatter_hidden():       # TensorFlow's C++ start-up lines, as `plan` hides them
+        fit = memory_plan.require(spec.train.model, len(spec.ps), limit)
+    print(f"psworker: --ps_memory_limit {memory.format_size(limit)}: the fullest ps needs "
+          f"{memory.format_size(max(fit.needs_per_ps))} by the plan (`psworker plan --ps_memory_limit` gives each ps's)",
+          flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -97,6 +120,10 @@ def local_flags(p: argparse.ArgumentParser) -> None:
                    help="rehearse a cluster whose ps hosts have this link: in the run's private network namespace "
                         "each ps port is shaped to RATE per direction with tc, e.g. 100mbit, 1gbit, 10gbit "
                         "(tc's units); the report gives the bytes each ps moved (docs/performance.md: picking RATE)")
+    add_memory_limit_flag(p, "cap each ps's memory at SIZE (e.g. 1.5GB, 800MiB) in a cgroup v1 memory cgroup of its "
+                             "own: refused before anything starts where the model's variables on a ps (as placed, "
+                             "with their optimizer slots) plus a bare ps's baseline exceed it; a ps over it is "
+                             "killed by the kernel, and the report says so; the run ends with each ps's peak")
 
 
 def run_flags(p: argparse.ArgumentParser) -> None:

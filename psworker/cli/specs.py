@@ -7,7 +7,7 @@ import json
 import sys
 
 from psworker import events
-from psworker.cli.flags import add_model_flag, int_type, positive_float
+from psworker.cli.flags import add_memory_limit_flag, add_model_flag, int_type, positive_float
 from psworker.errors import EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import ALL_JOBS, CountSpec, load_spec, merge_train
 
@@ -51,13 +51,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     else:
         print(planning.format_plan(spec, planning.plan(spec, args.spec)))
-    if args.model is not None:
-        model = merge_train(spec.train, {"model": args.model}).model
+    if args.model is not None or args.ps_memory_limit is not None:
+        model = merge_train(spec.train, {"model": args.model}).model if args.model else spec.train.model
         from psworker.train import plan_report
+        report = plan_report.placement_report(model, len(spec.ps))
         print()
         print(plan_report.describe(model, len(spec.ps), workers=len(spec.worker), step_rate=args.step_rate,
-                                   bandwidth_gbps=args.bandwidth_gbps))
+                                   bandwidth_gbps=args.bandwidth_gbps, report=report))
+        if args.ps_memory_limit is not None:
+            return _memory_fit(model, report, args.ps_memory_limit)
     return 0
+
+
+def _memory_fit(model: str, report, limit: int) -> int:
+    """`plan --ps_memory_limit`: each ps's need against the cap; exit 2 when one is over (naming the ps needed)."""
+    from psworker.train import memory_plan
+
+    fit = memory_plan.check(model, report.num_ps, limit, placed=memory_plan.placed_bytes(report))
+    print()
+    print("\n".join(memory_plan.describe(fit)))
+    return EXIT_OK if fit.fits else EXIT_USAGE
 
 
 def cmd_tf_config(args: argparse.Namespace) -> int:
@@ -84,6 +97,9 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
                         "line's 1/sec_per_batch; default 10)")
     p.add_argument("--bandwidth_gbps", type=positive_float, default=10.0, metavar="B",
                    help="with --model: each ps's link, Gbit/s each way (default 10)")
+    add_memory_limit_flag(p, "with the model (--model, else the spec's): whether each ps's variables and optimizer "
+                             "slots, plus a bare ps's baseline, fit under SIZE (e.g. 1.5GB, 800MiB); if not, exit 2 "
+                             "and the ps count the model needs")
     p.add_argument("--hosts", metavar="H1,H2,...", help="a count spec: lay the tasks out on these hosts "
                                                        "(default: placeholders node0, node1, ...)")
     p.add_argument("--tasks_per_node", type=int_type(1), default=1, metavar="INT",

@@ -122,23 +122,29 @@ class FoundComplete(Event):
 @dataclass(frozen=True)
 class PsDone(Event):
     """A ps is done serving: every worker said it was done, or (`training_complete`) the train_dir shows training
-    complete; it exits, or serves on with `--keep_ps_running` (`still_serving`)."""
+    complete; it exits (with its peak RSS, `peak_rss` bytes), or serves on with `--keep_ps_running`
+    (`still_serving`)."""
 
     task: Optional[str]
     training_complete: bool = False
     still_serving: bool = False
+    peak_rss: Optional[int] = None        # bytes (getrusage's ru_maxrss), to 0.1 MiB
 
     regex: ClassVar[re.Pattern] = line_pattern(
-        rf"{TASK}(?P<why>every worker is done|training is complete); (?P<then>exiting|still serving)\b")
+        rf"{TASK}(?P<why>every worker is done|training is complete); (?P<then>exiting|still serving)\b"
+        rf"(?: \(peak RSS (?P<rss>{NUMBER}) MiB\))?")
 
     def render(self) -> str:
         why = "training is complete" if self.training_complete else "every worker is done"
         then = "still serving (--keep_ps_running)" if self.still_serving else "exiting"
-        return named(self.task, f"{why}; {then}")
+        rss = "" if self.peak_rss is None else f" (peak RSS {self.peak_rss / 2 ** 20:.1f} MiB)"
+        return named(self.task, f"{why}; {then}{rss}")
 
     @classmethod
     def _from(cls, m: re.Match) -> "PsDone":
-        return cls(task_of(m), m.group("why") == "training is complete", m.group("then") == "still serving")
+        rss = to_float(m.group("rss"))
+        return cls(task_of(m), m.group("why") == "training is complete", m.group("then") == "still serving",
+                   None if rss is None else int(rss * 2 ** 20))
 
 
 @dataclass(frozen=True)

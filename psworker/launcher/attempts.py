@@ -63,6 +63,7 @@ class Attempts:
                     if slot.forced_code is not None:
                         returncode = slot.forced_code
                     slot.returncode, slot.ended_at = returncode, now
+                    slot.cause = slot.cause or self._backend.exit_cause(slot.popen, returncode)   # e.g. the OOM killer
                     if slot.reader is not None:     # its last lines before the word that it exited
                         slot.reader.join(EXIT_READER_WAIT_SECS)
                     text = f"{slot.name} (pid {slot.popen.pid}) exited: {slot.cause or describe_returncode(returncode)}"

@@ -57,7 +57,7 @@ class TaskView:
     started: bool = True                # it has a process (an elastic job's reserved worker has none)
     returncode: Optional[int] = None    # None: running
     restarts: int = 0
-    cause: Optional[str] = None         # why the launcher ended this attempt (injection, stall)
+    cause: Optional[str] = None         # why this attempt ended, beyond its code (injection, stall, memory cap)
     stopped: bool = False               # stopped by the launcher
     waiting: bool = False               # waiting for its restart's backoff
     counts: bool = True                 # its exit counts for success (not an elastic job's left worker)

@@ -57,7 +57,8 @@ class Slot:
     stopped: bool = False
     restarts: int = 0
     causes: list = dataclasses.field(default_factory=list)
-    cause: Optional[str] = None     # why the launcher ended this attempt (injection, stall)
+    cause: Optional[str] = None     # why this attempt ended, beyond its code: the launcher ended it (injection,
+                                    # stall), or the backend knows (`exit_cause`: the kernel's memory cap)
     forced_code: Optional[int] = None   # an injected `exit` fault: the code to judge instead of the real one
     restart_at: Optional[float] = None  # a restart waiting for its backoff
     restart_cause: str = ""

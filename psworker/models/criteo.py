@@ -60,9 +60,16 @@ class CriteoModel(Model):
     eval_metric = "auc"
     python_input = True                     # lines gathered by position from memory (`tf.numpy_function`)
 
-    def __init__(self, max_buckets: int = MAX_BUCKETS, embedding_dim: int = EMBEDDING_DIM):
+    def __init__(self, max_buckets: int = MAX_BUCKETS, embedding_dim: int = EMBEDDING_DIM, name: Optional[str] = None):
+        """Args:
+            max_buckets: each column's buckets at most (the table's rows: `buckets`).
+            embedding_dim: the table's columns.
+            name: the name a variant is registered under (README, "Tables larger than one ps"); default `criteo`.
+        """
         self.buckets = buckets(max_buckets)
         self.embedding_dim = embedding_dim
+        if name is not None:
+            self.name = name
 
     @property
     def table_rows(self) -> int:

@@ -93,8 +93,15 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
     grace = shutdown.VANISHED_GRACE_SECS if rejoin_grace_secs is None else rejoin_grace_secs
     how = shutdown.serve_ps_until_workers_done(server.target, spec, index, gone_timeout_secs=workers_gone_timeout_secs,
                                                reader=reader, rejoin_grace_secs=grace)
-    log.info("%s", events.PsDone(name, training_complete=how == shutdown.PS_COMPLETE).render())
+    log.info("%s", events.PsDone(name, training_complete=how == shutdown.PS_COMPLETE, peak_rss=_peak_rss()).render())
     return EXIT_OK
+
+
+def _peak_rss() -> Optional[int]:
+    """This process's peak resident memory in bytes (Linux counts ru_maxrss in KiB); None elsewhere."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 if sys.platform.startswith("linux") else None
 
 
 def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_public_bind: bool = False) -> int:

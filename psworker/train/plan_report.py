@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -125,15 +126,15 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
 
 
 def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int = 1, step_rate: float = 10.0,
-             bandwidth_gbps: float = 10.0) -> str:
+             bandwidth_gbps: float = 10.0, report: Optional[PlacementReport] = None) -> str:
     """`psworker plan --model`: each variable of the training graph, its bytes and its ps; bytes per ps; totals; the
     network estimate (`traffic.describe`) for `workers` workers at `step_rate` steps/s each.
 
-    Builds no servers and reads no data (see `placement_report`).
+    Builds no servers and reads no data (see `placement_report`; `report`: one the caller has built already).
     """
     from psworker.train import placement, traffic
 
-    report = placement_report(model_name, num_ps, batch_size=batch_size)
+    report = report or placement_report(model_name, num_ps, batch_size=batch_size)
     rows = report.variables
     name_w = max([len("variable")] + [len(v.name) for v in rows])
     shape_w = max([len("shape")] + [len(_shape(v.shape)) for v in rows])

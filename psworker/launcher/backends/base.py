@@ -44,6 +44,9 @@ class ProcessBackend(Protocol):
     def stop(self, procs: Sequence[subprocess.Popen], grace_secs: float) -> None:
         """Ends every task in `procs` and what they started: SIGTERM, `grace_secs`, the hard end, reap."""
 
+    def exit_cause(self, proc: subprocess.Popen, returncode: int) -> Optional[str]:
+        """Why the task ended, where the backend knows more than `returncode`; else None."""
+
 
 def die_with_parent() -> Optional[Callable[[], None]]:
     """On Linux, a preexec_fn that makes the child die by SIGKILL when the launcher dies (even by SIGKILL).
@@ -64,12 +67,23 @@ def die_with_parent() -> Optional[Callable[[], None]]:
     return preexec
 
 
-def popen_task(popen: Callable[..., subprocess.Popen], argv: Sequence[str], env: Mapping[str, str]
-               ) -> subprocess.Popen:
+def popen_task(popen: Callable[..., subprocess.Popen], argv: Sequence[str], env: Mapping[str, str], *,
+               before_exec: Optional[Callable[[], None]] = None) -> subprocess.Popen:
     """Starts `argv` as every backend starts its local end: stdin closed, stdout and stderr merged into one pipe,
-    its own session (process group == pid), dying with the launcher."""
+    its own session (process group == pid), dying with the launcher; `before_exec` runs first in the child (e.g.
+    joining a memory cgroup, `cgroups.MemoryCgroup.joiner`)."""
+    dying = die_with_parent()
+    preexec = dying if before_exec is None else _in_turn(before_exec, dying)
     return popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent())
+                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+
+
+def _in_turn(*steps: Optional[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:
+        for step in steps:
+            if step is not None:
+                step()
+    return run
 
 
 class Backend(ABC):
@@ -114,6 +128,11 @@ class Backend(ABC):
     def outputs_dir(self, spec: ClusterSpec, run_dir: Path) -> Path:
         """Where the chief's checkpoints and export are."""
         return Path(spec.train.train_dir or run_dir)
+
+    def exit_cause(self, proc: subprocess.Popen, returncode: int) -> Optional[str]:
+        """Why the task ended, where the backend knows more than its exit code (e.g. the kernel killed it over its
+        memory limit); None (the default): the exit code says it all."""
+        return None
 
     # -- processes ---------------------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The local backend: every task of a spec runs as a subprocess on this machine, bound to 127.0.0.1, in its own
 process group, dying with the launcher; optionally in a private network namespace (`--network`) and with
-TensorBoard on the run dir (`--tensorboard`)."""
+TensorBoard on the run dir (`--tensorboard`), and each ps in a memory cgroup of its own (`--ps_memory_limit`,
+`psworker.launcher.cgroups`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,9 +26,10 @@ from psworker.plan import Task
 from psworker.spec import Address, ClusterSpec, format_address, with_addresses
 
 if TYPE_CHECKING:
+    from psworker.launcher.cgroups import MemoryCgroup
     from psworker.launcher.shaping import LinkShaping
 
-__all__ = ["LOCAL_HOST", "LocalBackend", "LocalOptions", "NETWORK_MODES", "resolve_local_spec"]
+__all__ = ["LOCAL_HOST", "LocalBackend", "LocalOptions", "NETWORK_MODES", "memory_cap_possible", "resolve_local_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ class LocalOptions:
                                                     # None: called in-process (never re-executed)
     tensorboard_port: Optional[int] = None       # serve the run dir on 127.0.0.1 (0: a free port); None: no
     ps_link_rate_bps: Optional[int] = None       # shape each ps port's link to this, per direction (shaping.py)
+    ps_memory_limit_bytes: Optional[int] = None  # cap each ps's memory (a cgroup v1 each, cgroups.py); None: no cap
 
     def __post_init__(self) -> None:
         if self.network not in NETWORK_MODES:
@@ -88,6 +92,16 @@ def resolve_local_spec(spec: ClusterSpec, train_dir: str | os.PathLike) -> Clust
         for i, (old, a) in enumerate(zip(spec.addresses(job), resolved.addresses(job))):
             logger.debug("local address: %s:%d %s -> %s", job, i, format_address(old), a)
     return dataclasses.replace(resolved, train=dataclasses.replace(spec.train, train_dir=str(train_dir)))
+
+
+def memory_cap_possible() -> None:
+    """`--ps_memory_limit` needs a cgroup v1 memory controller this process may use: refuses (exit 2) naming why
+    not."""
+    from psworker.launcher.cgroups import unavailable
+
+    why = unavailable()
+    if why is not None:
+        raise UsageError(f"--ps_memory_limit: cannot cap the ps memory here: {why}")
 
 
 def _check_shaping_possible(argv: Optional[Sequence[str]]) -> None:
@@ -195,6 +209,9 @@ class LocalBackend(Backend):
         self._popen = popen
         self._strays: list[psutil.Process] = []    # what the tasks had started when the teardown began
         self._shaping: Optional["LinkShaping"] = None   # `--ps_link_rate`, once installed
+        self._cgroups: dict[int, "MemoryCgroup"] = {}   # `--ps_memory_limit`: ps index -> its cgroup, once made
+        self._capped: dict[int, tuple["MemoryCgroup", Optional[int]]] = {}   # pid -> (its cgroup, OOM kills before)
+        self._run_dir: Optional[Path] = None
 
     def place(self, spec: ClusterSpec, run_dir: Path) -> ClusterSpec:
         return resolve_local_spec(spec, run_dir)
@@ -202,10 +219,15 @@ class LocalBackend(Backend):
     @contextlib.contextmanager
     def session(self, run_dir: Path, console: TextIO) -> Iterator[None]:
         """TensorBoard on the run dir, started on this host's network before the launcher moves into its private
-        namespace (a re-executed launcher finds its pid in the environment and stops it at the end)."""
+        namespace (a re-executed launcher finds its pid in the environment and stops it at the end); with
+        `--ps_memory_limit`, a check that memory cgroups can be made here first, and each ps's peak and the removal
+        of their cgroups at the end."""
         from psworker.launcher import tensorboard
 
         opts = self.options
+        self._run_dir = run_dir
+        if opts.ps_memory_limit_bytes is not None:
+            memory_cap_possible()
         pid = os.environ.get(TENSORBOARD_PID_ENV)
         if opts.tensorboard_port is not None and pid is None:
             started, url = tensorboard.start_detached(str(run_dir), opts.tensorboard_port)
@@ -220,6 +242,7 @@ class LocalBackend(Backend):
                                                                       *argv[1:]], opts.ps_link_rate_bps is not None)
             yield
         finally:
+            self._end_memory_caps(console)
             if pid is not None:
                 if tensorboard.keeps_serving(console) and sys.exc_info()[0] is None and not _stopped(run_dir):
                     print(f"psworker: TensorBoard at {os.environ.get(TENSORBOARD_URL_ENV, '?')} serves the run "
@@ -231,9 +254,11 @@ class LocalBackend(Backend):
             self._report_link_bytes(console)
 
     def prepare(self, spec: ClusterSpec, text: str) -> None:
-        """`--ps_link_rate`: a shaped link per ps port on `lo` (we are root in the run's own namespace here)."""
+        """`--ps_link_rate`: a shaped link per ps port on `lo` (we are root in the run's own namespace here);
+        `--ps_memory_limit`: a memory cgroup per ps."""
         from psworker.launcher import shaping
 
+        self._make_memory_caps(len(spec.addresses("ps")))
         if self.options.ps_link_rate_bps is None:
             return
         link = shaping.LinkShaping(self.options.ps_link_rate_bps, tuple(a.port for a in spec.addresses("ps")),
@@ -264,7 +289,57 @@ class LocalBackend(Backend):
         return f"starting {len(tasks)} tasks on {LOCAL_HOST} ({where}){shaped}; logs in {log_dir}"
 
     def start(self, task: Task, env: Mapping[str, str]) -> subprocess.Popen:
-        return popen_task(self._popen, task.argv, env)
+        cgroup = self._cgroups.get(task.index) if task.job == "ps" else None
+        if cgroup is None:
+            return popen_task(self._popen, task.argv, env)
+        cgroup.reset()
+        kills = cgroup.oom_kills()          # before it starts: a kill at once still counts as its own
+        proc = popen_task(self._popen, task.argv, env, before_exec=cgroup.joiner())
+        self._capped[proc.pid] = (cgroup, kills)
+        return proc
+
+    def exit_cause(self, proc: subprocess.Popen, returncode: int) -> Optional[str]:
+        """A capped ps that the kernel's OOM killer ended: `killed by the kernel: over its memory limit (...)`."""
+        from psworker.launcher.cgroups import killed_over_limit
+
+        cgroup, kills_before = self._capped.get(proc.pid, (None, None))
+        return None if cgroup is None else killed_over_limit(cgroup, returncode, kills_before)
+
+    def _make_memory_caps(self, num_ps: int) -> None:
+        """`--ps_memory_limit`: one capped cgroup per ps, in the launcher's own (refuses, exit 2, if one cannot be
+        made: nothing has started yet)."""
+        from psworker.launcher import cgroups
+
+        limit = self.options.ps_memory_limit_bytes
+        if limit is None or self._cgroups:
+            return
+        parent, token = cgroups.own_memory_cgroup(), secrets.token_hex(4)
+        if parent is None:
+            raise UsageError("--ps_memory_limit: no cgroup v1 memory controller is mounted")
+        cgroups.remove_stale(parent)
+        try:
+            for i in range(num_ps):
+                self._cgroups[i] = cgroups.create(parent, cgroups.new_name(i, token), limit)
+        except OSError as e:
+            self._remove_memory_caps()
+            raise UsageError(f"--ps_memory_limit: cannot make a memory cgroup in {parent}: {e}") from None
+        logger.info("--ps_memory_limit: each ps in a memory cgroup of its own, capped at %d bytes: %s", limit,
+                    ", ".join(str(c.path) for c in self._cgroups.values()))
+
+    def _end_memory_caps(self, console: TextIO) -> None:
+        """After the run's report: each ps's peak memory, then its cgroup removed."""
+        from psworker.launcher.cgroups import peak_line
+
+        try:
+            if self._cgroups:
+                print(f"psworker: {peak_line(self._cgroups, self._run_dir)}", file=console, flush=True)
+        finally:
+            self._remove_memory_caps()
+
+    def _remove_memory_caps(self) -> None:
+        for cgroup in self._cgroups.values():
+            cgroup.remove()
+        self._cgroups.clear()
 
     def signal(self, proc: subprocess.Popen, sig: int) -> None:
         _signal_group(proc.pid, sig)
