@@ -29,6 +29,15 @@ getrusage(RUSAGE_CHILDREN) holds them), start-up included, over every example th
     python benchmarks/peers.py --models cnn --variants psworker,pss --shapes 1x1,1x2,2x2 \
         --ps_link_rate 100mbit,1gbit --steps 120 --repeat 3                           # issue 19's table
 
+criteo (psworker/models/criteo.py; pss_peer.py's CtrNet, the fair sparse peer its docstring describes) runs
+`--steps` x `--criteo_factor` global steps on Criteo day files (`--criteo_dir`, default synthetic). psworker's
+criteo runs also report the held-out AUC (the chief's final eval; the in-process run trains exactly as many
+examples, saves and is scored by `evaluate_checkpoint`), and the table prints each cluster's AUC minus the
+in-process one. An in-process run is unshaped, so with `--ps_link_rate none,...` it runs once and serves every rate.
+
+    python benchmarks/peers.py --models criteo --variants psworker,pss --shapes 0,1x1,2x2,4x4 \
+        --ps_link_rate none,100mbit --batch_size 256 --steps 120 --repeat 3                  # issue 28's table
+
 `--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
 runs it unstaged). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
 reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
@@ -60,7 +69,8 @@ FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILIN
 LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
 DONE = re.compile(r"done at global step (\d+) after \d+ local steps")
 STOP_GRACE_S = 30.0
-PSWORKER_MODEL = {"cnn": "cifar10", "mlp": "mlp"}
+PSWORKER_MODEL = {"cnn": "cifar10", "mlp": "mlp", "criteo": "criteo"}
+AUC_LINE = re.compile(r"auc = ([0-9.]+), logloss = ([0-9.]+)")
 SITECUSTOMIZE = '''\
 """Benchmark-only switches for psworker's moving averages (written by benchmarks/peers.py)."""
 import os
@@ -148,20 +158,40 @@ def link_bytes(stdout: str) -> dict:
 # --------------------------------------------------------------------------------------------- psworker side
 
 def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, learning_rate: float) -> None:
-    """The `_psworker_in_process` subcommand: psworker's own graph and MonitoredSession, no servers."""
+    """The `_psworker_in_process` subcommand: psworker's own graph and MonitoredSession, no servers. A model with
+    an AUC (criteo) trains `steps` in all (warm-up included, as many examples as a cluster run's global steps),
+    saves a checkpoint and reports the held-out AUC as `psworker eval` computes it."""
     import tensorflow as tf
 
     from psworker import models
     from psworker.spec import TrainConfig
-    from psworker.train.graph import train_in_process
+    from psworker.train.graph import WARMUP_STEPS, train_in_process
 
     tf.compat.v1.disable_eager_execution()
     name = PSWORKER_MODEL[model]
+    scored = models.get(name).eval_metric == "auc"
     config = TrainConfig(model=name, batch_size=batch_size, learning_rate=learning_rate,
-                         data_dir=data_dir if model == "cnn" else None)
-    seconds, n = train_in_process(models.get(name), config, steps=steps)
+                         data_dir=data_dir if model != "mlp" else None)
+    with tempfile.TemporaryDirectory(prefix="psworker-inprocess-") as tmp:
+        seconds, n = train_in_process(models.get(name), config, steps=steps - WARMUP_STEPS if scored else steps,
+                                      checkpoint_dir=tmp if scored else None)
+        extra = {}
+        if scored:
+            from psworker.train.evaluate import evaluate_checkpoint
+
+            got = evaluate_checkpoint(models.get(name), tf.train.latest_checkpoint(tmp), data_dir=data_dir)
+            extra = {"auc": got.auc, "logloss": got.logloss, "global_step": got.global_step}
     print(json.dumps({"examples_per_sec": n * batch_size / seconds, "seconds": seconds,
-                      "ema": bool(models.get(name).moving_average_decay)}), flush=True)
+                      "ema": bool(models.get(name).moving_average_decay), **extra}), flush=True)
+
+
+def model_steps(model: str, args) -> int:
+    """Global steps of a cluster run of `model` (`--steps`, times `--mlp_factor` or `--criteo_factor`)."""
+    return args.steps * {"cnn": 1, "mlp": args.mlp_factor, "criteo": args.criteo_factor}[model]
+
+
+def data_dir(model: str, args) -> Optional[str]:
+    return {"cnn": args.data_dir, "criteo": args.criteo_dir}.get(model)
 
 
 def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, site_dir: Path, tag: str,
@@ -173,25 +203,26 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
     env = _env(ema, site_dir) if env is None else env
     what = f"psworker {model} {num_ps}ps+{workers}w ema={ema} {mode}{f' at {rate}' if rate else ''}"
     if workers == 0:
-        steps = args.steps * args.inprocess_factor
+        steps = model_steps(model, args) * (1 if model == "criteo" else args.inprocess_factor)
         done = _run([sys.executable, str(Path(__file__).resolve()), "_psworker_in_process", "--model", model,
-                     "--steps", str(steps), "--batch_size", str(args.batch_size), "--data_dir", args.data_dir,
-                     "--learning_rate", str(args.learning_rate)], env, args.timeout, what)
+                     "--steps", str(steps), "--batch_size", str(args.batch_size), "--data_dir",
+                     data_dir(model, args) or "", "--learning_rate", str(args.learning_rate)], env, args.timeout, what)
         result = _last_json(done.stdout, what)
         if model == "cnn" and result["ema"] == (ema == "off"):
             raise RuntimeError(f"{what}: the moving-average switch did not take effect")
         return {"examples_per_sec": result["examples_per_sec"],
-                "cpu_s_per_1000": 1000 * done.cpu_s / (steps * args.batch_size)}
+                "cpu_s_per_1000": 1000 * done.cpu_s / (steps * args.batch_size),
+                **({"auc": result["auc"]} if "auc" in result else {})}
     import yaml
 
-    steps = args.steps if model == "cnn" else args.steps * args.mlp_factor
+    steps = model_steps(model, args)
     log_every = max(1, steps // (args.intervals * workers))   # lines count each worker's local steps
     spec = workdir / f"{tag}.yaml"
     spec.write_text(yaml.safe_dump({
         "cluster": {"ps": ["localhost:auto"] * num_ps, "worker": ["localhost:auto"] * workers},
         "train": {"model": PSWORKER_MODEL[model], "mode": mode, "max_steps": steps,
                   "batch_size": args.batch_size, "learning_rate": args.learning_rate, "log_every_steps": log_every,
-                  "data_dir": args.data_dir if model == "cnn" else None},
+                  "data_dir": data_dir(model, args)},
     }, sort_keys=False))
     started = time.monotonic()
     done = _run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag), *flags]
@@ -201,7 +232,9 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
         per_worker.setdefault(worker, []).append(float(rate))
     steady = {w: statistics.mean(r[1:]) for w, r in per_worker.items() if len(r) > 1}
     warmup = warmup_steps(steps)
-    return {"examples_per_sec": steady_rate(workdir / tag, workers, warmup, what) * args.batch_size,
+    auc = AUC_LINE.search(done.stdout)
+    return {**({"auc": float(auc[1])} if auc else {}),
+            "examples_per_sec": steady_rate(workdir / tag, workers, warmup, what) * args.batch_size,
             "from_first_step": global_rate(workdir / tag / "logs", workers, what) * args.batch_size,
             "progress_lines_sum": sum(steady.values()), "wall_s": time.monotonic() - started,
             "cpu_s_per_1000": 1000 * done.cpu_s / (steps * args.batch_size), **link_bytes(done.stdout)}
@@ -263,12 +296,12 @@ def global_rate(log_dir: Path, workers: int, what: str) -> float:
 
 def pss_run(model: str, workers: int, *, ema: bool, args, num_ps: int = 1, rate: Optional[str] = None) -> dict:
     what = f"pss {model} {num_ps}ps+{workers}w{' +ema' if ema else ''}{f' at {rate}' if rate else ''}"
-    steps = args.steps if model == "cnn" else args.steps * args.mlp_factor
+    steps = model_steps(model, args)
     if workers == 0:
         steps *= args.inprocess_factor
     argv = [sys.executable, str(HERE / "pss_peer.py"), "--model", model, "--workers", str(workers), "--ps",
             str(num_ps), "--steps", str(steps), "--batch_size", str(args.batch_size), "--learning_rate",
-            str(args.learning_rate), "--warmup", str(warmup_steps(steps)), "--data_dir", args.data_dir]
+            str(args.learning_rate), "--warmup", str(warmup_steps(steps)), "--data_dir", data_dir(model, args) or ""]
     argv += (["--ema"] if ema else []) + (["--ps_link_rate", rate] if rate else [])
     done = _run(argv, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), args.timeout, what)
     result = _last_json(done.stdout, what)
@@ -318,7 +351,7 @@ def print_table(results: dict, cpu: dict, models: list[str], columns: list[tuple
     for model, name, _ in variants(models, args.pss_ema, args.variants):
         row, cells = results[model][name], []
         for c in columns:
-            v, base = row[c], row.get((c[0], (0, 0)))
+            v, base = row[c], in_process(row, c[0])
             cells.append(f"{v:.0f}" + (f" ({v / base:.2f}x)" if base and c[1][1] else ""))
             if base and c[1][1] and v == v:
                 ratios[f"{model}/{name}/{label[c]}/vs_in_process"] = v / base
@@ -335,6 +368,28 @@ def print_table(results: dict, cpu: dict, models: list[str], columns: list[tuple
     for model, name, _ in variants(models, args.pss_ema, args.variants):
         print(f"{model:<5} {name:<26}" + "".join(f"{cpu[model][name][c]:>22.1f}" for c in columns))
     return ratios
+
+
+def in_process(row: dict, rate: Optional[str]) -> Optional[float]:
+    """`row`'s in-process cell at `rate`, else its unshaped one (in-process runs have no link to shape)."""
+    return row.get((rate, (0, 0)), row.get((None, (0, 0))))
+
+
+def print_aucs(aucs: dict, models: list[str], columns: list[tuple]) -> dict:
+    """psworker's held-out AUC per column (models with one), and each cluster's difference from its in-process
+    run at the same rate: the same examples trained in one process should score the same."""
+    out = {}
+    for model in [m for m in models if "psworker" in aucs[m] and any(v == v for v in aucs[m]["psworker"].values())]:
+        row = aucs[model]["psworker"]
+        print(f"held-out AUC, psworker, after the same examples:\n{model:<5} {'psworker':<26}"
+              + "".join(f"{row[c]:>22.4f}" for c in columns))
+        cells = []
+        for c in columns:
+            base = in_process(row, c[0]) or float("nan")
+            out[f"{model}/psworker/{(c[0] or '')} {shape_name(c[1])}/auc_minus_in_process"] = row[c] - base
+            cells.append(f"{row[c] - base:+.4f}")
+        print(f"{model:<5} {'cluster - in-process':<26}" + "".join(f"{x:>22}" for x in cells))
+    return out
 
 
 def run_one(model: str, column: tuple, name: str, opt: dict, args, workdir: Path, site_dir: Path, tag: str
@@ -376,7 +431,7 @@ def measure(models: list[str], columns: list[tuple], args, workdir: Path, site_d
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp")
+    p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp, criteo")
     p.add_argument("--shapes", default="0,1,2",
                    help="comma-separated: workers with 1 ps (0 = in-process), or PSxW, e.g. 0,1x1,2x2")
     p.add_argument("--variants", default=None, help="only these sides, comma-separated (e.g. psworker,pss)")
@@ -385,6 +440,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                         "100mbit,1gbit; every shape runs at each")
     p.add_argument("--steps", type=int, default=200, help="CNN global steps per cluster run")
     p.add_argument("--mlp_factor", type=int, default=10, help="MLP runs --steps times this")
+    p.add_argument("--criteo_factor", type=int, default=5, help="criteo runs --steps times this")
     p.add_argument("--inprocess_factor", type=int, default=1, help="in-process runs this many times more steps")
     p.add_argument("--intervals", type=int, default=5, help="psworker progress lines per worker and run")
     p.add_argument("--batch_size", type=int, default=64)
@@ -392,6 +448,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1, help="runs of every variant (interleaved); median reported")
     p.add_argument("--pss_ema", action="store_true", help="also run the PSS CNN with moving averages")
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
+    p.add_argument("--criteo_dir", help="Criteo day files (default: `psworker data criteo-synthetic "
+                                        "--rows_per_day 50000` in a temporary folder)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     args = p.parse_args(argv)
     args.models_list = [m for m in args.models.split(",") if m]
@@ -401,9 +459,22 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--shapes: {args.shapes!r}: worker counts or PSxW, e.g. 0,1,2x2")
     args.rates = [None if r == "none" else r for r in args.ps_link_rate.split(",") if r]
     args.variants = None if args.variants is None else [v.strip() for v in args.variants.split(",")]
-    if set(args.models_list) - {"cnn", "mlp"}:
-        p.error("--models takes cnn,mlp")
+    if set(args.models_list) - set(PSWORKER_MODEL):
+        p.error("--models takes cnn,mlp,criteo")
     return args
+
+
+def write_data(models: list[str], args, workdir: Path, site_dir: Path) -> None:
+    """Synthetic CIFAR-10 (cnn) and Criteo (criteo) in `workdir` where no --data_dir / --criteo_dir names them."""
+    if "cnn" in models and args.data_dir is None:
+        args.data_dir = str(workdir / "data")
+        _run([sys.executable, "-m", "psworker", "data", "cifar10-synthetic", "--data_dir", args.data_dir],
+             _env("shipped", site_dir), 300, "writing synthetic CIFAR-10")
+    if "criteo" in models and args.criteo_dir is None:
+        args.criteo_dir = str(workdir / "criteo")
+        _run([sys.executable, "-m", "psworker", "data", "criteo-synthetic", "--data_dir", args.criteo_dir,
+              "--rows_per_day", "50000"], _env("shipped", site_dir), 300, "writing synthetic Criteo")
+    args.data_dir, args.criteo_dir = (os.path.abspath(d) if d else d for d in (args.data_dir, args.criteo_dir))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -420,26 +491,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     args = _parse_args(argv)
     models = args.models_list
-    columns = [(rate, shape) for rate in args.rates for shape in args.shapes_list]
+    columns = [(rate, shape) for rate in args.rates for shape in args.shapes_list
+               if not (rate and shape == (0, 0) and None in args.rates)]   # one in-process run serves every rate
     with tempfile.TemporaryDirectory(prefix="psworker-peers-") as tmp:
         workdir = Path(tmp)
         site_dir = workdir / "site"
         site_dir.mkdir()
         (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
-        if args.data_dir is None:
-            args.data_dir = str(workdir / "data")
-            _run([sys.executable, "-m", "psworker", "data", "cifar10-synthetic", "--data_dir", args.data_dir],
-                 _env("shipped", site_dir), 300, "writing synthetic CIFAR-10")
-        args.data_dir = os.path.abspath(args.data_dir)
+        write_data(models, args, workdir, site_dir)
         samples, errors = measure(models, columns, args, workdir, site_dir)
     nan = float("nan")
 
     def med(key: str) -> dict:
-        return {m: {name: {c: statistics.median([o[key] for o in v]) if v else nan for c, v in row.items()}
+        return {m: {name: {c: statistics.median([o[key] for o in v if key in o]) if any(key in o for o in v)
+                           else nan for c, v in row.items()}
                     for name, row in rows.items()} for m, rows in samples.items()}
 
-    results, cpu = med("examples_per_sec"), med("cpu_s_per_1000")
+    results, cpu, aucs = med("examples_per_sec"), med("cpu_s_per_1000"), med("auc")
     ratios = print_table(results, cpu, models, columns, args)
+    ratios.update(print_aucs(aucs, models, columns))
     key = {c: f"{c[0] or 'unshaped'} {shape_name(c[1])}" for c in columns}
     flat = {m: {name: {key[c]: v for c, v in row.items()} for name, row in rows.items()} for m, rows in samples.items()}
     print(json.dumps({"batch_size": args.batch_size, "steps": args.steps, "mlp_factor": args.mlp_factor,

@@ -366,8 +366,13 @@ def finish_train_op(apply_op, ema):
         return tf.group(apply_op, ColocatedAverages(ema).apply(dense_trainables()), name="train_op")
 
 
-def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_steps: int = 20) -> tuple[float, int]:
-    """Trains `model` for `steps` steps in this process, without servers (the benchmark's baseline).
+WARMUP_STEPS = 20   # `train_in_process`'s untimed first steps
+
+
+def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_steps: int = WARMUP_STEPS,
+                     checkpoint_dir: Optional[str] = None) -> tuple[float, int]:
+    """Trains `model` for `warmup_steps` + `steps` steps in this process, without servers (the benchmarks'
+    baseline); with `checkpoint_dir`, saves the model there at the end (for `evaluate_checkpoint`).
 
     Returns:
         `(seconds, steps)` for the steps after the first `warmup_steps`.
@@ -380,7 +385,8 @@ def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_st
         if config.seed is not None:
             v1.set_random_seed(config.seed)
         tg = build_train_graph(model, config, cluster=None, task_index=0)
-        with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator()) as sess:
+        hooks = [v1.train.CheckpointSaverHook(checkpoint_dir, save_steps=10 ** 9)] if checkpoint_dir else []
+        with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator(), hooks=hooks) as sess:
             for _ in range(warmup_steps):
                 sess.run(tg.train_op)
             start = time.perf_counter()
@@ -390,5 +396,5 @@ def train_in_process(model: Model, config: TrainConfig, *, steps: int, warmup_st
 
 
 __all__ = ["TrainGraph", "Optimization", "optimization", "CappedOptimizer", "ColocatedAverages",
-           "build_train_graph", "finish_train_op", "dense_trainables", "log_tables", "train_in_process",
+           "build_train_graph", "finish_train_op", "dense_trainables", "log_tables", "train_in_process", "WARMUP_STEPS",
            "SYNC_INIT_TOKENS"]
