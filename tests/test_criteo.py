@@ -109,6 +109,49 @@ def test_plan_prints_each_ps_share_of_the_table_and_the_traffic_per_row():
     assert max(loads) / (sum(loads) / 3) < 1.02, text   # the table and its accumulators balance the ps
 
 
+SPARSE_LINE = re.compile(r"sparse traffic per worker step, batch (\d+): ([\d,]+) distinct rows \(([^:]*):.*\): "
+                         r"([\d,]+) bytes pulled, ([\d,]+) pushed; with the dense weights ([\d,]+) pulled")
+
+
+def _ints(found: re.Match, *groups: int) -> list[int]:
+    return [int(found[g].replace(",", "")) for g in groups]
+
+
+def test_plan_counts_the_rows_a_step_touches_on_the_data_given_or_bounds_them(criteo_dir, tmp_path):
+    """The plan's sparse line: the distinct rows of the run's batches read by the model's own input: 26 on files
+    whose lines are all one line (one row per column), between that and the bound on the synthetic set; without data
+    the bound (256 x 26); `--rows_per_step` as given (through the CLI). Each row moves its id and 8 floats both
+    ways."""
+    from psworker.data import criteo
+    from psworker.train import plan_report
+
+    same = tmp_path / "same"
+    same.mkdir()
+    line = criteo.format_line(1, list(range(13)), [f"{c:08x}" for c in range(26)])
+    for day in range(2):
+        (same / f"day_{day}").write_text(line * 300)
+    report = plan_report.placement_report("criteo", 2)
+
+    def sparse(**kw) -> re.Match:
+        text = plan_report.sparse_traffic_line(report, 256, **kw)
+        assert SPARSE_LINE.search(text or ""), text
+        return SPARSE_LINE.search(text)
+
+    one = sparse(data_dir=str(same))
+    assert _ints(one, 1, 2, 4, 5) == [256, 26, 26 * 40, 26 * 40] and one[3] == "measured", one[0]
+    synthetic = sparse(data_dir=str(criteo_dir))
+    rows, pulled, with_dense = _ints(synthetic, 2, 4, 6)
+    assert 26 * 20 < rows < 256 * 26 and pulled == rows * 40 and with_dense > pulled, synthetic[0]
+    bound = sparse()
+    assert _ints(bound, 2, 4) == [256 * 26, 256 * 26 * 40] and bound[3] == "at most", bound[0]
+    spec = write_spec(tmp_path / "criteo.yaml", num_ps=2, num_workers=1, model="criteo", batch_size=256)
+    run = subprocess.run([sys.executable, "-m", "psworker", "plan", str(spec), "--model", "criteo",
+                          "--rows_per_step", "2300"], env=task_env(), capture_output=True, text=True, timeout=300)
+    given = SPARSE_LINE.search(run.stdout)
+    assert run.returncode == 0 and given, run.stdout[-3000:] + run.stderr[-3000:]
+    assert _ints(given, 2, 5) == [2300, 92_000] and given[3] == "given", given[0]
+
+
 # ---------------------------------------------------------------------------------------------- clusters
 
 

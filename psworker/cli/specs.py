@@ -58,6 +58,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print()
         print(plan_report.describe(model, len(spec.ps), workers=len(spec.worker), step_rate=args.step_rate,
                                    bandwidth_gbps=args.bandwidth_gbps, report=report))
+        sparse = plan_report.sparse_traffic_line(report, spec.train.batch_size, data_dir=args.data_dir,
+                                                 rows_per_step=args.rows_per_step)
+        if sparse:
+            print(sparse)
+        elif args.data_dir or args.rows_per_step:
+            print(f"psworker: note: model {model} has no sparse table; --data_dir and --rows_per_step count the "
+                  "rows of one", file=sys.stderr)
         if args.ps_memory_limit is not None:
             return _memory_fit(model, report, args.ps_memory_limit)
     return 0
@@ -97,6 +104,11 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
                         "line's 1/sec_per_batch; default 10)")
     p.add_argument("--bandwidth_gbps", type=positive_float, default=10.0, metavar="B",
                    help="with --model: each ps's link, Gbit/s each way (default 10)")
+    p.add_argument("--data_dir", metavar="DIR",
+                   help="with a sparse-table model: measure the distinct rows a step touches on these training "
+                        "files (default: the most a batch can touch)")
+    p.add_argument("--rows_per_step", type=int_type(1), metavar="N",
+                   help="with a sparse-table model: assume a step touches N distinct rows")
     add_memory_limit_flag(p, "with the model (--model, else the spec's): whether each ps's variables and optimizer "
                              "slots, plus a bare ps's baseline, fit under SIZE (e.g. 1.5GB, 800MiB); if not, exit 2 "
                              "and the ps count the model needs")

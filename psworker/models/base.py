@@ -59,6 +59,7 @@ class Model(abc.ABC):
     # The input runs Python (`tf.numpy_function`), which only the process that built the graph can run: in-graph
     # replication then reads every worker's batches on its client (worker 0) and sends them on.
     python_input: bool = False
+    ids_per_example: int = 0   # a sparse-table model's: the table ids one example looks up (`table_ids`)
 
     @abc.abstractmethod
     def train_inputs(self, spec: InputSpec):
@@ -85,6 +86,11 @@ class Model(abc.ABC):
         Safe to call several times inside `tf.compat.v1.variable_scope(..., reuse=tf.compat.v1.AUTO_REUSE)`
         (towers): variables come from `get_variable` and are shared.
         """
+
+    def table_ids(self, features):
+        """A sparse-table model's: the rows `inference` looks up for a batch (int64 `[batch, ids_per_example]`), which
+        `psworker plan --data_dir` counts. Only models with `ids_per_example` implement it."""
+        raise NotImplementedError(f"model {self.name!r} has no sparse table")
 
     def serving_preprocess(self, raw):
         """Graph ops that turn a raw batch `[batch, *raw_input_shape]` into `inference`'s input exactly as

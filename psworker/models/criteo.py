@@ -59,6 +59,7 @@ class CriteoModel(Model):
     preprocessed_dtype = "int64"            # `preprocess_fields`: integers, then table rows
     eval_metric = "auc"
     python_input = True                     # lines gathered by position from memory (`tf.numpy_function`)
+    ids_per_example = criteo.NUM_CAT
 
     def __init__(self, max_buckets: int = MAX_BUCKETS, embedding_dim: int = EMBEDDING_DIM, name: Optional[str] = None):
         """Args:
@@ -92,6 +93,9 @@ class CriteoModel(Model):
     def num_train_examples(self, data_dir: Optional[str]) -> int:
         return criteo.num_examples(data_dir)
 
+    def table_ids(self, features):
+        return features[:, criteo.NUM_INT:]
+
     def serving_preprocess(self, raw):
         """Raw fields (string `[batch, 39]`: integers as text, hex strings, '' where empty) -> table rows."""
         return criteo.preprocess_fields(raw, self.buckets)
@@ -106,7 +110,7 @@ class CriteoModel(Model):
             TABLE_NAME, [self.table_rows, self.embedding_dim], tf.float32,
             v1.truncated_normal_initializer(stddev=0.05),
             collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES, SPARSE_TABLES])
-        embedded = sparse_lookup(table, features[:, criteo.NUM_INT:])
+        embedded = sparse_lookup(table, self.table_ids(features))
         x = tf.concat([tf.reshape(embedded, [-1, criteo.NUM_CAT * self.embedding_dim]), dense], axis=1)
         fan_in = criteo.NUM_CAT * self.embedding_dim + criteo.NUM_INT
         for i, width in enumerate((*HIDDEN, 1), start=1):

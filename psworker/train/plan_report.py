@@ -176,8 +176,25 @@ def _table_lines(report: PlacementReport) -> list[str]:
     return lines
 
 
+def sparse_traffic_line(report: PlacementReport, batch_size: int, *, data_dir: Optional[str] = None,
+                        rows_per_step: Optional[int] = None) -> Optional[str]:
+    """The sparse tables' bytes per worker step at `batch_size` (`sparse_traffic`: the distinct rows measured on
+    `data_dir`, given as `rows_per_step`, or bounded), with the dense estimate's; None for a model without tables."""
+    from psworker import models
+    from psworker.train import sparse_traffic
+
+    if not report.tables:
+        return None
+    dims = [next(v for v in report.variables if table in (v.checkpoint_name, v.name)).checkpoint_shape[1]
+            for table in report.tables]
+    table_bytes = sum(v.nbytes for v in report.variables if v.trainable and v.checkpoint_name in report.tables)
+    rows = sparse_traffic.rows_touched(models.get(report.model), batch_size, data_dir, rows_per_step)
+    return sparse_traffic.describe(sparse_traffic.per_step(rows, dims), batch_size, sum(report.traffic.pull),
+                                   sum(report.traffic.push), table_bytes)
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-__all__ = ["PlacedVariable", "PlacementReport", "placement_report", "describe"]
+__all__ = ["PlacedVariable", "PlacementReport", "placement_report", "describe", "sparse_traffic_line"]
