@@ -18,6 +18,11 @@ the ps, the apply on the ps, the moving-average update on the ps, other ps ops. 
 intervals (ms of wall time during which at least one such op ran) and, for compute, the sum of op times.
 
     python benchmarks/profile_step.py --models cnn,mlp --steps 100 --trace_steps 10 [--data_dir D] [--timeline_dir T]
+    python benchmarks/profile_step.py --models criteo --batch_size 256 [--criteo_dir D]     # a sparse step
+
+criteo (psworker/models/criteo.py, its table whole on the one ps) adds the table's categories: the row gather on
+the ps (`ResourceGather`), the sparse Adagrad apply of the touched rows, and the worker's input (`IteratorGetNext`:
+the lines gathered by position in Python, hashed in the graph).
 
 Prints a table per variant and last a JSON line with every number. Noisy on a shared machine: compare ratios.
 """
@@ -45,7 +50,11 @@ import pss_peer  # noqa: E402  (free ports, server subprocesses)
 
 EMA_MARKERS = ("ExponentialMovingAverage", "moving_avg")
 RECV_TYPES = ("RecvTensor", "_Recv", "_HostRecv")
-APPLY_TYPES = ("ResourceApplyGradientDescent", "ApplyGradientDescent", "AssignAddVariableOp", "AssignAdd")
+APPLY_TYPES = ("ResourceApplyGradientDescent", "ApplyGradientDescent", "AssignAddVariableOp", "AssignAdd",
+               "ResourceApplyAdagrad", "ApplyAdagrad", "ResourceApplyAdagradV2")
+SPARSE_APPLY_TYPES = ("ResourceSparseApplyAdagrad", "SparseApplyAdagrad", "ResourceSparseApplyAdagradV2")
+GATHER_TYPES = ("ResourceGather", "GatherV2", "Gather")
+INPUT_TYPES = ("IteratorGetNext", "IteratorGetNextSync")
 
 
 def _union_ms(intervals: list[tuple[int, int]]) -> float:
@@ -95,7 +104,11 @@ def breakdown(step_stats, graph) -> dict:
                 if any(m in ns.node_name for m in EMA_MARKERS):
                     cats["ps: moving-average update"].append(iv)
                 elif kind in APPLY_TYPES:
-                    cats["ps: apply (SGD + global step)"].append(iv)
+                    cats["ps: apply (dense + global step)"].append(iv)
+                elif kind in SPARSE_APPLY_TYPES:
+                    cats["ps: sparse apply (table rows)"].append(iv)
+                elif kind in GATHER_TYPES:
+                    cats["ps: gather (table rows)"].append(iv)
                 elif kind in RECV_TYPES:
                     cats["ps: pull gradients from worker (RecvTensor)"].append(iv)
                 else:
@@ -108,6 +121,8 @@ def breakdown(step_stats, graph) -> dict:
                     cats["worker: pull variables from ps (RecvTensor)"].append(iv)
                 elif kind in ("_Send", "_HostSend"):
                     cats["worker: send"].append(iv)
+                elif kind in INPUT_TYPES:
+                    cats["worker: input (IteratorGetNext)"].append(iv)
                 else:
                     cats["worker: compute"].append(iv)
                     compute_by_type[kind] += (end - start) / 1000.0
@@ -197,7 +212,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     from psworker.train.session import FastSessionCreator
 
     v1 = tf.compat.v1
-    name = "cifar10" if variant.startswith("cnn") else "mlp"
+    name = {"cnn": "cifar10", "mlp": "mlp", "criteo": "criteo"}[variant.split()[0]]
     model = models.get(name)
     if variant == "cnn -ema":
         model.moving_average_decay = None   # this instance only: the graph without the moving averages
@@ -205,7 +220,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
         use_worker_averages(True)   # restored below
     train_dir = tempfile.mkdtemp(prefix=f"profile-{variant}-")
     config = TrainConfig(model=name, batch_size=args.batch_size, learning_rate=0.1, max_steps=10 ** 9,
-                         log_every_steps=100, data_dir=args.data_dir if name == "cifar10" else None,
+                         log_every_steps=100, data_dir={"cifar10": args.data_dir, "criteo": args.criteo_dir}.get(name),
                          train_dir=train_dir)
     me, ps = psutil.Process(), psutil.Process(ps_proc.pid)
     graph = tf.Graph()
@@ -255,7 +270,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
         wall: dict[str, list[float]] = {k: [] for k in modes}
         cpu_me: dict[str, list[float]] = {k: [] for k in modes}
         cpu_ps: dict[str, list[float]] = {k: [] for k in modes}
-        steps = args.steps * (args.mlp_factor if name == "mlp" else 1)
+        steps = args.steps * {"mlp": args.mlp_factor, "criteo": args.criteo_factor}.get(name, 1)
         per_round = max(1, steps // args.rounds)
         for _ in range(args.rounds):
             for key, run in modes.items():
@@ -317,9 +332,13 @@ def print_variant(variant: str, r: dict, batch_size: int) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp (cnn runs with and without EMA)")
+    p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp, criteo (cnn runs with and "
+                                                        "without EMA)")
     p.add_argument("--steps", type=int, default=100, help="CNN: timed steps per mode (split into rounds)")
     p.add_argument("--mlp_factor", type=int, default=10, help="the MLP runs --steps times this")
+    p.add_argument("--criteo_factor", type=int, default=5, help="criteo runs --steps times this")
+    p.add_argument("--criteo_dir", help="Criteo day files (default: `criteo-synthetic --rows_per_day 50000`, "
+                                        "in a temporary folder)")
     p.add_argument("--rounds", type=int, default=4, help="the modes alternate this many times")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--trace_steps", type=int, default=10)
@@ -335,6 +354,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         args.data_dir = tempfile.mkdtemp(prefix="profile-cifar-")
         write_synthetic(args.data_dir)
+    if args.criteo_dir is None and "criteo" in models:
+        from psworker.data.criteo_synthetic import write_synthetic as write_criteo
+
+        args.criteo_dir = tempfile.mkdtemp(prefix="profile-criteo-")
+        write_criteo(args.criteo_dir, days=3, rows_per_day=50_000)
 
     import tensorflow as tf
 
