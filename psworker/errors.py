@@ -199,7 +199,15 @@ class ExportExistsError(PsworkerError):
         self.path = path
 
 
-__all__ = ["describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob",
+def op_error_line(exc: BaseException) -> str:
+    """A TensorFlow `OpError`'s cause in one line: its message's first line that says something (TF 2's messages
+    start "Graph execution error:", then a blank line, then the cause)."""
+    lines = [line.strip() for line in (getattr(exc, "message", None) or str(exc)).splitlines()]
+    said = [line for line in lines if line and not line.startswith(("Graph execution error", "Detected at node"))]
+    return said[0] if said else type(exc).__name__
+
+
+__all__ = ["op_error_line", "describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob",
            "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
            "StoppedEarly", "EXIT_DISK_FULL", "DiskFull",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",

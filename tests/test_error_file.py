@@ -169,3 +169,18 @@ def test_a_real_run_that_diverges_reports_the_nan_from_the_error_file(tmp_path):
     assert isinstance(record.global_step, int) and record.global_step >= 1, record
     assert f"{name}'s error: TrainingFailed, exit 3, at global step {record.global_step} (" in run.output
     assert_processes_gone(run.pids)
+
+
+def test_a_tensorflow_error_is_named_by_its_cause_not_its_graph_execution_header():
+    """TF 2's OpError messages start "Graph execution error:" and a blank line; the one line psworker logs and
+    reports (a done queue read, a restore, a start-up timeout) is the cause after them. A real timed-out run."""
+    import tensorflow as tf
+
+    from psworker.errors import op_error_line
+
+    with tf.Graph().as_default():
+        dequeue = tf.queue.FIFOQueue(1, tf.int32).dequeue()
+        with tf.compat.v1.Session() as sess, pytest.raises(tf.errors.DeadlineExceededError) as caught:
+            sess.run(dequeue, options=tf.compat.v1.RunOptions(timeout_in_ms=100))
+    assert caught.value.message.startswith("Graph execution error:")
+    assert op_error_line(caught.value) == "Timed out waiting for notification"

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
+from psworker.errors import op_error_line
 from psworker.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def send_done(target: str, sender: int, receivers: Iterable[tuple[str, int]], nu
                 sess.run(op, options=options)
             except tf.errors.OpError as exc:
                 log.warning("worker:%d could not tell %s:%d that it is %s: %s", sender, job, i,
-                            "done" if kind == DONE else f"{kind} the job", exc.message.splitlines()[0])
+                            "done" if kind == DONE else f"{kind} the job", op_error_line(exc))
 
 
 def signal_done(target: str, spec: ClusterSpec, worker: int, *, timeout_secs: float = SEND_DONE_SECS,
@@ -148,7 +149,7 @@ class DoneReader:
             except tf.errors.OpError as exc:
                 self.failures += 1
                 log.warning("%s: reading its done queue failed (%s); trying again", who,
-                            exc.message.splitlines()[0] if exc.message else type(exc).__name__)
+                            f"{type(exc).__name__}: {op_error_line(exc)}")
                 waiting = 0
             if not waiting:
                 self._stop.wait(POLL_SECS)

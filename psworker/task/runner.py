@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from psworker import errorfile, events
-from psworker.errors import AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed
+from psworker.errors import (AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed,
+                             op_error_line)
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
@@ -78,7 +79,7 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
             _evaluate_and_export(model, config, name, emit)
         return TrainResult(global_step=exc.global_step, local_steps=0, seconds=0.0)
     except tf.errors.DeadlineExceededError as exc:
-        raise StartupTimeout(f"{name}: timed out: {exc.message.splitlines()[0]}") from None
+        raise StartupTimeout(f"{name}: timed out: {op_error_line(exc)}") from None
     except (StepTimeout, StoppedEarly):
         if replication.release is not None:
             replication.release(server.target)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from psworker import events
-from psworker.errors import TrainingFailed, UsageError
+from psworker.errors import TrainingFailed, UsageError, op_error_line
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def _evaluate_new(model: Any, checkpoint: str, data_dir: Optional[str], batch_si
         return evaluate_checkpoint(model, checkpoint, data_dir=data_dir, batch_size=batch_size)
     except tf.errors.NotFoundError as exc:
         if once:
-            raise TrainingFailed(f"cannot read {checkpoint}: {exc.message.splitlines()[0]}") from None
+            raise TrainingFailed(f"cannot read {checkpoint}: {op_error_line(exc)}") from None
         # The chief keeps only the last few checkpoints: this one was deleted while we looked.
         log.warning("%s vanished before it could be read; looking again in %g s", checkpoint, eval_interval_secs)
         return None

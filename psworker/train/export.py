@@ -25,7 +25,7 @@ import uuid
 from typing import Optional
 
 from psworker import events
-from psworker.errors import ExportExistsError, TrainingFailed, UsageError
+from psworker.errors import ExportExistsError, TrainingFailed, UsageError, op_error_line
 from psworker.train.evaluate import restore_saver
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def _write(model, checkpoint: str, path: str) -> None:
                 saver.restore(sess, checkpoint)
             except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as exc:
                 raise TrainingFailed(f"cannot restore {checkpoint} into model {model.name!r}: "
-                                     f"{exc.message.splitlines()[0]}") from None
+                                     f"{op_error_line(exc)}") from None
             builder = v1.saved_model.Builder(path)
             builder.add_meta_graph_and_variables(sess, [v1.saved_model.tag_constants.SERVING],
                                                  signature_def_map=signatures, strip_default_attrs=True)

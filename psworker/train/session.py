@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from psworker.errors import op_error_line
+
 log = logging.getLogger(__name__)
 
 RECOVERY_WAIT_SECS = 0.1   # TF's default is 30 s: a non-chief would sleep that long before its first step
@@ -177,7 +179,7 @@ class FastSessionCreator(_base_creator()):
         except tf.errors.OpError as exc:
             found = next((f for f in checkpoints.find(os.path.dirname(path)) if f.prefix == path), None)
             why = checkpoints.problem(found, checkpoints.expected_variables()) if found else None
-            detail = why or (exc.message or str(exc)).strip().splitlines()[0]
+            detail = why or op_error_line(exc)
             raise TrainingFailed(f"{self._name}: restoring the checkpoint {path} failed: {detail}") from None
 
     def _local_init(self, sess) -> None:
