@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Optional
 
 from psworker.errors import DiskFull
+from psworker.memory import format_size
 
-__all__ = ["DISK_ERRNOS", "disk_full", "free_space", "human_bytes", "is_disk_errno", "mount_point",
+__all__ = ["DISK_ERRNOS", "disk_full", "free_space", "is_disk_errno", "mount_point",
            "newest_checkpoint_bytes", "space_warning", "where_free", "write_atomically"]
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -26,17 +27,6 @@ _TF_MESSAGE = re.compile(r"(?P<path>[^\n;]*?); (?P<why>" + "|".join(map(re.escap
 def is_disk_errno(err: BaseException) -> bool:
     """Whether `err` is an OSError for a full disk, an exceeded quota or a read-only file system."""
     return isinstance(err, OSError) and err.errno in DISK_ERRNOS
-
-
-def human_bytes(n: int) -> str:
-    """`512 B`, `12.0 KiB`, `6.0 MiB`, `1.2 GiB`."""
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-    raise AssertionError("unreachable")
 
 
 def _existing(path: str) -> str:
@@ -72,7 +62,7 @@ def where_free(path: str) -> str:
         mount = "?"
     if space is None:
         return f"free space unknown on {mount}"
-    return f"{human_bytes(space[0])} free of {human_bytes(space[1])} on {mount}"
+    return f"{format_size(space[0])} free of {format_size(space[1])} on {mount}"
 
 
 def _chain(exc: BaseException):
@@ -137,7 +127,7 @@ def space_warning(train_dir: str) -> Optional[str]:
     if newest is None or space is None or space[0] >= 2 * newest[1]:
         return None
     return (f"{where_free(train_dir)}, less than two checkpoints need (the newest, {newest[0]}, takes "
-            f"{human_bytes(newest[1])}): the next checkpoint may not fit")
+            f"{format_size(newest[1])}): the next checkpoint may not fit")
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -1,4 +1,4 @@
-"""Memory sizes for people (`--ps_memory_limit 1.5GB`, `800MiB`), and the rule that says whether a ps fits under a
+"""Memory and disk sizes for people (`--ps_memory_limit 1.5GB`, `800MiB`), and the rule that says whether a ps fits under a
 cap: its variables' bytes, twice more its sparse tables' (`TABLE_COPIES`), plus what a bare ps holds before it has any
 (`PS_BASELINE_BYTES`). Pure: the bytes come from `train.memory_plan` (the trainer's own placement), the cap is
 enforced by `launcher.cgroups`."""
@@ -9,7 +9,7 @@ import math
 import re
 from typing import Sequence
 
-__all__ = ["MIN_LIMIT_BYTES", "PS_BASELINE_BYTES", "TABLE_COPIES", "fits", "format_size", "needs", "parse_size",
+__all__ = ["MIN_LIMIT_BYTES", "PS_BASELINE_BYTES", "TABLE_COPIES", "fits", "format_mib", "format_size", "needs", "parse_size",
            "ps_lower_bound"]
 
 # What a bare ps holds before its first variable: the Python interpreter, TensorFlow's runtime and the started
@@ -56,6 +56,11 @@ def format_size(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.0f} {unit}"
     return f"{int(n)} B"
+
+
+def format_mib(n: float) -> str:
+    """`2,454 MiB`: one unit for figures read side by side (each ps's peak)."""
+    return f"{n / 2 ** 20:,.0f} MiB"
 
 
 def needs(variable_bytes: int, table_bytes: int = 0, baseline: int = PS_BASELINE_BYTES) -> int:

@@ -192,4 +192,4 @@ def test_tensorflows_failed_checkpoint_and_summary_writes_are_disk_full(tmp_path
     saved = lines.get("SAVE", "")
     assert saved.startswith(f"disk full: cannot write {mnt}/model.ckpt-1_temp/"), run.stdout + run.stderr[-2000:]
     assert lines.get("SUMMARY", "").startswith(f"disk full: cannot write {mnt}/worker_0/events.out.tfevents."), lines
-    assert "free of 512.0 KiB" in lines["SAVE"] and "free of 512.0 KiB" in lines["SUMMARY"], lines
+    assert "free of 512 KiB" in lines["SAVE"] and "free of 512 KiB" in lines["SUMMARY"], lines

@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Optional
 
 from psworker import events
 from psworker.launcher.rundir import LOG_SUBDIR, task_log_name
-from psworker.memory import format_size
+from psworker.memory import format_mib, format_size
 
 __all__ = ["MemoryCgroup", "create", "killed_over_limit", "new_name", "own_memory_cgroup", "peak_line", "remove_stale",
            "unavailable"]
@@ -235,14 +235,11 @@ def peak_line(cgroups: Mapping[int, MemoryCgroup], run_dir: Optional[Path]) -> s
     parts = []
     for index, cgroup in sorted(cgroups.items()):
         rss, peak = _ps_peak_rss(run_dir, f"ps:{index}"), cgroup.peak()
-        parts.append(f"ps:{index} {'?' if rss is None else _mib(rss)} / {'?' if peak is None else _mib(peak)}")
-    limit = "/".join(f"{format_size(n)} ({_mib(n)})" for n in sorted(limits))
+        parts.append(f"ps:{index} {'?' if rss is None else format_mib(rss)} / "
+                     f"{'?' if peak is None else format_mib(peak)}")
+    limit = "/".join(f"{format_size(n)} ({format_mib(n)})" for n in sorted(limits))
     return (f"--ps_memory_limit {limit} per ps; peak memory (RSS / the cgroup's, page cache included): "
             + ", ".join(parts))
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2 ** 20:,.0f} MiB"
 
 
 def _ps_peak_rss(run_dir: Optional[Path], name: str) -> Optional[int]:
