@@ -35,3 +35,33 @@ def test_standardize_uses_training_statistics_only():
     z = digits.standardize(train_x)
     assert np.allclose(z.mean(axis=0), 0.0, atol=1e-4)
     assert z.dtype == np.float32
+
+
+def test_the_digits_read_from_scikit_learns_file_are_load_digits():
+    from sklearn.datasets import load_digits
+
+    data, target = digits.load_digits()
+    np.testing.assert_array_equal(data, load_digits().data)
+    np.testing.assert_array_equal(target, load_digits().target)
+
+
+def test_a_task_imports_tensorflow_and_the_digits_without_scikit_learn_which_stays_importable():
+    """A task's TensorFlow import (`tf_import`) keeps Keras from importing scikit-learn (0.8 s of every start), and
+    the digits come from its file; a later `import sklearn` (a user's model) works. In a fresh process."""
+    import subprocess
+    import sys
+
+    from tests.cluster_utils import task_env
+
+    code = ("import sys\n"
+            "from psworker.tf_import import import_tensorflow\n"
+            "import_tensorflow()\n"
+            "from psworker.data import digits\n"
+            "digits.load_split()\n"
+            "import keras.src.wrappers.fixes as fixes\n"
+            "print('during', 'sklearn' in sys.modules, fixes.sklearn is None)\n"
+            "import sklearn.datasets\n"
+            "print('after', 'sklearn' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", code], env=task_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:2] == ["during False True", "after True"], run.stdout + run.stderr[-3000:]
