@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from psworker.events import WorkerDone
+from psworker.events import TfImported, WorkerDone
 from psworker.testing import assert_processes_gone, checkpoint_step, port_open, write_spec
 from tests.cluster_utils import LAUNCH, REPO, run_launcher, task_env
 
@@ -78,6 +78,9 @@ def test_local_launcher_runs_the_default_job(tmp_path):
     for prefix in ("[ps:0] ", "[worker:0] ", "[worker:1] "):
         assert prefix in run.output
     assert {p.name for p in (train_dir / "logs").iterdir()} >= {"ps-0.log", "worker-0.log", "worker-1.log"}
+    for log in ("ps-0.log", "worker-0.log", "worker-1.log"):   # each task timed its own TensorFlow import
+        imported = [e for e in TfImported.finditer((train_dir / "logs" / log).read_text()) if e.seconds > 0.5]
+        assert len(imported) == 1, log
     assert (train_dir / "cluster.yaml").exists()
     assert len(run.pids) >= 3
     assert_processes_gone(run.pids)

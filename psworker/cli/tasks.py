@@ -8,7 +8,6 @@ import os
 from psworker.cli.flags import train_config
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec
-from psworker.tf_import import import_tensorflow
 
 __all__ = ["cmd_ps", "cmd_worker", "ps_flags"]
 
@@ -27,7 +26,6 @@ def cmd_ps(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers_gone_timeout_secs must be > 0, got {args.workers_gone_timeout_secs:g}")
     if args.rejoin_grace_secs is not None and args.rejoin_grace_secs < 0:
         raise UsageError(f"--rejoin_grace_secs must be >= 0, got {args.rejoin_grace_secs:g}")
-    import_tensorflow()
     from psworker.task import main
     return main.run_ps(spec, index, keep_running=args.keep_ps_running,
                        workers_gone_timeout_secs=args.workers_gone_timeout_secs,
@@ -39,7 +37,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """`psworker worker ...`: runs one training worker (worker 0 is the chief)."""
     spec, index = _resolve("worker", args)
     config = train_config(spec, args)
-    import_tensorflow()
     from psworker.task import main
     return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
 

@@ -19,6 +19,7 @@ import time
 from psworker import events, stackdump
 from psworker.errors import EXIT_OK, LeftJob, UsageError
 from psworker.spec import ClusterSpec, TrainConfig
+from psworker.tf_import import import_tensorflow
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,7 @@ def _import_tensorflow(name: str):
     # TF's C++ INFO lines (oneDNN, CPU features) drown the training log; warnings and errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     started = time.time()
-    import tensorflow as tf
-
+    tf = import_tensorflow()   # without Keras's scikit-learn wrappers (psworker/tf_import.py)
     tf.compat.v1.disable_eager_execution()
     log.info("%s", events.TfImported(name, time.time() - started).render())
     # What is alive now lives as long as the process: out of the garbage collector's reach with it. A task holds
