@@ -1,6 +1,6 @@
-"""Memory and disk sizes for people (`--ps_memory_limit 1.5GB`, `800MiB`), and the rule that says whether a ps fits under a
-cap: its variables' bytes, twice more its sparse tables' (`TABLE_COPIES`), plus what a bare ps holds before it has any
-(`PS_BASELINE_BYTES`). Pure: the bytes come from `train.memory_plan` (the trainer's own placement), the cap is
+"""Memory and disk sizes for people (`--ps_memory_limit 1.5GB`, `800MiB`), and the rule that says whether a ps fits
+under a cap: its variables' bytes, twice more its sparse tables' (`TABLE_COPIES`), plus what a bare ps holds before it
+has any (`PS_BASELINE_BYTES`). Pure: the bytes come from `train.memory_plan` (the trainer's own placement), the cap is
 enforced by `launcher.cgroups`."""
 
 from __future__ import annotations
