@@ -6,9 +6,9 @@ import pytest
 
 
 def _run(steps_limit: int, *, every: int = 4, loss_value: float = 1.0, stride: int = 1, gated=(), align=(),
-         run_steps: int = 1000, advance: int = 0):
-    """Trains a graph whose train op adds `advance` (default: `stride`, what the hook is told) to the global step;
-    returns (hook, lines, steps run)."""
+         run_steps: int = 1000, advance: int = 0, later: tuple = ()):
+    """Trains a graph whose train op adds `advance` (default: `stride`, what the hook is told) to the global step, or
+    from global step `later[0]` on `later[1]`; returns (hook, lines, steps run)."""
     import tensorflow as tf
 
     from psworker.train.hooks import TrainLoopHook
@@ -18,7 +18,10 @@ def _run(steps_limit: int, *, every: int = 4, loss_value: float = 1.0, stride: i
     with tf.Graph().as_default():
         step = v1.train.get_or_create_global_step()
         loss = tf.constant(loss_value) + tf.cast(step, tf.float32) * 0.0
-        train_op = v1.assign_add(step, advance or stride)
+        by = tf.constant(advance or stride, step.dtype)
+        if later:
+            by = tf.where(step < later[0], by, tf.constant(later[1], step.dtype))
+        train_op = v1.assign_add(step, by)
         hook = TrainLoopHook(loss, step, last_step=steps_limit, every_steps=every, examples_per_step=8,
                              gated=gated, align_steps=align, stride=stride,
                              emit=lambda line, flush=False: lines.append(line), name="worker:0")
@@ -49,6 +52,14 @@ def test_stops_at_the_last_step_when_the_others_run_more_steps_than_the_stride_s
     run that checkpointed at 403 of 400)."""
     hook, _, ran = _run(400, every=50, stride=2, advance=7)
     assert ran == 58 and hook.final_global_step == 406   # 57 x 7 = 399 < 400 <= 406
+
+
+def test_stops_at_the_next_step_when_the_others_speed_up_late_in_the_run():
+    """The others' pace changes after the first steps (a loaded host frees up): from global step 350 the step moves by
+    7 per local step. Every step fetches the global step, so the worker stops at the first step past the limit, not
+    after blind steps until its next check (the CI race of a 300-step run whose slow worker ended at 307)."""
+    hook, _, ran = _run(400, every=50, stride=2, advance=1, later=(350, 7))
+    assert hook.final_global_step == 406 and ran == 350 + 8   # 350 + 7 x 7 = 399 < 400 <= 406
 
 
 def test_nan_loss_fails_training():

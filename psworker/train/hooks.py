@@ -27,17 +27,21 @@ class TrainLoopHook(_hook_base()):
     """The trainer's one per-step hook: stop at `last_step`, the progress line, the NaN check, and a gate for other
     hooks (the chief's checkpoint saver), with as few fetches and as little Python as possible per step.
 
-    Most steps run the train op alone. *Check steps* (the first, every `every_steps`-th and every
-    `CHECK_EVERY_STEPS`-th local step, and the step after the global step may have crossed a multiple of one of
-    `align_steps`) also fetch the global step and the loss (NaN check: raises `NanLossDuringTrainingError`, so a NaN
-    is caught within `CHECK_EVERY_STEPS` steps) and run the `gated` hooks' `before_run`/`after_run` (their `begin`,
-    `after_create_session` and `end` always run). The global step is taken to advance by at most `stride` per local
-    step (the number of workers), or by the most any fetch has shown since (a worker slowed by load sees the others
-    run several steps per step of its own): once it may be within reach of `last_step`, every step fetches it, so
-    training stops there exactly as TF's `StopAtStepHook` does. Every `every_steps` local steps it prints
-    `step 120, loss = 0.42 (1830.2 examples/sec; 0.035 sec/batch)`, with dealt shards (`epochs`) also the epoch:
-    `step 120, loss = 0.42, epoch 1.37 of 3 (...)`. At the end of a session that finished without
-    error `final_global_step` holds the global step read once more.
+    Every step fetches the global step (a scalar in the step's own RPCs to the ps: no round trip of its own). *Check
+    steps* (the first, every `every_steps`-th and every `CHECK_EVERY_STEPS`-th local step, and the step after the
+    global step may have crossed a multiple of one of `align_steps`) also fetch the loss (NaN check: raises
+    `NanLossDuringTrainingError`, so a NaN is caught within `CHECK_EVERY_STEPS` steps) and run the `gated` hooks'
+    `before_run`/`after_run` (their `begin`, `after_create_session` and `end` always run). A fetched global step may
+    predate the other workers' updates in the same step: it is taken to advance by at most `stride` per local step
+    (the number of workers), or by the most any two fetches have shown since (a worker slowed by load sees the others
+    run several steps per step of its own), and once that may reach `last_step` it is read again after the step.
+    A worker runs a step only while the global step it last read is below `last_step`, so training stops there as
+    TF's `StopAtStepHook` does: at `last_step`, or a step or so past it per other worker taking the last steps at once
+    (a worker whose peers outran its stride within one of its steps may run one step more).
+
+    Every `every_steps` local steps it prints `step 120, loss = 0.42 (1830.2 examples/sec; 0.035 sec/batch)`, with
+    dealt shards (`epochs`) also the epoch: `step 120, loss = 0.42, epoch 1.37 of 3 (...)`. At the end of a session
+    that finished without error `final_global_step` holds the global step read once more.
     """
 
     def __init__(self, loss, global_step, *, last_step: int, every_steps: int, examples_per_step: int,
@@ -58,7 +62,6 @@ class TrainLoopHook(_hook_base()):
         self.final_global_step: Optional[int] = None
         self._stride = max(1, stride)  # grows to the largest advance per local step seen between two fetches
         self._fetched_at = None        # the global step at the last fetch
-        self._unseen = 0               # local steps since the global step was last fetched
         self._checked_at = -1          # the global step seen at the last check step
         self._check = False
         self._t0 = 0.0
@@ -83,15 +86,12 @@ class TrainLoopHook(_hook_base()):
         n = self.local_steps + 1
         if self.local_steps == 0 or n % self._every == 0 or n % CHECK_EVERY_STEPS == 0:
             return True
-        at_most = self.last_global_step + self._stride * self._unseen
-        return any(at_most // a > self._checked_at // a for a in self._align)
+        return any(self.last_global_step // a > self._checked_at // a for a in self._align)
 
     def before_run(self, run_context):
         self._check = self._is_check_step()
         if not self._check:
-            if self.last_global_step + self._stride * (self._unseen + 1) + 1 >= self._last_step:
-                return self._quiet   # near the end: the global step, every step
-            return None
+            return self._quiet
         import tensorflow as tf
 
         fetches = {"step": self._global_step, "loss": self._loss}
@@ -106,9 +106,6 @@ class TrainLoopHook(_hook_base()):
     def after_run(self, run_context, run_values):
         results = run_values.results
         self.local_steps += 1
-        if results is None:
-            self._unseen += 1
-            return
         step = int(results["step"])
         self._learn_stride(step)
         self.last_global_step = step
@@ -141,10 +138,8 @@ class TrainLoopHook(_hook_base()):
 
     def _learn_stride(self, step: int):
         if self._fetched_at is not None:
-            steps = self._unseen + 1
-            self._stride = max(self._stride, -(-(step - self._fetched_at) // steps))
+            self._stride = max(self._stride, step - self._fetched_at)
         self._fetched_at = step
-        self._unseen = 0
 
     def end(self, session):
         self.final_global_step = int(session.run(self._global_step))
