@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from typing import Optional
 
 import pytest
 
@@ -73,16 +74,23 @@ def test_a_target_outside_the_range_names_the_range(workers):
 @pytest.fixture
 def elastic_run(tmp_path, make_supervisor):
     """Builds a supervisor of one fake ps and `max` fake elastic workers (worker 0 holds at step 3, the others step
-    on, until the test lets them finish: touch `go`); stops whatever is left at teardown."""
+    on, until the test lets them finish: touch `go`; `held={i: n}`: worker i also holds at step n until the test
+    touches `gate(i)`); stops whatever is left at teardown."""
     go = tmp_path / "go"
 
-    def make(elastic: Elastic, **kwargs) -> Supervisor:
+    def gate(index: int):
+        return tmp_path / f"go-{index}"
+
+    def make(elastic: Elastic, *, held: Optional[dict] = None, **kwargs) -> Supervisor:
+        held = held or {}
         tasks = [fake("ps", 0, "sleep_forever")]
         tasks += [fake("worker", 0, "elastic_worker", "--go", go, "--hold", 3, "--to", 5)]
-        tasks += [fake("worker", i, "elastic_worker", "--until", go, "--to", 100000) for i in range(1, elastic.max)]
+        tasks += [fake("worker", i, "elastic_worker", "--until", go, "--to", 100000,
+                       *(("--go", gate(i), "--hold", held[i]) if i in held else ())) for i in range(1, elastic.max)]
         return make_supervisor(tasks, elastic=elastic, **kwargs)
 
     make.go = go
+    make.gate = gate
     return make
 
 
@@ -132,10 +140,13 @@ def test_reserved_and_left_workers_do_not_hold_up_all_workers_success(elastic_ru
 
 def test_a_preempted_worker_leaves_and_the_run_goes_on_until_below_min(elastic_run, caplog):
     faults = (parse_fault("preempt:worker:2@step=5"), parse_fault("preempt:worker:1@step=40"))
-    sup = elastic_run(Elastic(min=2, start=3, max=3), faults=faults)
+    # worker:1 holds at step 39 until worker:2 has left: under load the two sleep-paced workers' starts drift apart
+    # by seconds, and worker:1 could reach step 40 first.
+    sup = elastic_run(Elastic(min=2, start=3, max=3), faults=faults, held={1: 39})
     with sup:
         poll_until(sup, lambda: sup.members()["left"] == [2], 30, "worker:2 to be preempted")
         assert sup.result is None and sup.members()["target"] == 2
+        elastic_run.gate(1).touch()
         result = sup.wait(60)
     assert not result.ok
     assert result.failure.name == "worker:1" and result.failure.returncode == EXIT_PREEMPTED
