@@ -8,6 +8,7 @@ import sys
 
 from psworker.cli.flags import add_model_flag, int_type, port_type, positive_float
 from psworker.spec import TrainConfig, merge_train
+from psworker.tf_import import import_tensorflow
 
 __all__ = ["DATASETS", "cmd_data", "cmd_eval", "cmd_export", "cmd_tensorboard", "data_flags", "eval_flags",
            "export_flags", "tensorboard_flags"]
@@ -43,6 +44,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """`psworker eval --train_dir D ...`: evaluates the latest (or every new) checkpoint."""
     checked = merge_train(TrainConfig(), {"model": args.model, "batch_size": args.batch_size,
                                           "train_dir": args.train_dir, "data_dir": args.data_dir})
+    import_tensorflow()
     from psworker.train.evaluate import run_eval
     # --model not given: run_eval takes it from the cluster.yaml a local run leaves in the train dir.
     return run_eval(train_dir=checked.train_dir, data_dir=args.data_dir, model_name=args.model and checked.model,
@@ -53,6 +55,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """`psworker export --train_dir D [--checkpoint C] [--model M]`: writes a SavedModel; prints its path."""
     checked = merge_train(TrainConfig(), {"model": args.model, "train_dir": args.train_dir})
+    import_tensorflow()
     from psworker.train.export import run_export
     print(run_export(train_dir=checked.train_dir, checkpoint=args.checkpoint, model_name=args.model and checked.model,
                      export_base=args.export_dir), flush=True)

@@ -92,7 +92,9 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
         The variables (shards) in creation order, each with its shape, bytes, ps task, whether it is trainable, and
         the name and shape it has in a checkpoint.
     """
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+
+    tf = import_tensorflow()   # without Keras and scikit-learn (1.5 s of CPU)
 
     from psworker import models
     from psworker.models.base import SPARSE_TABLES

@@ -42,7 +42,9 @@ def upper_bound(model, batch_size: int) -> RowsTouched:
 
 def measure(model, data_dir: str, batch_size: int, batches: int = MEASURED_BATCHES, seed: int = 0) -> RowsTouched:
     """The median distinct rows of `batches` shuffled training batches of `data_dir`, read by `model`'s input."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+
+    tf = import_tensorflow()   # without Keras and scikit-learn (1.5 s of CPU)
 
     from psworker.models.base import InputSpec
 
