@@ -6,7 +6,7 @@ for its estimator wrappers whenever scikit-learn is installed (as it is here, fo
 neither: its graphs are built from `tf.compat.v1` ops and optimizers. Both are hidden from that one import, which
 goes on without them (TensorFlow's Keras hooks are optional), and are found again as usual afterwards: `tf.keras`
 imports Keras on first use, as it always does (a user's model may use it), and `data.digits` reads its file without
-scikit-learn. Measured: scikit-learn 0.8-0.9 s, Keras ~0.7 s of CPU of a 4-5 s import (docs/performance.md,
+scikit-learn. Measured: scikit-learn 0.8-0.9 s, Keras ~0.9 s of CPU of a 4-5 s import (docs/performance.md,
 "TensorFlow's import")."""
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def _import_tensorflow(name: str):
     # TF's C++ INFO lines (oneDNN, CPU features) drown the training log; warnings and errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     started = time.time()
-    tf = import_tensorflow()   # without Keras's scikit-learn wrappers (psworker/tf_import.py)
+    tf = import_tensorflow()   # without Keras and scikit-learn (psworker/tf_import.py)
     tf.compat.v1.disable_eager_execution()
     log.info("%s", events.TfImported(name, time.time() - started).render())
     # What is alive now lives as long as the process: out of the garbage collector's reach with it. A task holds
