@@ -212,7 +212,8 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     from psworker.train.session import FastSessionCreator
 
     v1 = tf.compat.v1
-    name = {"cnn": "cifar10", "mlp": "mlp", "criteo": "criteo"}[variant.split()[0]]
+    base, _, extra = variant.partition("+")   # "criteo+packed": with --pack_transfers
+    name = {"cnn": "cifar10", "mlp": "mlp", "criteo": "criteo"}[base.split()[0]]
     model = models.get(name)
     if variant == "cnn -ema":
         model.moving_average_decay = None   # this instance only: the graph without the moving averages
@@ -221,7 +222,7 @@ def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     train_dir = tempfile.mkdtemp(prefix=f"profile-{variant}-")
     config = TrainConfig(model=name, batch_size=args.batch_size, learning_rate=0.1, max_steps=10 ** 9,
                          log_every_steps=100, data_dir={"cifar10": args.data_dir, "criteo": args.criteo_dir}.get(name),
-                         train_dir=train_dir)
+                         train_dir=train_dir, pack_transfers=extra == "packed")
     me, ps = psutil.Process(), psutil.Process(ps_proc.pid)
     graph = tf.Graph()
     with graph.as_default():
@@ -333,7 +334,7 @@ def print_variant(variant: str, r: dict, batch_size: int) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp, criteo (cnn runs with and "
-                                                        "without EMA)")
+                                                        "without EMA); `+packed` after one: with --pack_transfers")
     p.add_argument("--steps", type=int, default=100, help="CNN: timed steps per mode (split into rounds)")
     p.add_argument("--mlp_factor", type=int, default=10, help="the MLP runs --steps times this")
     p.add_argument("--criteo_factor", type=int, default=5, help="criteo runs --steps times this")
@@ -349,6 +350,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     models = [m for m in args.models.split(",") if m]
     variants = [v for m in models for v in (("cnn", "cnn ema@worker", "cnn -ema") if m == "cnn" else (m,))]
+    models = [m.partition("+")[0] for m in models]
     if args.data_dir is None and "cnn" in models:
         from psworker.data.cifar10_files import write_synthetic
 

@@ -112,6 +112,10 @@ class TrainConfig:
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
                                    choices=lambda: TRANSFER_DTYPES)
+    pack_transfers: bool = _setting(False, "each ps's small variables (up to 1 MiB each) pulled as one tensor and "
+                                           "their gradients pushed as one, and a sparse table's row ids sent once "
+                                           "a step: fewer RPCs per step, for models of many small variables",
+                                    metavar="{true,false}")
     allow_fresh_start: bool = _setting(False, "the chief starts from scratch when train_dir holds checkpoint files "
                                               "but none is usable (by default it refuses: exit 3)",
                                        metavar="{true,false}")
@@ -237,7 +241,8 @@ def _check_transfer_rules(config: TrainConfig, source: str, prefix: str) -> None
         raise SpecError(source, _join(prefix, "staged_vars"),
                         "staged variables are for async mode only (a sync step must compute on the weights of the "
                         "step it belongs to); drop staged_vars or use mode async")
-    for name, on in (("staged_vars", config.staged_vars), ("transfer_dtype", config.transfer_dtype != "float32")):
+    for name, on in (("staged_vars", config.staged_vars), ("transfer_dtype", config.transfer_dtype != "float32"),
+                     ("pack_transfers", config.pack_transfers)):
         if on and config.replication == "in-graph":
             raise SpecError(source, _join(prefix, name), f"{name} is for between-graph replication only")
 

@@ -72,10 +72,13 @@ def _crossing(graph):
                 yield t, op
 
 
-@pytest.mark.parametrize("train", [{}, {"staged_vars": True, "transfer_dtype": "bfloat16"}, {"mode": "sync"}])
+@pytest.mark.parametrize("train", [{}, {"staged_vars": True, "transfer_dtype": "bfloat16"}, {"mode": "sync"},
+                                   {"pack_transfers": True}])
 def test_no_tensor_of_a_table_shard_crosses_the_wire(train, caplog, monkeypatch):
     """The table is split by rows over the 3 ps, each shard's Adagrad accumulator beside it; what crosses between
-    ps and worker is rows (unknown leading dimension) and never a whole shard, whatever the transfer options."""
+    ps and worker is rows (unknown leading dimension) and never a whole shard, whatever the transfer options. The
+    gradient of the batch's dedup (a sum over every id) stays on the worker, so only distinct rows are pushed; packed,
+    each ps gets the ids once (its gather's are its gradient's)."""
     monkeypatch.setattr("psworker.data.criteo.num_examples", lambda *a, **k: 1000)   # no data needed to build
     caplog.set_level(logging.INFO)
     graph = _graph(3, **train)
@@ -89,10 +92,32 @@ def test_no_tensor_of_a_table_shard_crosses_the_wire(train, caplog, monkeypatch)
     big = [(t.name, op.name) for t, op in _crossing(graph)
            if t.shape.is_fully_defined() and t.shape.num_elements() >= smallest]
     assert not big, big
+    from psworker.train.traffic import _Devices
+
+    where = _Devices(graph)
+    ids = [(t.name, where.of(op)) for t, op in _crossing(graph) if t.dtype.is_integer and t.shape.rank == 1
+           and "/job:ps" in where.of(op) and not t.op.name.startswith(("sync_", "dealer"))]
+    if train.get("pack_transfers"):
+        assert sorted(d for _, d in set(ids)) == [f"/job:ps/task:{i}" for i in range(3)], ids
     assert any(TABLE_LINE.search(r.getMessage()) for r in caplog.records)
     if train.get("staged_vars"):
         assert any("sparse table embeddings: read and updated by rows on its ps, not pulled whole" in r.getMessage()
                    for r in caplog.records)
+
+
+@pytest.mark.parametrize("train", [{}, {"staged_vars": True, "transfer_dtype": "bfloat16"}, {"mode": "sync"},
+                                   {"pack_transfers": True}])
+def test_the_gradient_of_the_batch_dedup_stays_on_the_worker(train, monkeypatch):
+    """With the table whole on 1 ps, the dedup's gradient (a sum of every id's row into the distinct rows) runs on
+    the worker whatever the transfer options, so only the distinct rows' gradients are pushed, never every id's."""
+    from psworker.train.traffic import _Devices
+
+    monkeypatch.setattr("psworker.data.criteo.num_examples", lambda *a, **k: 1000)
+    graph = _graph(1, **train)
+    where = _Devices(graph)
+    dedup = [op.name for op in graph.get_operations() if op.type == "UnsortedSegmentSum"
+             and op.name.startswith("gradients")]
+    assert dedup and not [name for name in dedup if "/job:ps" in where.of(graph.get_operation_by_name(name))], dedup
 
 
 def test_plan_prints_each_ps_share_of_the_table_and_the_traffic_per_row():

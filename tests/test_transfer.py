@@ -1,6 +1,7 @@
-"""Staged variables (`--staged_vars`) and the transfer dtype (`--transfer_dtype bfloat16`): the rules, the graph's
-wire, the update rule in one process against SGD computed by hand (plain gradient descent: undelayed; any other
-optimizer: delayed exactly one step), and a real cluster trained through both (its ps link's tc counters)."""
+"""Staged variables (`--staged_vars`), the transfer dtype (`--transfer_dtype bfloat16`) and packed transfers
+(`--pack_transfers`): the rules, the graph's wire, the update rule in one process against SGD computed by hand
+(plain gradient descent: undelayed; any other optimizer: delayed exactly one step), and a real cluster trained
+through them (its ps link's tc counters)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_the_command_line_refuses_staged_vars_in_sync_mode_with_exit_2(tmp_path)
     assert not (tmp_path / "t").exists()
 
 
-def _mlp_graph(**train):
+def _mlp_graph(cluster=None, **train):
     import tensorflow as tf
 
     from psworker import models
@@ -49,7 +50,7 @@ def _mlp_graph(**train):
     graph = tf.Graph()
     with graph.as_default():
         tg = build_train_graph(models.get("mlp"), TrainConfig(model="mlp", **train),
-                               cluster={"ps": ["h:1"], "worker": ["h:2"]}, task_index=0)
+                               cluster=cluster or {"ps": ["h:1"], "worker": ["h:2"]}, task_index=0)
     return graph, tg
 
 
@@ -83,6 +84,11 @@ def _step_ops(train_op) -> list:
 def _job(op) -> str:
     device = op.device or next((t.op.device for t in op.inputs if t.dtype.name == "resource"), "")
     return "ps" if "/job:ps" in device else "worker"
+
+
+def _task(op) -> int:
+    device = op.device or next((t.op.device for t in op.inputs if t.dtype.name == "resource"), "")
+    return int(device.split("/task:")[1].split("/")[0]) if "/task:" in device else -1
 
 
 def _linear_run(steps: int, model=None, **train) -> tuple[list, list, list]:
@@ -172,6 +178,47 @@ def test_staged_vars_under_another_optimizer_compute_exactly_one_update_stale(ca
     assert "staged variables with MomentumOptimizer: only plain gradient descent's own update" in caplog.text
     assert _first_step_off(got, _sgd_by_hand(batches, rates, got[0], 1)) is None
     assert _first_step_off(got, _sgd_by_hand(batches, rates, got[0], 0)) == 2
+
+
+@pytest.mark.parametrize("train", [{}, {"staged_vars": True}, {"transfer_dtype": "bfloat16"}])
+def test_packed_transfers_cross_once_per_ps_each_way(train, caplog):
+    """The MLP's variables over 2 ps, packed: from each ps one tensor reaches the worker (its variables' values,
+    concatenated, or its one variable), and one reaches it (their gradients) besides the learning rate; the bytes
+    are the unpacked graph's."""
+    from psworker.train import traffic
+
+    caplog.set_level("INFO", logger="psworker.train.transfer")
+    cluster = {"ps": ["h:1", "h:3"], "worker": ["h:2"]}
+    plain, _ = _mlp_graph(cluster=cluster, **train)
+    graph, tg = _mlp_graph(cluster=cluster, pack_transfers=True, **train)
+    crossing = {(t.name, _job(op), _task(op if _job(op) == "ps" else t.op)) for op in _step_ops(tg.train_op)
+                for t in op.inputs if _job(t.op) != _job(op) and "resource" not in t.dtype.name}
+    pulls = sorted(task for _, job, task in crossing if job == "worker")
+    pushes = sorted(task for name, job, task in crossing if job == "ps" and not name.startswith("learning_rate"))
+    assert pulls == pushes == [0, 1], crossing
+    by_ps: dict = {}
+    for v in graph.get_collection("trainable_variables"):
+        by_ps.setdefault(v.device, []).append(v.op.name)
+    assert sorted(by_ps) == ["/job:ps/task:0", "/job:ps/task:1"] and max(map(len, by_ps.values())) > 1, by_ps
+    assert tg.pulls.packs == [(d, names) for d, names in by_ps.items() if len(names) > 1], tg.pulls.packs
+    assert caplog.text.count("packed transfers:") == len(tg.pulls.packs)
+    assert traffic.step_traffic(graph, 2) == traffic.step_traffic(plain, 2)
+
+
+@pytest.mark.parametrize("train", [{}, {"staged_vars": True}])
+def test_packed_transfers_train_exactly_as_unpacked_in_one_process(train):
+    """The linear model's two variables packed into one pull and one push: every step's variables equal the
+    unpacked run's, bit for bit, staged or not."""
+    _, _, packed = _linear_run(12, pack_transfers=True, **train)
+    _, _, plain = _linear_run(12, **train)
+    assert all(np.array_equal(a, b) for ps, qs in zip(packed, plain) for a, b in zip(ps, qs))
+
+
+def test_packed_staged_momentum_computes_exactly_one_update_stale():
+    """Packed and staged under momentum 0: each variable's update still waits for this step's read of the pack
+    (`push`), so each step's gradient is taken exactly one update stale, never a racing zero or two."""
+    batches, rates, got = _linear_run(12, model=_momentum_zero_linear(), staged_vars=True, pack_transfers=True)
+    assert _first_step_off(got, _sgd_by_hand(batches, rates, got[0], 1)) is None
 
 
 def test_staged_bfloat16_rounds_the_same_sequence():

@@ -30,21 +30,26 @@ log = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16")
 
 
+PACK_MAX_BYTES = 1 << 20   # packed: variables up to this size share their ps's one pull and one push
+
+
 @dataclass(frozen=True)
 class TransferOptions:
-    """What `Pulls` changes: staging, and the dtype on the wire (`float32`: none)."""
+    """What `Pulls` changes: staging, the dtype on the wire (`float32`: none), and packing."""
 
     staged: bool = False
     dtype: str = "float32"
+    packed: bool = False
 
     @property
     def active(self) -> bool:
-        return self.staged or self.dtype != "float32"
+        return self.staged or self.dtype != "float32" or self.packed
 
 
 def options_of(config) -> TransferOptions:
     """The `TransferOptions` of a `TrainConfig`."""
-    return TransferOptions(staged=bool(config.staged_vars), dtype=config.transfer_dtype)
+    return TransferOptions(staged=bool(config.staged_vars), dtype=config.transfer_dtype,
+                           packed=bool(getattr(config, "pack_transfers", False)))
 
 
 class Pulls:
@@ -61,6 +66,8 @@ class Pulls:
         self._puts: list = []
         self._reads: dict[int, Any] = {}         # id(variable or shard) -> its read on the ps (staged only)
         self.tables: list = []                   # sparse tables (shards): read by rows on the ps, never pulled whole
+        self._landed: list = []                  # packed: (worker-side identity, variable, its read on the ps)
+        self.packs: list[tuple[str, list[str]]] = []   # packed: (ps device, the variables read as one tensor)
 
     def scope(self):
         """A variable scope (the current one, reopened) whose trainable `get_variable`s go through `pull`."""
@@ -105,11 +112,16 @@ class Pulls:
         wire = tf.as_dtype(self.options.dtype)
         base = var.op.name
         with v1.colocate_with(None, ignore_existing=True), v1.device(var.device):
-            sent = tf.identity(var.read_value(), name=f"{base}/pull")
+            read = var.read_value()
+            sent = tf.identity(read, name=f"{base}/pull")
             if wire != tf.float32:
                 sent = tf.cast(sent, wire, name=f"{base}/pull_{self.options.dtype}")
         with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-            got = tf.cast(sent, tf.float32, name=f"{base}/pulled_float32") if wire != tf.float32 else sent
+            landed = sent
+            if self._packable(var):   # its input becomes its slice of the ps's pack (`pack`)
+                landed = tf.identity(sent, name=f"{base}/landed")
+                self._landed.append((landed, var, read))
+            got = tf.cast(landed, tf.float32, name=f"{base}/pulled_float32") if wire != tf.float32 else landed
             if self.options.staged:
                 area = data_flow_ops.StagingArea([tf.float32], shapes=[var.shape])
                 self._reads[id(var)] = sent
@@ -120,6 +132,40 @@ class Pulls:
         self.pairs.append((got, var))
         return got
 
+    def _packable(self, var) -> bool:
+        """Packed: whether `var` (dense float32, fully shaped, at most `PACK_MAX_BYTES`) shares its ps's transfers."""
+        shape = var.shape
+        return (self.options.packed and var.dtype.base_dtype.name == "float32" and shape.is_fully_defined()
+                and shape.num_elements() * 4 <= PACK_MAX_BYTES)
+
+    def pack(self) -> None:
+        """Packed: each ps's small variables (`_packable`) travel as one transfer a step. They are read on their ps
+        as one tensor, their values concatenated (and cast once), and split here; each pulled variable's tensor is
+        rewired to its slice. Call once the model is built."""
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        wire = tf.as_dtype(self.options.dtype)
+        for device, members in _by_device(self._landed).items():
+            if len(members) < 2:
+                continue
+            tag = f"psworker_pack_{len(self.packs)}"
+            with v1.colocate_with(None, ignore_existing=True), v1.device(device):
+                flat = tf.concat([tf.reshape(read, [-1]) for _, _, read in members], 0, name=f"{tag}/pull")
+                if wire != tf.float32:
+                    flat = tf.cast(flat, wire, name=f"{tag}/pull_{self.options.dtype}")
+            with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
+                pieces = tf.split(flat, [v.shape.num_elements() for _, v, _ in members], name=f"{tag}/pulled")
+                for (landed, var, _), piece in zip(members, pieces):
+                    landed.op._update_input(0, tf.reshape(piece, var.shape))   # pylint: disable=protected-access
+                    if id(var) in self._reads:
+                        self._reads[id(var)] = flat   # staged: the update waits for the pack's read
+            self.packs.append((device, [v.op.name for _, v, _ in members]))
+        self._landed = []
+        for device, names in self.packs:
+            log.info("packed transfers: %d variables on %s pulled and pushed as one tensor each way", len(names),
+                     device)
+
     def compute_gradients(self, loss, var_list=None, **_):
         """`[(gradient, variable)]` of `loss` for every variable pulled so far (an optimizer's signature, so that
         `towers.build_tower_gradients` can take this object as its optimizer)."""
@@ -127,7 +173,9 @@ class Pulls:
 
         if var_list is not None:
             raise ValueError("Pulls.compute_gradients takes every pulled variable")
-        grads = tf.gradients(loss, [t for t, _ in self.pairs] + self.tables)
+        # v1's gradients, as an optimizer's `compute_gradients` takes them: TF2's colocate each gradient with its op,
+        # which would put a table's dedup gradient (a segment sum over the batch's ids) on the ps and send it every id.
+        grads = tf.compat.v1.gradients(loss, [t for t, _ in self.pairs] + self.tables)
         return list(zip(grads, [v for _, v in self.pairs] + self.tables))
 
     def check_complete(self) -> None:
@@ -143,10 +191,43 @@ class Pulls:
     def push(self, grads_and_vars):
         """The gradients as the ps receives them: cast to the transfer dtype on the worker, back on the ps. Staged,
         each is applied only after this step's pull has read its variable, so the next step computes on values that
-        lack exactly this step's update (one step stale, never a race between zero and one)."""
-        tables = {id(t) for t in self.tables}   # a table's gradient is its rows' IndexedSlices, pushed as they are
-        return [(grad if grad is None or id(var) in tables else self._push_one(grad, var), var)
-                for grad, var in grads_and_vars]
+        lack exactly this step's update (one step stale, never a race between zero and one). Packed, each ps's small
+        variables' gradients travel as one tensor (`_pack_pushes`), and a table's rows go with the ids its gather
+        already sent."""
+        tables = {id(t) for t in self.tables}   # a table's gradient is its rows' IndexedSlices
+        packed = self._pack_pushes(grads_and_vars, tables) if self.options.packed else {}
+        out = []
+        for grad, var in grads_and_vars:
+            if grad is not None and id(var) in tables:
+                grad = _with_gathered_ids(grad) if self.options.packed else grad
+            elif grad is not None:
+                grad = packed[id(var)] if id(var) in packed else self._push_one(grad, var)
+            out.append((grad, var))
+        return out
+
+    def _pack_pushes(self, grads_and_vars, tables: set) -> dict:
+        """`{id(variable): its gradient on its ps}` for each ps's packable variables, concatenated (and cast) here
+        and split on the ps: one transfer a ps."""
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        wire = tf.as_dtype(self.options.dtype)
+        dense = [(g, v, None) for g, v in grads_and_vars
+                 if isinstance(g, tf.Tensor) and id(v) not in tables and self._packable(v)]
+        out = {}
+        for i, (device, members) in enumerate(_by_device(dense).items()):
+            if len(members) < 2:
+                continue
+            with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
+                flat = tf.concat([tf.reshape(g, [-1]) for g, _, _ in members], 0, name=f"psworker_push_{i}/push")
+                if wire != tf.float32:
+                    flat = tf.cast(flat, wire, name=f"psworker_push_{i}/push_{self.options.dtype}")
+            reads = list({id(r): r for r in (self._reads.get(id(v)) for _, v, _ in members) if r is not None}.values())
+            with v1.colocate_with(None, ignore_existing=True), v1.device(device), tf.control_dependencies(reads):
+                got = tf.cast(flat, tf.float32) if wire != tf.float32 else tf.identity(flat)
+                pieces = tf.split(got, [v.shape.num_elements() for _, v, _ in members], name=f"psworker_push_{i}/pushed")
+                out.update({id(v): tf.reshape(p, v.shape) for (_, v, _), p in zip(members, pieces)})
+        return out
 
     def _push_one(self, grad, var):
         import tensorflow as tf
@@ -213,6 +294,25 @@ class Pulls:
                 with tf.control_dependencies([area.clear()]):
                     fills.append(area.put([fresh]))
         return tf.group(*fills, name="psworker_staged_vars_fill")
+
+
+def _by_device(members: list) -> dict:
+    """`members` (tuples whose second item is a variable) grouped by the variable's device, in order."""
+    groups: dict = {}
+    for m in members:
+        groups.setdefault(m[1].device, []).append(m)
+    return groups
+
+
+def _with_gathered_ids(grad):
+    """A table shard's gradient with, as its indices, the very ids its gather received on the ps, so they cross
+    once a step, not twice (the gather's gradient reshapes them to 1-D, a new tensor that would cross again)."""
+    import tensorflow as tf
+
+    indices = getattr(grad, "indices", None)
+    if indices is None or indices.op.type != "Reshape" or indices.op.inputs[0].shape.rank != 1:
+        return grad
+    return tf.IndexedSlices(grad.values, indices.op.inputs[0], grad.dense_shape)
 
 
 def _is_table(getter_kwargs: dict) -> bool:
