@@ -39,7 +39,8 @@ in-process one. An in-process run is unshaped, so with `--ps_link_rate none,...`
         --ps_link_rate none,100mbit --batch_size 256 --steps 120 --repeat 3                  # issue 28's table
 
 `--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
-runs it unstaged). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
+runs it unstaged); likewise "psworker packed" (`--pack_transfers true`), "psworker 2 in flight"
+(`--concurrent_steps 2`) and "psworker 2 in flight packed" (both). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
 reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
 with every number.
 """
@@ -312,6 +313,15 @@ def pss_run(model: str, workers: int, *, ema: bool, args, num_ps: int = 1, rate:
 
 # --------------------------------------------------------------------------------------------- table
 
+# psworker with flags, run only when named in --variants (the in-process column runs psworker without them)
+OPT_IN = {
+    "psworker staged": ["--staged_vars", "true"],
+    "psworker packed": ["--pack_transfers", "true"],
+    "psworker 2 in flight": ["--concurrent_steps", "2"],
+    "psworker 2 in flight packed": ["--concurrent_steps", "2", "--pack_transfers", "true"],
+}
+
+
 def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None) -> list[tuple[str, str, dict]]:
     """(model, variant name, options) in table order; `only`: just these names."""
     out = []
@@ -320,9 +330,9 @@ def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None)
         if m == "cnn":
             out.append((m, "psworker ema@worker", {"side": "psworker", "ema": "worker"}))
             out.append((m, "psworker -ema", {"side": "psworker", "ema": "off"}))
-        if only is not None and "psworker staged" in only:   # opt-in: `--variants psworker,psworker staged,pss`
-            out.append((m, "psworker staged", {"side": "psworker", "ema": "shipped",
-                                               "flags": ["--staged_vars", "true"]}))
+        for name, flags in OPT_IN.items():   # opt-in: `--variants psworker,"psworker staged",pss`
+            if only is not None and name in only:
+                out.append((m, name, {"side": "psworker", "ema": "shipped", "flags": flags}))
         out.append((m, "pss", {"side": "pss", "ema": False}))
         if m == "cnn" and pss_ema:
             out.append((m, "pss +ema", {"side": "pss", "ema": True}))
@@ -330,7 +340,7 @@ def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None)
 
 
 def _ratio_rows(model: str, args) -> list[tuple[str, str]]:
-    pairs = [("psworker", "pss"), ("psworker staged", "pss")]
+    pairs = [("psworker", "pss")] + [(name, "pss") for name in OPT_IN] + [(name, "psworker") for name in OPT_IN]
     if model == "cnn":
         pairs += [("psworker ema@worker", "pss"), ("psworker -ema", "pss"), ("psworker", "psworker ema@worker")]
     if model == "cnn" and args.pss_ema:

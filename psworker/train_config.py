@@ -112,6 +112,9 @@ class TrainConfig:
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
                                    choices=lambda: TRANSFER_DTYPES)
+    concurrent_steps: int = _setting(1, "async: steps a worker runs at once, each on its own batch (threads beside "
+                                        "the step loop): more hide the round trips to the ps as more workers "
+                                        "would, with their staleness; not in sync mode")
     pack_transfers: bool = _setting(False, "each ps's small variables (up to 1 MiB each) pulled as one tensor and "
                                            "their gradients pushed as one, and a sparse table's row ids sent once "
                                            "a step: fewer RPCs per step, for models of many small variables",
@@ -125,7 +128,7 @@ TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 
 # Rules for TrainConfig fields beyond their types: minimums, strictly positive numbers, enumerations.
-_MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1,
+_MINIMUM = {"max_steps": 1, "batch_size": 1, "log_every_steps": 1, "concurrent_steps": 1,
             "save_checkpoint_steps": 1, "replicas_to_aggregate": 1, "seed": 0, "num_epochs": 1,
             "shard_examples": 1}
 _POSITIVE = ("learning_rate", "save_checkpoint_secs", "startup_timeout_secs", "step_timeout_secs")
@@ -236,13 +239,22 @@ def check_train_rules(config: TrainConfig, source: str, prefix: str,
 
 
 def _check_transfer_rules(config: TrainConfig, source: str, prefix: str) -> None:
-    """Staged variables: async between-graph only; a transfer dtype: between-graph only."""
+    """Staged variables and steps in flight: async between-graph only (not together); a transfer dtype and
+    packing: between-graph only."""
     if config.staged_vars and config.mode == "sync":
         raise SpecError(source, _join(prefix, "staged_vars"),
                         "staged variables are for async mode only (a sync step must compute on the weights of the "
                         "step it belongs to); drop staged_vars or use mode async")
+    if config.concurrent_steps > 1 and config.mode == "sync":
+        raise SpecError(source, _join(prefix, "concurrent_steps"),
+                        "more than one step in flight is for async mode only (a sync step waits for the others'); "
+                        "drop concurrent_steps or use mode async")
+    if config.concurrent_steps > 1 and config.staged_vars:
+        raise SpecError(source, _join(prefix, "concurrent_steps"),
+                        "staged variables hold one step's values, for one step in flight; drop staged_vars or "
+                        "concurrent_steps")
     for name, on in (("staged_vars", config.staged_vars), ("transfer_dtype", config.transfer_dtype != "float32"),
-                     ("pack_transfers", config.pack_transfers)):
+                     ("pack_transfers", config.pack_transfers), ("concurrent_steps", config.concurrent_steps > 1)):
         if on and config.replication == "in-graph":
             raise SpecError(source, _join(prefix, name), f"{name} is for between-graph replication only")
 

@@ -27,6 +27,7 @@ from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
 from psworker.task import done_queue, probe
 from psworker.task.peers import SyncPeerWatch
+from psworker.task.extra_steps import ExtraSteps
 from psworker.task.replication import Replication
 from psworker.task.session_setup import MAX_CHECKPOINTS, first_choice, hooks_of, session_creator
 from psworker.train.graph import TrainGraph
@@ -179,7 +180,11 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
                                                           save_relative_paths=True), local_init_op=local_init)
         choice = first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
-        progress, hooks = hooks_of(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else ())
+        extra = ExtraSteps(config.concurrent_steps - 1, tg.train_op, _step_options(config)[1], name,
+                           join_secs=config.step_timeout_secs + GIVE_UP_GRACE_SECS, global_step=tg.global_step,
+                           last_step=config.max_steps)
+        progress, hooks = hooks_of(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else (),
+                                   extra_steps=lambda: extra.steps)
         watchdog = _watchdog(config, replication, name)
         creator = session_creator(target, config, tg, scaffold, replication, name, watchdog, choice)
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
@@ -189,16 +194,17 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             if replication.membership is not None and not sess.should_stop():   # stopping: training is complete
                 replication.membership.join(target)
             try:
-                with watchdog, _peer_watch(replication, config, name) as peers:
+                with watchdog, _peer_watch(replication, config, name) as peers, extra:
                     _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message, peers,
                                leave=replication.membership.signals if replication.membership else None,
-                               tasks=replication.wait_for)
+                               tasks=replication.wait_for, extra=extra)
             except v1.train.NanLossDuringTrainingError:
                 raise TrainingFailed(f"{name}: the loss became NaN (lower --learning_rate?)") from None
             finally:
                 creator.abandon_on_close()
                 errorfile.note_step(progress.last_global_step)    # for a failure's record, if one follows
-            log.info("%s: last step done (%d local steps)", name, progress.local_steps)
+            log.info("%s: last step done (%d local steps%s)", name, progress.local_steps + extra.steps,
+                     f", {extra.steps} of them by the helpers" if config.concurrent_steps > 1 else "")
     if replication.membership is not None and replication.membership.signals.reason is not None:
         if tg.dealer is not None:
             tg.dealer.give_back()
@@ -211,7 +217,8 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                else "the input ran out")
         raise StoppedEarly(f"{name}: training stopped at global step {final}, before --max_steps {config.max_steps}: "
                            f"{why}")
-    return TrainResult(global_step=final, local_steps=progress.local_steps, seconds=time.monotonic() - started)
+    return TrainResult(global_step=final, local_steps=progress.local_steps + extra.steps,
+                       seconds=time.monotonic() - started)
 
 
 def _report_data(client, name: str) -> None:
@@ -262,18 +269,26 @@ def _peer_watch(replication: Replication, config: TrainConfig, name: str):
                          never_seen_secs=config.step_timeout_secs + config.startup_timeout_secs)
 
 
+def _step_options(config: TrainConfig) -> tuple:
+    """(the first step's RunOptions, every other step's): each bounded by `--step_timeout_secs`; the first step of
+    a (re-created) session may wait for other workers to start, and is allowed for that as well."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    return (v1.RunOptions(timeout_in_ms=int((config.step_timeout_secs + config.startup_timeout_secs) * 1000)),
+            v1.RunOptions(timeout_in_ms=int(config.step_timeout_secs * 1000)))
+
+
 def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, name: str, timeout_message: str,
-               peers: Optional[SyncPeerWatch] = None, leave=None, tasks: Optional[dict] = None) -> None:
+               peers: Optional[SyncPeerWatch] = None, leave=None, tasks: Optional[dict] = None,
+               extra: Optional[ExtraSteps] = None) -> None:
     """One `train_op` per step, each bounded by `--step_timeout_secs` (TensorFlow's deadline, and the watchdog's
     behind it), and (sync) while enough workers are up; returns when the session says stop, or after the step in
     which a leave signal came (`leave.reason`). A timed-out step's error names the `tasks` that did not answer a
-    probe."""
+    probe. After each step, `extra`'s helpers are told the session it ran on."""
     import tensorflow as tf
 
-    steady = tf.compat.v1.RunOptions(timeout_in_ms=int(config.step_timeout_secs * 1000))
-    # The first step of a (re-created) session may wait for other workers to start: allow for that as well.
-    first = tf.compat.v1.RunOptions(
-        timeout_in_ms=int((config.step_timeout_secs + config.startup_timeout_secs) * 1000))
+    first, steady = _step_options(config)
     seen_session = -1
     while not sess.should_stop() and (leave is None or leave.reason is None):
         options = first if creator.sessions_created != seen_session else steady
@@ -295,6 +310,8 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
         finally:
             watchdog.step_finished()
         seen_session = creator.sessions_created
+        if extra is not None:
+            extra.stepped(creator.current)
         failure = peers.failure() if peers is not None else None
         if failure:
             raise _step_timeout(failure)

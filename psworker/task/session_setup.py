@@ -26,8 +26,9 @@ MAX_CHECKPOINTS = 5
 
 
 def hooks_of(config: TrainConfig, tg: Any, scaffold: Any, replication: Replication, index: int, name: str,
-             emit, kept: tuple = ()) -> tuple[Any, list]:
-    """The step loop's hooks: (the one per-step hook, every hook)."""
+             emit, kept: tuple = (), extra_steps: Callable[[], int] = lambda: 0) -> tuple[Any, list]:
+    """The step loop's hooks: (the one per-step hook, every hook). `extra_steps()`: the steps run beside the loop
+    so far (`--concurrent_steps`), counted in its examples/sec."""
     from psworker.train.hooks import TrainLoopHook
 
     # One hook per step: the chief's savers run inside it, on its check steps only (docs/performance.md).
@@ -35,7 +36,8 @@ def hooks_of(config: TrainConfig, tg: Any, scaffold: Any, replication: Replicati
                              every_steps=config.log_every_steps, examples_per_step=replication.examples_per_step,
                              gated=chief_hooks(config, scaffold, name, kept) if replication.is_chief else (),
                              align_steps=(config.log_every_steps, config.save_checkpoint_steps),
-                             stride=replication.workers, emit=emit, name=name,
+                             stride=replication.workers * config.concurrent_steps, emit=emit, name=name,
+                             extra_steps=extra_steps,
                              epochs=None if tg.dealer is None else (tg.dealer_state.examples_trained,
                                                                     tg.dealer.dealing.plan.num_examples,
                                                                     config.num_epochs))

@@ -46,8 +46,10 @@ class TrainLoopHook(_hook_base()):
 
     def __init__(self, loss, global_step, *, last_step: int, every_steps: int, examples_per_step: int,
                  gated: tuple = (), align_steps: tuple = (), stride: int = 1, emit=print, name: str = "worker",
-                 epochs: Optional[tuple] = None):
+                 epochs: Optional[tuple] = None, extra_steps: Callable[[], int] = lambda: 0):
         self._name = name
+        self._extra_steps = extra_steps   # steps run beside this loop (threads), counted in examples/sec
+        self._extra_at = 0
         self._epochs = epochs          # dealt shards: (examples-trained tensor, examples per epoch, num_epochs)
         self._loss = loss
         self._global_step = global_step
@@ -123,11 +125,12 @@ class TrainLoopHook(_hook_base()):
             if self.local_steps == 1:
                 log.info("%s", events.FirstStep(self._name, step).render())
             if self.local_steps % self._every == 0:
-                now = time.monotonic()
+                now, extra = time.monotonic(), self._extra_steps()
                 duration = max(now - self._t0, 1e-9)
-                self._t0 = now
+                steps = self._every + extra - self._extra_at
+                self._t0, self._extra_at = now, extra
                 epoch = None if self._epochs is None else int(results["examples"]) / self._epochs[1]
-                self._emit(events.Step(step, loss, self._every * self._examples / duration, duration / self._every,
+                self._emit(events.Step(step, loss, steps * self._examples / duration, duration / steps,
                                        epoch, None if self._epochs is None else self._epochs[2]).render(),
                            flush=True)
         if step + self._stride >= self._last_step:   # the fetched value may predate this step's update: read again

@@ -66,6 +66,7 @@ class FastSessionCreator(_base_creator()):
         self._allow_fresh_start = allow_fresh_start
         self._restore_fn = restore or (lambda sess, checkpoint: self._scaffold.saver.restore(sess, checkpoint))
         self.sessions_created = 0
+        self.current = None                 # the session made last, once ready (the raw one MonitoredSession wraps)
         self._abandon = False
         self._abandoned: list = []
 
@@ -110,6 +111,7 @@ class FastSessionCreator(_base_creator()):
             else:
                 self._restore_or_initialise(sess)
                 self._local_init(sess)
+            self.current = sess
             return sess
         except Exception:
             sess.close()
