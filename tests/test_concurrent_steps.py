@@ -107,3 +107,57 @@ def test_a_ps_killed_under_two_steps_in_flight_loses_nothing_past_the_newest_che
             assert step >= newest, (task, step, newest)
         highest[task] = max(highest.get(task, step), step)
     assert_processes_gone(run.pids)
+
+
+def _counter_graph():
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        step = v1.train.get_or_create_global_step()
+        train_op = v1.assign_add(step, 1).op
+        init = v1.global_variables_initializer()
+    return graph, step, train_op, init
+
+
+def test_helpers_step_only_after_the_loop_and_come_back_after_a_failed_session():
+    """In one process, real sessions: the helper waits for the loop's first step; steps on the session the loop
+    last stepped on; when that session is closed under it, it waits until the loop steps on a new one, then goes on;
+    it ends by itself at the last step."""
+    import tensorflow as tf
+
+    from psworker.task.extra_steps import ExtraSteps
+
+    v1 = tf.compat.v1
+    graph, step, train_op, init = _counter_graph()
+    first, second = v1.Session(graph=graph), v1.Session(graph=graph)
+    for sess in (first, second):
+        sess.run(init)
+    extra = ExtraSteps(1, train_op, None, "worker:0", join_secs=30, global_step=step, last_step=10 ** 9)
+    with extra:
+        assert first.run(step) == 0 and extra.steps == 0   # nothing before the loop's first step
+        first.run(train_op)
+        extra.stepped(first)
+        _wait(lambda: extra.steps >= 5, "the helper stepping on the first session")
+        first.close()
+        _wait(lambda: extra.failures >= 1, "the helper failing on the closed session")
+        done = extra.steps
+        second.run(train_op)
+        extra.stepped(second)
+        _wait(lambda: second.run(step) > 50, "the helper stepping on the second session")
+    assert extra.steps > done and extra.failures == 1
+    ended = ExtraSteps(1, train_op, None, "worker:0", join_secs=30, global_step=step, last_step=200)
+    with ended:
+        ended.stepped(second)
+        _wait(lambda: not ended._threads[0].is_alive(), "the helper ending at the last step")
+    assert 199 <= second.run(step) <= 200
+
+
+def _wait(condition, what: str, secs: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + secs
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {secs} s waiting for {what}"
+        time.sleep(0.01)

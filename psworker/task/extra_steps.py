@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Optional
 
 log = logging.getLogger(__name__)
+
+FAILED_JOIN_SECS = 5.0   # how long the helpers are waited for when the step loop ended in an error
 
 
 class ExtraSteps:
@@ -54,16 +57,19 @@ class ExtraSteps:
                      self._count + 1, self._count, "" if self._count == 1 else "s")
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        # After a failure the process is about to leave: a helper stuck in a step on the failed peer is not waited for.
+        secs = self._join_secs if exc_type is None else min(self._join_secs, FAILED_JOIN_SECS)
+        deadline = time.monotonic() + secs
         for thread in self._threads:
-            thread.join(self._join_secs)
+            thread.join(max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in self._threads if t.is_alive()]
         if stuck:
             log.warning("%s: %s still in a step %.0f s after the loop ended; leaving %s behind", self._name,
-                        ", ".join(stuck), self._join_secs, "it" if len(stuck) == 1 else "them")
+                        ", ".join(stuck), secs, "it" if len(stuck) == 1 else "them")
 
     def stepped(self, session: Any) -> None:
         """From the step loop, after each step it completed: the raw session it stepped on."""
