@@ -49,7 +49,7 @@ class TransferOptions:
 def options_of(config) -> TransferOptions:
     """The `TransferOptions` of a `TrainConfig`."""
     return TransferOptions(staged=bool(config.staged_vars), dtype=config.transfer_dtype,
-                           packed=bool(getattr(config, "pack_transfers", False)))
+                           packed=bool(config.pack_transfers))
 
 
 class Pulls:
