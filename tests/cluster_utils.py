@@ -150,7 +150,8 @@ class Launcher:
 
     def wait_until(self, done: Callable[[], bool], what: str, timeout: float = TIMEOUT_SECS,
                    each_poll: Callable[[], None] = lambda: None) -> None:
-        """Polls `done()` (and `each_poll()`) every 0.1 s; fails naming `what` if the launcher exits or time is up."""
+        """Polls `done()` (and `each_poll()`) every 0.1 s; fails naming `what` if the launcher exits without it (checked
+        once more after the exit, with the output all read) or time is up."""
         deadline = time.monotonic() + timeout
         while True:
             self.pids.update(self._descendants())
@@ -159,6 +160,8 @@ class Launcher:
                 return
             if self.proc.poll() is not None:
                 self._reader.join(10)
+                if done():   # the exit (and the last output) may have come after the check above
+                    return
                 raise AssertionError(f"the launcher exited ({self.proc.returncode}) before {what}:\n{self.tail()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {what} within {timeout:g} s:\n{self.tail()}")
