@@ -81,13 +81,17 @@ def _step_ops(train_op) -> list:
     return list(seen.values())
 
 
+def _device(op) -> str:
+    """The op's device, or (a resource op placed by the variable it reads) its resource input's."""
+    return op.device or next((t.op.device for t in op.inputs if t.dtype.name == "resource"), "")
+
+
 def _job(op) -> str:
-    device = op.device or next((t.op.device for t in op.inputs if t.dtype.name == "resource"), "")
-    return "ps" if "/job:ps" in device else "worker"
+    return "ps" if "/job:ps" in _device(op) else "worker"
 
 
 def _task(op) -> int:
-    device = op.device or next((t.op.device for t in op.inputs if t.dtype.name == "resource"), "")
+    device = _device(op)
     return int(device.split("/task:")[1].split("/")[0]) if "/task:" in device else -1
 
 

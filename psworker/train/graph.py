@@ -228,8 +228,7 @@ def _gradients(model: Model, optimizer: Any, pulls: Any, images, labels, config:
             loss = model.loss(logits, labels)
             grads = source.compute_gradients(loss)
     if active:
-        pulls.check_complete()
-        pulls.pack()
+        pulls.finish()
         log.info("variables pulled %s%s", "staged (one step ahead), " if pulls.options.staged else "",
                  f"as {pulls.options.dtype} on the wire" if pulls.options.dtype != "float32" else "in float32")
     return grads, loss

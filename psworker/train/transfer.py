@@ -138,6 +138,11 @@ class Pulls:
         return (self.options.packed and var.dtype.base_dtype.name == "float32" and shape.is_fully_defined()
                 and shape.num_elements() * 4 <= PACK_MAX_BYTES)
 
+    def finish(self) -> None:
+        """Once the model is built: `check_complete`, then `pack`."""
+        self.check_complete()
+        self.pack()
+
     def pack(self) -> None:
         """Packed: each ps's small variables (`_packable`) travel as one transfer a step. They are read on their ps
         as one tensor, their values concatenated (and cast once), and split here; each pulled variable's tensor is
