@@ -40,7 +40,8 @@ in-process one. An in-process run is unshaped, so with `--ps_link_rate none,...`
 
 `--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
 runs it unstaged); likewise "psworker packed" (`--pack_transfers true`), "psworker 2 in flight"
-(`--concurrent_steps 2`) and "psworker 2 in flight packed" (both). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
+(`--concurrent_steps 2`), "psworker 2 in flight packed" (both) and "psworker 2 in flight packed nospin" (both,
+and `PSWORKER_TF_THREAD_SPINNING=off`). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
 reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
 with every number.
 """
@@ -319,6 +320,11 @@ OPT_IN = {
     "psworker packed": ["--pack_transfers", "true"],
     "psworker 2 in flight": ["--concurrent_steps", "2"],
     "psworker 2 in flight packed": ["--concurrent_steps", "2", "--pack_transfers", "true"],
+    "psworker 2 in flight packed nospin": ["--concurrent_steps", "2", "--pack_transfers", "true"],
+}
+# and their environment, where it differs (`PSWORKER_TF_THREAD_SPINNING`: psworker/train/devices.py)
+OPT_IN_ENV = {
+    "psworker 2 in flight packed nospin": {"PSWORKER_TF_THREAD_SPINNING": "off"},
 }
 
 
@@ -332,7 +338,8 @@ def variants(models: list[str], pss_ema: bool, only: Optional[list[str]] = None)
             out.append((m, "psworker -ema", {"side": "psworker", "ema": "off"}))
         for name, flags in OPT_IN.items():   # opt-in: `--variants psworker,"psworker staged",pss`
             if only is not None and name in only:
-                out.append((m, name, {"side": "psworker", "ema": "shipped", "flags": flags}))
+                out.append((m, name, {"side": "psworker", "ema": "shipped", "flags": flags,
+                                      "env": OPT_IN_ENV.get(name, {})}))
         out.append((m, "pss", {"side": "pss", "ema": False}))
         if m == "cnn" and pss_ema:
             out.append((m, "pss +ema", {"side": "pss", "ema": True}))
@@ -406,8 +413,9 @@ def run_one(model: str, column: tuple, name: str, opt: dict, args, workdir: Path
             ) -> dict:
     rate, (num_ps, workers) = column
     if opt["side"] == "psworker":
+        env = dict(_env(opt["ema"], site_dir), **opt.get("env", {}))
         return psworker_run(model, workers, ema=opt["ema"], args=args, workdir=workdir, site_dir=site_dir, tag=tag,
-                            num_ps=num_ps, rate=rate, flags=opt.get("flags", []))
+                            num_ps=num_ps, rate=rate, flags=opt.get("flags", []), env=env)
     return pss_run(model, workers, ema=opt["ema"], args=args, num_ps=num_ps, rate=rate)
 
 
@@ -423,7 +431,7 @@ def measure(models: list[str], columns: list[tuple], args, workdir: Path, site_d
             for column in columns:
                 for mm, name, opt in variants([model], args.pss_ema, args.variants):
                     n += 1
-                    tag = f"r{r}-{model}-{column[0] or 'free'}-{shape_name(column[1])}-{name.replace(' ', '')}-{n}"
+                    tag = f"r{r}-{model}-{column[0] or 'free'}-{shape_name(column[1])}-{re.sub(r'[^A-Za-z0-9]', '', name)}-{n}"
                     try:
                         out = run_one(model, column, name, opt, args, workdir, site_dir, tag)
                     except RuntimeError as exc:   # one failed run must not lose the others' numbers

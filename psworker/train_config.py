@@ -117,7 +117,9 @@ class TrainConfig:
                                         "would, with their staleness; not in sync mode")
     pack_transfers: bool = _setting(False, "each ps's small variables (up to 1 MiB each) pulled as one tensor and "
                                            "their gradients pushed as one, and a sparse table's row ids sent once "
-                                           "a step: fewer RPCs per step, for models of many small variables",
+                                           "a step: fewer RPCs per step, for models of many small variables; "
+                                           "variables from 16 KiB (not 256 KiB) are split over the ps tasks, "
+                                           "evening out what each ps link carries",
                                     metavar="{true,false}")
     allow_fresh_start: bool = _setting(False, "the chief starts from scratch when train_dir holds checkpoint files "
                                               "but none is usable (by default it refuses: exit 3)",

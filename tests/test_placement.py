@@ -106,6 +106,28 @@ def test_partitions_split_the_longest_axis_of_large_variables_only():
     assert partitions([3, 3], 4, 8, min_bytes=0) == [3, 1]                    # never more shards than entries
 
 
+def test_packed_transfers_split_mid_sized_weights_to_even_out_each_ps_link():
+    """Packed, a shard rides in its ps's one transfer: criteo's dense1/weights (56 KB, below the unpacked threshold)
+    is split over every ps, so no ps carries most of the dense bytes a step (unpacked: ps:1 took 87% of them)."""
+    from psworker.train.placement import MIN_PARTITION_BYTES, PACKED_MIN_PARTITION_BYTES, partitions
+    from psworker.train.plan_report import placement_report
+
+    assert partitions([221, 64], 4, 4) == [1, 1] and partitions([221, 64], 4, 4, PACKED_MIN_PARTITION_BYTES) == [4, 1]
+    plain, packed = placement_report("criteo", 4), placement_report("criteo", 4, pack_transfers=True)
+    assert (plain.split_from, packed.split_from) == (MIN_PARTITION_BYTES, PACKED_MIN_PARTITION_BYTES)
+    assert not any(v.checkpoint_name == "dense1/weights" and v.is_shard for v in plain.variables)
+    shards = [v for v in packed.variables if v.checkpoint_name == "dense1/weights"]
+    assert sorted(v.ps for v in shards) == [0, 1, 2, 3] and sum(v.shape[0] for v in shards) == 221
+    assert packed.trainable_parameters == plain.trainable_parameters
+
+    def busiest(report) -> float:
+        pulls = report.traffic.pull
+        return max(pulls) * len(pulls) / sum(pulls)
+
+    assert busiest(plain) > 3.0 and busiest(packed) < 1.5, (plain.traffic.pull, packed.traffic.pull)
+    assert sum(packed.traffic.pull) == sum(plain.traffic.pull)
+
+
 def test_greedy_strategy_counts_slots_on_their_variables_ps():
     import tensorflow as tf
 

@@ -54,7 +54,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.model is not None or args.ps_memory_limit is not None:
         model = merge_train(spec.train, {"model": args.model}).model if args.model else spec.train.model
         from psworker.train import plan_report
-        report = plan_report.placement_report(model, len(spec.ps))
+        report = plan_report.placement_report(model, len(spec.ps), pack_transfers=spec.train.pack_transfers)
         print()
         print(plan_report.describe(model, len(spec.ps), workers=len(spec.worker), step_rate=args.step_rate,
                                    bandwidth_gbps=args.bandwidth_gbps, report=report))

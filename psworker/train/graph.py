@@ -108,7 +108,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
                       elastic: bool = False, dealing: Optional[Any] = None) -> TrainGraph:
     """Builds one worker's replica of the training graph in the current default graph.
 
-    Variables go to the ps tasks, large ones split into a shard per ps (`placement.partitioned_variables`), placed
+    Variables go to the ps tasks, large ones (`placement.min_partition_bytes`) split into a shard per ps, placed
     greedily by bytes (every worker builds the same graph in the same order, so all compute the same placement);
     compute and input ops stay on this worker. `cluster=None` builds the same graph for one process without servers
     (no placement, no shards; async updates only). `elastic`: an elastic job's sync tokens are handed out on demand
@@ -118,7 +118,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     import tensorflow as tf
 
     from psworker.train import devices, transfer
-    from psworker.train.placement import GreedyByteStrategy, partitioned_variables
+    from psworker.train.placement import GreedyByteStrategy, min_partition_bytes, partitioned_variables
 
     v1 = tf.compat.v1
     config = devices.resolve(config, devices.visible_gpus())   # --num_devices auto
@@ -134,7 +134,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             raise ValueError("sync mode needs a cluster")
         worker_device, placement, input_device = "", None, "/device:CPU:0"
     num_ps = len(cluster["ps"]) if cluster else 1
-    with tf.compat.v1.device(placement), partitioned_variables(num_ps):
+    with tf.compat.v1.device(placement), partitioned_variables(num_ps, min_partition_bytes(config.pack_transfers)):
         global_step = v1.train.get_or_create_global_step()
         inputs = _inputs(model, config, dealing, global_step, input_device, task_index, num_workers)
         images, labels = inputs.batch

@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 # Variables of at least this many bytes are split over the ps tasks (when there are several). Below it a variable
 # stays whole: a shard costs a transfer per step, and small variables balance well whole.
 MIN_PARTITION_BYTES = 256 * 1024
+# Packed (`--pack_transfers`): a shard rides in its ps's one transfer a step, so a split costs no transfer; splitting
+# the mid-sized weights too evens out the bytes each ps link carries a step.
+PACKED_MIN_PARTITION_BYTES = 16 * 1024
+
+
+def min_partition_bytes(packed: bool) -> int:
+    """The size from which a variable is split over the ps tasks: `PACKED_MIN_PARTITION_BYTES` when each ps's
+    variables travel packed, else `MIN_PARTITION_BYTES`."""
+    return PACKED_MIN_PARTITION_BYTES if packed else MIN_PARTITION_BYTES
 
 
 def variable_bytes(op) -> int:
@@ -108,4 +117,5 @@ class GreedyByteStrategy:
         return None
 
 
-__all__ = ["GreedyByteStrategy", "MIN_PARTITION_BYTES", "partitioned_variables", "partitions", "variable_bytes"]
+__all__ = ["GreedyByteStrategy", "MIN_PARTITION_BYTES", "PACKED_MIN_PARTITION_BYTES", "min_partition_bytes",
+           "partitioned_variables", "partitions", "variable_bytes"]

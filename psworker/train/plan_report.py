@@ -32,6 +32,7 @@ class PlacementReport:
     variables: tuple[PlacedVariable, ...]
     traffic: object = None   # `traffic.StepTraffic` of one worker step
     tables: tuple[str, ...] = ()   # the sparse tables' checkpoint names (their shards are in `variables`)
+    split_from: int = 0            # variables of this many bytes or more are split (`placement.min_partition_bytes`)
 
     @property
     def trainable_parameters(self) -> int:
@@ -74,7 +75,8 @@ class _NoDataModel:
         return images, tf.zeros([spec.batch_size], tf.int32)
 
 
-def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> PlacementReport:
+def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2, pack_transfers: bool = False
+                     ) -> PlacementReport:
     """Builds `model_name`'s training graph as worker 0 of a between-graph cluster would (no servers, no data)
     and reads where each variable landed.
 
@@ -87,6 +89,7 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
         model_name: a registered model.
         num_ps: number of ps tasks.
         batch_size: the (irrelevant) batch of the zero inputs.
+        pack_transfers: the graph of `--pack_transfers true` (smaller variables split too).
 
     Returns:
         The variables (shards) in creation order, each with its shape, bytes, ps task, whether it is trainable, and
@@ -100,13 +103,14 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
     from psworker.models.base import SPARSE_TABLES
     from psworker.spec import TrainConfig
     from psworker.train.graph import build_train_graph
+    from psworker.train.placement import min_partition_bytes
     from psworker.train.traffic import step_traffic
 
     if num_ps < 1:
         raise ValueError(f"num_ps must be at least 1, got {num_ps}")
     model = _NoDataModel(models.get(model_name))
     cluster = {"ps": [f"ps{i}:1" for i in range(num_ps)], "worker": ["worker0:1"]}
-    config = TrainConfig(model=model_name, batch_size=batch_size)
+    config = TrainConfig(model=model_name, batch_size=batch_size, pack_transfers=pack_transfers)
     rows = []
     with tf.Graph().as_default() as graph:
         build_train_graph(model, config, cluster=cluster, task_index=0)
@@ -124,7 +128,7 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2) -> Pl
                                        tuple(whole.full_shape) if whole else shape))
         tables = tuple(sorted({getattr(getattr(v, "_save_slice_info", None), "full_name", v.op.name)
                                for v in tf.compat.v1.get_collection(SPARSE_TABLES)}))
-    return PlacementReport(model_name, num_ps, tuple(rows), traffic, tables)
+    return PlacementReport(model_name, num_ps, tuple(rows), traffic, tables, min_partition_bytes(pack_transfers))
 
 
 def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int = 1, step_rate: float = 10.0,
@@ -154,7 +158,7 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int 
     shards = sum(v.is_shard for v in rows)
     lines.append(f"  bytes per ps: max/mean {report.max_over_mean:.3f}"
                  + (f"; {shards} shards of {len({v.checkpoint_name for v in rows if v.is_shard})} split variables"
-                    f" (variables of {placement.MIN_PARTITION_BYTES:,} bytes or more are split over the ps tasks)"
+                    f" (variables of {report.split_from:,} bytes or more are split over the ps tasks)"
                     if shards else ""))
     lines.append(f"  total: {report.trainable_parameters:,} trainable parameters, {total:,} bytes on the ps tasks")
     lines.append(traffic.describe(report.traffic, steps_per_sec_per_worker=step_rate, workers=workers,
