@@ -284,20 +284,30 @@ print(json.dumps({"auc": float(auc), "psworker": [m for m in sys.modules if m.st
 
 @pytest.mark.slow
 def test_a_checkpoint_written_with_2_ps_restores_with_3(criteo_dir, tmp_path):
-    """100 steps on 2 ps, then the same train dir on 3 ps to step 200: the restore splits each table 3 ways, and
-    training goes on from step 100 to a model that still scores the planted signal."""
+    """100 steps on 2 ps, then the same train dir on 3 ps, packed, to step 300: the restore splits each table 3
+    ways, and dense1/weights, whole before, 3 ways too (`placement.min_partition_bytes`); training goes on from step
+    100 to a model that still scores the planted signal, and the checkpoint holds each variable whole by name."""
     two = write_spec(tmp_path / "two.yaml", num_ps=2, num_workers=1, model="criteo", batch_size=64)
     three = write_spec(tmp_path / "three.yaml", num_ps=3, num_workers=1, model="criteo", batch_size=64)
     common = ["--train_dir", str(tmp_path / "train"), "--data_dir", str(criteo_dir)]
     first = run_launcher([str(two), *common, "--max_steps", "100"], cwd=tmp_path, timeout=300)
     assert first.returncode == 0 and checkpoint_step(tmp_path / "train") == 100, first.output[-3000:]
-    second = run_launcher([str(three), *common, "--max_steps", "300"], cwd=tmp_path, timeout=300)
+    second = run_launcher([str(three), *common, "--max_steps", "300", "--pack_transfers", "true"], cwd=tmp_path,
+                          timeout=300)
     assert second.returncode == 0, second.output[-4000:]
     assert "restoring the checkpoint model.ckpt-100" in second.output, second.output[-3000:]
     table = TABLE_LINE.search(second.output)
     assert table and len(re.findall(r"rows on /job:ps/task:\d", table[3])) == 3, second.output[-3000:]
     m = AUC_LINE.search(second.output)
     assert m and int(m[4]) == 300 and float(m[1]) >= LEARNED_AUC, second.output[-3000:]
+    chief = (tmp_path / "train" / "logs" / "worker-0.log").read_text()
+    packs = re.findall(r"packed transfers: (\d+) variables on /job:ps/task:(\d)", chief)
+    # the 6 dense variables, dense1/weights as 3 shards: one on each ps
+    assert sorted(t for _, t in packs) == ["0", "1", "2"] and sum(int(n) for n, _ in packs) == 8, chief[-3000:]
+    import tensorflow as tf
+
+    shapes = tf.train.load_checkpoint(str(tmp_path / "train" / "model.ckpt-300")).get_variable_to_shape_map()
+    assert shapes["dense1/weights"] == [221, 64] and shapes["dense1/weights/Adagrad"] == [221, 64], shapes
     assert_processes_gone(first.pids | second.pids)
 
 
