@@ -139,6 +139,16 @@ def test_the_wait_for_a_dump_ends_at_its_main_thread_or_once_the_log_is_quiet(tm
         f.write(_real_dump(depth=120))                      # cut at 100 frames: its end cannot be told
     assert wait.over(now=2.0) is None                       # the log just grew
     assert wait.over(now=2.0 + stacks.QUIET_SECS) == "dumped"
+    # a pump stalled mid-line (as over ssh on a loaded host): however quiet, a cut line is not the dump's end
+    partial = stacks.DumpWait(log, stacks.log_offset(log), deadline=100.0)
+    dump = _real_dump()
+    cut = dump.rindex("  File ") + len("  File ")
+    with open(log, "a") as f:
+        f.write(dump[:cut])
+    assert partial.over(now=1.0) is None and partial.over(now=1.0 + 10 * stacks.QUIET_SECS) is None
+    with open(log, "a") as f:
+        f.write(dump[cut:])
+    assert partial.over(now=30.0) == "dumped"               # the rest arrived: its main thread ends it
     complete = stacks.DumpWait(log, stacks.log_offset(log), deadline=100.0)
     with open(log, "a") as f:
         f.write(_real_dump())

@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 
 WAIT_SECS = 5.0               # for a task's dump to reach its log (it takes milliseconds on a live task)
 # A dump whose end cannot be told (the main thread's stack cut at faulthandler's 100 frames, or no program entry
-# at its bottom) is over once the log has not grown for this long: faulthandler writes it all at once.
-QUIET_SECS = 0.5
+# at its bottom) is over once the log ends a line and has not grown for this long. faulthandler writes it all at
+# once, but over ssh or srun it reaches the log through a pump that a loaded host can stall mid-dump (CI saw one
+# cut at "  File " after 0.5 s).
+QUIET_SECS = 2.0
 _POLL_SECS = 0.05
 _PY_SPY_SECS = 10.0
 
@@ -49,14 +51,16 @@ class DumpWait:
     _grown_at: float = field(default=0.0, init=False)
 
     def over(self, now: Optional[float] = None) -> Optional[str]:
-        """None while waiting, else `"dumped"` (a complete dump, or one the log has not grown after for
-        `QUIET_SECS`) or `"timed out"`."""
+        """None while waiting, else `"dumped"` (a complete dump, or one after which the log ends a line and has
+        not grown for `QUIET_SECS`) or `"timed out"`."""
         now = time.monotonic() if now is None else now
         size = log_offset(self.path)
         if size != self._size:
             self._size, self._grown_at = size, now
-        dumps = stackdump.parse_dumps(_read_from(self.path, self.offset))
-        if any(d.is_complete for d in dumps) or (dumps and now - self._grown_at >= QUIET_SECS):
+        text = _read_from(self.path, self.offset)
+        dumps = stackdump.parse_dumps(text)
+        quiet = text.endswith("\n") and now - self._grown_at >= QUIET_SECS
+        if any(d.is_complete for d in dumps) or (dumps and quiet):
             return "dumped"
         return "timed out" if now >= self.deadline else None
 
