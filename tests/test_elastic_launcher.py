@@ -73,7 +73,9 @@ def finish(run: Launcher, names: list[str]) -> None:
 
 
 def test_async_job_scaled_2_to_4_to_1(tmp_path):
-    max_steps, train_dir = 1500, tmp_path / "train"
+    # Steps enough that the run cannot end before this test has held the first two workers: at 1,500, two workers
+    # on a loaded CI host trained them all in 4.3 s, before the test read their first step lines.
+    max_steps, train_dir = 6000, tmp_path / "train"
     spec = write_spec(tmp_path / "async.yaml", 4, {"min": 1, "start": 2}, mode="async", max_steps=max_steps)
     run = Launcher([spec, "--train_dir", str(train_dir)], tmp_path)
     try:
@@ -111,7 +113,7 @@ def test_the_live_view_on_a_terminal_shows_a_scale_up_above_it_and_ends_with_one
     """`psworker local` on a pseudo-terminal, read back as a terminal shows it (issue 27): the launcher's own lines
     (the scale, the join, the exits) stand above the live view in the order they happened, the view's frames
     overwrite each other (one task table is left at the end), and its step never passes max_steps."""
-    max_steps, train_dir = 2000, tmp_path / "train"
+    max_steps, train_dir = 6000, tmp_path / "train"     # as in test_async_job_scaled_2_to_4_to_1
     spec = write_spec(tmp_path / "live.yaml", 3, {"min": 1, "start": 2}, mode="async", max_steps=max_steps)
     run = Launcher([spec, "--train_dir", str(train_dir)], tmp_path, tty=True)
     try:
