@@ -314,13 +314,14 @@ def pss_run(model: str, workers: int, *, ema: bool, args, num_ps: int = 1, rate:
 
 # --------------------------------------------------------------------------------------------- table
 
+_IN_FLIGHT_PACKED = ["--concurrent_steps", "2", "--pack_transfers", "true"]
 # psworker with flags, run only when named in --variants (the in-process column runs psworker without them)
 OPT_IN = {
     "psworker staged": ["--staged_vars", "true"],
     "psworker packed": ["--pack_transfers", "true"],
     "psworker 2 in flight": ["--concurrent_steps", "2"],
-    "psworker 2 in flight packed": ["--concurrent_steps", "2", "--pack_transfers", "true"],
-    "psworker 2 in flight packed nospin": ["--concurrent_steps", "2", "--pack_transfers", "true"],
+    "psworker 2 in flight packed": _IN_FLIGHT_PACKED,
+    "psworker 2 in flight packed nospin": _IN_FLIGHT_PACKED,   # with OPT_IN_ENV's
 }
 # and their environment, where it differs (`PSWORKER_TF_THREAD_SPINNING`: psworker/train/devices.py)
 OPT_IN_ENV = {

@@ -138,7 +138,7 @@ def describe(model_name: str, num_ps: int, batch_size: int = 2, *, workers: int 
 
     Builds no servers and reads no data (see `placement_report`; `report`: one the caller has built already).
     """
-    from psworker.train import placement, traffic
+    from psworker.train import traffic
 
     report = report or placement_report(model_name, num_ps, batch_size=batch_size)
     rows = report.variables
