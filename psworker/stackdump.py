@@ -12,20 +12,23 @@ failure report (`innermost` frames of the main thread) and for the launcher's wa
       File "train.py", line 8 in <module>
 
 faulthandler lists the newest thread first, so the main thread (the oldest) comes last; "Current thread" is the
-one that ran the signal handler, the main thread unless it blocks the signal.
+one that wrote the dump (`dump_on_signal`'s thread, in psworker's tasks).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import re
 import signal
+import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, TextIO
 
 from psworker.events import StacksReady
 
-__all__ = ["SIGNAL", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump", "from_py_spy"]
+__all__ = ["SIGNAL", "dump_on_signal", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump", "from_py_spy"]
 
 SIGNAL = signal.SIGUSR1          # psworker's tasks dump every thread's stack on it (faulthandler), and go on
 
@@ -41,6 +44,38 @@ _IMPORT_MACHINERY = "<frozen importlib."
 # Lines inside a thread's block that are no frame: output of a thread that went on while another one dumped (a
 # signal may reach any thread), which also breaks the frame it lands in.
 _FOREIGN_LINES = 3
+
+
+def dump_on_signal(stream: TextIO) -> None:
+    """From now on `SIGNAL` writes every thread's stack into `stream` (faulthandler's format) and the process goes
+    on. Raises ValueError or OSError where it cannot: `stream` has no file descriptor, or this is not the main
+    thread.
+
+    A thread that holds the GIL writes the dump (`_dump_when_woken`), not the signal handler: there, faulthandler
+    reads the other threads' frames while they run, and a deep stack popping back frees the data-stack chunk it is
+    reading (a SIGSEGV: CI's tasks ended mid-dump at `  File `; tests/fake_tasks/churning.py does it in seconds).
+    The signal only wakes that thread, through Python's wakeup fd, written from the C handler: it works while the
+    main thread waits in C++ with the GIL released (a stalled TensorFlow step)."""
+    fd = stream.fileno()
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except BaseException:
+        os.close(read_end)
+        os.close(write_end)
+        raise
+    signal.signal(SIGNAL, lambda signum, frame: None)
+    signal.siginterrupt(SIGNAL, False)       # SA_RESTART: system calls in C++ go on as under faulthandler's
+    threading.Thread(target=_dump_when_woken, args=(read_end, fd), name="psworker-stacks", daemon=True).start()
+
+
+def _dump_when_woken(read_end: int, fd: int) -> None:
+    """Dumps every thread's stack into `fd` each time `SIGNAL`'s number comes through the wakeup pipe (the other
+    signals' numbers come too; their handlers run in the main thread as ever)."""
+    while True:
+        if int(SIGNAL) in os.read(read_end, 256):
+            faulthandler.dump_traceback(file=fd, all_threads=True)
 
 
 @dataclass(frozen=True)

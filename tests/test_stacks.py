@@ -23,7 +23,7 @@ from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import ProgramTask, assert_processes_gone, processes_naming
 from tests.cluster_utils import REPO, run_launcher
-from tests.fake_tasks.fakes import HERE, fake, poll_until
+from tests.fake_tasks.fakes import HERE, fake, poll_until, wait_for
 
 STUCK = str(HERE / "stuck.py")
 WAIT = 60.0                       # for any one event of a fake task on a loaded machine
@@ -115,6 +115,33 @@ def test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_the_current_th
     assert alone.main_thread.frames[0].function == "test_a_dump_taken_while_the_garbage_collector_runs_and_one_of_" \
                                                    "the_current_thread_only"
     assert all(stackdump.is_dump_line(line) for line in text.splitlines())
+
+
+def test_a_task_dumps_again_and_again_while_waiting_in_c_and_its_threads_run_python():
+    """`stackdump.dump_on_signal`, as psworker's tasks install it: every SIGUSR1 writes a whole dump while the main
+    thread waits in C with the GIL released (a handler run by the main thread would never write one) and other
+    threads push and pop frames (faulthandler's own handler reads them unlocked: CI saw a task end mid-dump)."""
+    proc = subprocess.Popen([sys.executable, str(HERE / "churning.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        assert proc.stdout.readline() == "ready\n", "".join(lines)
+        for asked in range(1, 31):
+            proc.send_signal(stackdump.SIGNAL)
+            wait_for(lambda: len(stackdump.parse_dumps("".join(lines))) >= asked or proc.poll() is not None,
+                     WAIT, f"dump {asked} of churning.py")
+            assert proc.poll() is None, f"it ended ({proc.returncode}) at dump {asked}:\n" + "".join(lines)[-3000:]
+    finally:
+        proc.kill()
+        proc.wait()
+        reader.join(WAIT)
+    dumps = stackdump.parse_dumps("".join(lines))
+    assert len(dumps) == 30 and all(d.is_complete for d in dumps), "".join(lines)[-3000:]
+    for dump in dumps:
+        assert [f.function for f in dump.main_thread.frames] == ["wait_in_c", "<module>"], dump.render()
+        assert len(dump.threads) == 5 and sum(t.current for t in dump.threads) == 1, dump.render()
 
 
 def test_lines_of_the_protocol_render_and_parse_back():

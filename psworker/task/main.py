@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Optional
 
 import contextlib
-import faulthandler
 import gc
 import logging
 import os
@@ -39,11 +38,11 @@ def dump_stacks_on_signal() -> None:
     """From now on `stackdump.SIGNAL` (SIGUSR1) writes every thread's Python stack into this task's log (stderr)
     and the task goes on: the launcher asks for it before it stops a stalled or remaining task; by hand, `kill
     -USR1 PID`. Called before the task prints anything; its first line (`events.StacksReady`) tells the launcher.
-    Nothing when stderr is no file (a task run in-process, e.g. by a test capturing its output)."""
+    Nothing when stderr is no file or this is not the main thread (a task run in-process, e.g. by a test)."""
     try:
-        faulthandler.register(stackdump.SIGNAL, file=sys.stderr, all_threads=True)
+        stackdump.dump_on_signal(sys.stderr)
     except (AttributeError, ValueError, OSError) as err:     # io.UnsupportedOperation is both of the last two
-        log.debug("no stack dump on %s: stderr has no file descriptor (%s)", stackdump.SIGNAL.name, err)
+        log.debug("no stack dump on %s: %s", stackdump.SIGNAL.name, err)
         return
     print(events.StacksReady(os.getpid()).render(), file=sys.stderr, flush=True)
 

@@ -2,17 +2,17 @@
 as psworker's tasks do (unless --no-handler: a user's program), prints `step 0` and "ready", then blocks until
 killed. --steps N prints N step lines first (a worker that trained, then stalled)."""
 import argparse
-import faulthandler
-import signal
 import sys
 import threading
+
+from psworker import stackdump
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=1)
 parser.add_argument("--no-handler", action="store_true")
 args = parser.parse_args()
 if not args.no_handler:
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    stackdump.dump_on_signal(sys.stderr)
 never = threading.Event()
 
 

@@ -1,0 +1,31 @@
+"""Fake task whose main thread waits inside C with the GIL released (a `read` that SIGUSR1 restarts, as a
+TensorFlow step waits in C++) while three threads push and pop 900 Python frames, across the interpreter's
+data-stack chunks (each one freed as its frames pop: faulthandler's own handler, reading them unlocked, crashed
+on one). Dumps its stacks on SIGUSR1 as psworker's tasks do, prints "ready", then waits until killed."""
+import ctypes
+import os
+import sys
+import threading
+
+from psworker import stackdump
+
+
+def recurse(depth: int) -> int:
+    return 0 if depth == 0 else recurse(depth - 1) + 1
+
+
+def churn() -> None:
+    while True:
+        recurse(900)
+
+
+def wait_in_c() -> None:
+    read_end, _ = os.pipe()               # the write end stays open and silent: the read never returns
+    ctypes.CDLL(None, use_errno=True).read(read_end, ctypes.create_string_buffer(1), 1)
+
+
+stackdump.dump_on_signal(sys.stderr)
+for i in range(3):
+    threading.Thread(target=churn, name=f"churn-{i}", daemon=True).start()
+print("ready", flush=True)
+wait_in_c()
