@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -362,12 +364,28 @@ def test_a_real_stalled_worker_reports_where_it_was(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_under_slurm_a_stalled_worker_is_asked_through_its_step(slurm, monkeypatch, capsys, tmp_path):
-    """`scancel --signal=USR1 JOB.STEP` reaches the task; its dump comes back through srun's output into its log."""
+    """`scancel --signal=USR1 JOB.STEP` reaches the task; its dump comes back through srun's output into its log.
+    The ps is stopped at time 0, when squeue may list its step before its slurmstepd takes signals: the job's
+    `scancel` (first on its PATH) answers each step's first signal as Slurm then does, then runs the real one."""
     from tests.slurm_fixture import submit_counts, wait_done
 
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "scancel").write_text(f"""#!/bin/sh
+if mkdir "{shims}/refused-$2" 2>/dev/null; then
+  echo "scancel: error: Kill job error on job step id $2: Invalid job id specified" >&2; exit 1
+fi
+echo "$*" >> "{shims}/delivered"
+exec {shutil.which("scancel")} "$@"
+""")
+    (shims / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
     job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, *STALL[2:], max_steps=1_000_000)
     out = wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 137" in out, out[-4000:]
+    assert "Invalid job id" not in out, out[-4000:]
+    delivered = (shims / "delivered").read_text().splitlines()
+    assert delivered[0].startswith("--signal=STOP ") and (shims / f"refused-{delivered[0].split()[1]}").is_dir()
     _check_stalled_worker_report(out)
     left = processes_naming(str(run_dir))      # this run's only: other runs' sruns may share the machine
     assert not left, [p.cmdline() for p in left]

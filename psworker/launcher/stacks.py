@@ -32,9 +32,9 @@ logger = logging.getLogger(__name__)
 
 WAIT_SECS = 5.0               # for a task's dump to reach its log (it takes milliseconds on a live task)
 # A dump whose end cannot be told (the main thread's stack cut at faulthandler's 100 frames, or no program entry
-# at its bottom) is over once the log ends a line and has not grown for this long. faulthandler writes it all at
-# once, but over ssh or srun it reaches the log through a pump that a loaded host can stall mid-dump (CI saw one
-# cut at "  File " after 0.5 s).
+# at its bottom) is over once the log ends a line and has not grown for this long. A task writes it all at once,
+# but over ssh or srun it reaches the log through a pump that a loaded host can stall. (The dumps CI saw cut at
+# "  File " were no stall: faulthandler's signal handler crashed the task; see `stackdump.dump_on_signal`.)
 QUIET_SECS = 2.0
 _POLL_SECS = 0.05
 _PY_SPY_SECS = 10.0

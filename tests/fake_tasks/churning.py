@@ -21,11 +21,12 @@ def churn() -> None:
 
 def wait_in_c() -> None:
     read_end, _ = os.pipe()               # the write end stays open and silent: the read never returns
-    ctypes.CDLL(None, use_errno=True).read(read_end, ctypes.create_string_buffer(1), 1)
+    read, buffer = ctypes.CDLL(None).read, ctypes.create_string_buffer(1)
+    print("ready", flush=True)            # from here on, only the C call: every dump sees this frame on top
+    read(read_end, buffer, 1)
 
 
 stackdump.dump_on_signal(sys.stderr)
 for i in range(3):
     threading.Thread(target=churn, name=f"churn-{i}", daemon=True).start()
-print("ready", flush=True)
 wait_in_c()

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 STEP_LOOKUP_SECS = 30.0               # how long to look for a just-started step in squeue
 SLURM_COMMAND_TIMEOUT_SECS = 30.0
+STEP_RETRY_SECS = 0.2                 # between scancels of a step whose slurmstepd is not up yet
 
 
 @dataclass(frozen=True)
@@ -147,11 +148,24 @@ class SlurmBackend(Backend):
             return
         argv = steps.signal_step_argv(step, signal.Signals(sig).name.removeprefix("SIG"), scancel=self.options.scancel)
         try:
-            result = _run(argv)
+            result = self._scancel(argv, proc)
             if result.returncode != 0 and proc.poll() is None:
                 logger.warning("%s exited %d: %s", " ".join(argv), result.returncode, result.stderr.strip())
         except subprocess.TimeoutExpired:
             logger.warning("%s: no answer within %.0f s", " ".join(argv), SLURM_COMMAND_TIMEOUT_SECS)
+
+    @staticmethod
+    def _scancel(argv: Sequence[str], proc: subprocess.Popen) -> subprocess.CompletedProcess:
+        """Runs `argv` (a scancel); again while slurmd says the step is not there (`Invalid job id`) and its srun
+        runs, for up to `STEP_LOOKUP_SECS`: squeue lists a step before its slurmstepd takes signals (a stop
+        injected at time 0 was lost so, and the run went on unstopped)."""
+        deadline = time.monotonic() + STEP_LOOKUP_SECS
+        while True:
+            result = _run(argv)
+            if (result.returncode == 0 or steps.NOT_YET not in result.stderr or proc.poll() is not None
+                    or time.monotonic() >= deadline):
+                return result
+            time.sleep(STEP_RETRY_SECS)
 
     def alive(self, procs: Sequence[subprocess.Popen]) -> list[str]:
         return [self.step_of(p) or f"srun pid {p.pid}" for p in procs if p.poll() is None]

@@ -11,7 +11,11 @@ from typing import Protocol
 
 from psworker.errors import UsageError
 
-__all__ = ["parse_steps", "signal_step_argv", "srun_argv", "step_job_name", "steps_argv"]
+__all__ = ["NOT_YET", "parse_steps", "signal_step_argv", "srun_argv", "step_job_name", "steps_argv"]
+
+
+# scancel's error for a step that squeue lists but whose slurmstepd does not take signals yet (its first ~0.1 s)
+NOT_YET = "Invalid job id specified"
 
 
 class Placed(Protocol):
