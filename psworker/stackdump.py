@@ -28,7 +28,8 @@ from typing import Optional, Sequence, TextIO
 
 from psworker.events import StacksReady
 
-__all__ = ["SIGNAL", "dump_on_signal", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump", "from_py_spy"]
+__all__ = ["SIGNAL", "dump_on_signal", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump",
+           "from_py_spy"]
 
 SIGNAL = signal.SIGUSR1          # psworker's tasks dump every thread's stack on it (faulthandler), and go on
 

@@ -168,7 +168,8 @@ def test_the_wait_for_a_dump_ends_at_its_main_thread_or_once_the_log_is_quiet(tm
         f.write(_real_dump(depth=120))                      # cut at 100 frames: its end cannot be told
     assert wait.over(now=2.0) is None                       # the log just grew
     assert wait.over(now=2.0 + stacks.QUIET_SECS) == "dumped"
-    # a pump stalled mid-line (as over ssh on a loaded host): however quiet, a cut line is not the dump's end
+    # a log that ends mid-line (its task died mid-dump, or the read caught a write half-done): however quiet, a
+    # cut line is not the dump's end
     partial = stacks.DumpWait(log, stacks.log_offset(log), deadline=100.0)
     dump = _real_dump()
     cut = dump.rindex("  File ") + len("  File ")
