@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -552,3 +553,25 @@ def test_cli_metrics_port_0_names_none_and_a_queue_on_plain_jobs_warns(tmp_path,
     assert [o["spec"]["suspend"] for o in objs if o["kind"] == "Job"] == [True, True]
     assert "psworker: warning: --queue with the plain flavor: Kueue admits the ps Job and the worker Job each on its " \
            "own" in capsys.readouterr().err
+
+
+def test_the_readme_manifest_commands_write_valid_manifests(tmp_path, monkeypatch):
+    """The `psworker k8s manifest` commands of the README's Kubernetes section, as written (their `-o run.yaml` in a
+    temp dir): each exits 0 and writes objects that validate; the second is scraped and queued."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Running on Kubernetes\n")
+    block = re.search(r"```bash\n(.*?)```", text[start:text.index("\n## ", start + 1)], re.S).group(1)
+    commands = [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines()]
+    manifest = [argv for argv in commands if argv[:3] == ["psworker", "k8s", "manifest"]]
+    assert len(manifest) == 2, commands
+    monkeypatch.chdir(ROOT)   # the spec paths are relative to the repository
+    kinds = []
+    for argv in manifest:
+        out = tmp_path / "run.yaml"
+        assert main([str(out) if arg == "run.yaml" else arg for arg in argv[1:]]) == 0
+        objs = [o for o in yaml.safe_load_all(out.read_text()) if o]
+        for obj in objs:
+            validate(obj)
+        kinds.append([o["kind"] for o in objs])
+    assert kinds == [["Service", "Job", "Job", "NetworkPolicy"], ["JobSet", "NetworkPolicy", "PodMonitor"]]
+    assert objs[0]["spec"]["suspend"] is True and objs[0]["metadata"]["labels"][LABEL_QUEUE] == "ml-batch"
