@@ -45,13 +45,13 @@ def test_start_scripts_train_a_cluster(tmp_path, make_cluster):
         return ["env", f"TF_CONFIG={tf_config.stdout.strip()}", script, "--max_steps", "300", "--batch_size", "32",
                 "--log_every_steps", "50", "--train_dir", str(train_dir)]
 
-    cluster = make_cluster(spec=spec_path, argv=by_hand, start=False)
-    cluster.start("ps:0")
+    # Started together, as hosts would be (each worker waits for the ps), so that the three imports of TensorFlow
+    # overlap; the ps's port is reachable while they train (started by hand, outside any namespace: the control).
+    cluster = make_cluster(spec=spec_path, argv=by_hand)
     deadline = time.monotonic() + 120
-    while not port_open(spec.ps[0].port):   # started by hand, outside any namespace: reachable (the control)
-        assert time.monotonic() < deadline and not cluster.exit_codes(), cluster.tail("ps:0")
-        time.sleep(0.2)
-    cluster.start("worker:0", "worker:1")
+    while not port_open(spec.ps[0].port):
+        assert time.monotonic() < deadline and "ps:0" not in cluster.exit_codes(), cluster.tail("ps:0")
+        time.sleep(0.05)
     assert cluster.wait_exits(300) == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, cluster.tails()
     assert checkpoint_step(train_dir) >= 300
     for worker in ("worker:0", "worker:1"):

@@ -183,7 +183,7 @@ def test_a_worker_waiting_for_its_restart_is_restarted_within_the_grace(tmp_path
     """psworker's own runs with --max_restarts: a worker killed near the end, whose restart is due only after the
     chief has exited 0, still comes back (and finishes) instead of being dropped."""
     go = tmp_path / "go"
-    backoff = 8.0
+    backoff = 4.0    # what follows the kill until worker:0's exit is seen takes well under a second: a handshake
     sup = supervise([fake("ps", 0, "sleep_forever"), fake("worker", 0, "echo_exit", 0, "--wait-for", go),
                      fake("worker", 1, "stepper", "--state", tmp_path / "w1.state", "--hang-at", "0", "--to", "30")],
                     restart_policy=RestartPolicy(max_restarts=1, backoff_secs=backoff, jitter=0.0),

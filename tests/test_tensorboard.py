@@ -216,7 +216,7 @@ def test_local_tensorboard_serves_the_run_while_it_lasts_and_stops_with_it(tmp_p
                 os.kill(pid, signal.SIGCONT)
         return True
 
-    run = run_launcher([str(REPO / "cluster_specs/local.yaml"), "--tensorboard", "--max_steps", "2000",
+    run = run_launcher([str(REPO / "cluster_specs/local.yaml"), "--tensorboard", "--max_steps", "1000",
                         "--log_every_steps", "100", "--inject", "stop:worker:0@step=200,for=600",
                         "--inject", "stop:worker:1@step=200,for=600"], tmp_path, 420, on_line=probe)
     assert any(r.startswith("worker_") for r in seen.get("runs") or ()), (seen, run.output[-3000:])
