@@ -91,3 +91,46 @@ def test_a_fixed_port_in_use_is_named_before_any_task_starts(tmp_path):
             "or give the spec free ports ('auto')") in run.output.splitlines()
     assert run.pids == set() or "starting" not in run.output
     assert not (tmp_path / "train" / "logs").exists() or list((tmp_path / "train" / "logs").iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["local", str(SPEC), "--model", "critoe"],
+     "psworker local: error: argument --model: 'critoe' is not one of mlp, cifar10, linear, criteo; did you mean "
+     "'criteo'?"),
+    (["local", str(SPEC), "--network", "hots"],
+     "psworker local: error: argument --network: 'hots' is not one of auto, isolated, host; did you mean 'host'?"),
+    (["local", str(SPEC), "--success_policy", "all-worker"],
+     "psworker local: error: argument --success_policy: 'all-worker' is not one of chief-or-worker0, all-workers; "
+     "did you mean 'all-workers'?"),
+    (["tf-config", str(SPEC), "--job", "wroker", "--task_index", "0"],
+     "psworker tf-config: error: argument --job: 'wroker' is not one of chief, ps, worker, evaluator; did you mean "
+     "'worker'?"),
+    (["data", "criteo-synthtic", "--data_dir", "d"],
+     "psworker data: error: argument NAME: 'criteo-synthtic' is not one of cifar10, cifar10-synthetic, "
+     "criteo-synthetic; did you mean 'criteo-synthetic'?"),
+    (["slurm", "sbmit", str(SPEC)],
+     "psworker slurm: error: argument SLURM_COMMAND: 'sbmit' is not one of submit, launch, status; did you mean "
+     "'submit'?"),
+])
+def test_a_bad_choice_is_one_line_naming_the_closest(argv, line, capsys, tmp_path, monkeypatch):
+    """A choice-valued flag (or a command's name) given wrong: one line, as a spec's bad value is, no usage."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_problem_of_a_spec_is_named_at_once(capsys, tmp_path, monkeypatch):
+    """`wroker:` and `max_step:` (and a bad mode): each its own line with its field and the key meant, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "typos.yaml"
+    spec.write_text("cluster:\n  ps: [localhost:auto]\n  wroker: [localhost:auto]\ntrain:\n  max_step: 5\n"
+                    "  mode: snyc\n")
+    for argv in (["validate", str(spec)], ["local", str(spec)]):
+        assert cli.main(argv) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert [line.partition(" (valid keys")[0] for line in lines] == [
+            f"psworker: error: {spec}: cluster.wroker: unknown key 'wroker'; did you mean 'worker'?",
+            f"psworker: error: {spec}: train.max_step: unknown key 'max_step'; did you mean 'max_steps'?",
+            f"psworker: error: {spec}: train.mode: 'snyc' is not one of async, sync; did you mean 'sync'?"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["typos.yaml"]
