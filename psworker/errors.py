@@ -190,6 +190,8 @@ class DiskFull(PsworkerError):
 
     exit_code = EXIT_DISK_FULL
 
+    exit_code = EXIT_USAGE
+
     def __init__(self, message: str, *, path: "str | None" = None) -> None:
         super().__init__(message)
         self.path = path
@@ -229,11 +231,14 @@ class TensorBoardError(PsworkerError):
 
 
 class ExportExistsError(PsworkerError):
-    """The export directory of this global step exists already (exports are never overwritten).
+    """The export directory of this global step exists already (exports are never overwritten): a refusal, so a
+    usage error (exit 2).
 
     Attributes:
         path: that directory, when it holds a finished export (None: the final move failed).
     """
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, message: str, *, path: "str | None" = None) -> None:
         super().__init__(message)

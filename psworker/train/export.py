@@ -200,7 +200,8 @@ def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: 
     export_base = export_base or os.path.join(train_dir, EXPORT_SUBDIR)
     done = existing_export(checkpoint, train_dir, export_base)   # before TensorFlow's import (seconds)
     if done is not None:
-        raise ExportExistsError(f"{done} exists already: exports are never overwritten", path=done)
+        raise ExportExistsError(f"{done} exists already: exports are never overwritten; load that one, or move it "
+                                "away (or pass --export_dir DIR) to export again", path=done)
     from psworker import models
 
     if checkpoint is None:
