@@ -10,6 +10,7 @@ from pathlib import Path
 
 from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
                                 port_type, train_overrides, value_type, with_train_flags)
+from psworker.cli.preflight import check_training
 from psworker.launcher.backends.slurm import script as sched
 from psworker.spec import load_spec
 
@@ -45,6 +46,8 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
     from psworker.launcher.launch import launch
 
     spec = with_train_flags(load_spec(args.spec, allow_counts=True), args)
+    if not args.command:
+        check_training(spec, data_here=False)
     run_dir = str(Path(args.run_dir or os.getcwd()).resolve())
     code = launch(launch_config(args, spec, SlurmOptions(port_base=args.port_base), command=args.command,
                                 run_dir=run_dir))
