@@ -7,7 +7,7 @@ policy both read them: 1-127 are permanent, 128-255 are retryable):
 |---|---|---|---|
 | 0 | EXIT_OK | done | - |
 | 1 | EXIT_FAILED | an unexpected error (a bug, an unhandled exception) | no |
-| 2 | EXIT_USAGE | bad spec, flags or TF_CONFIG | no |
+| 2 | EXIT_USAGE | bad spec, flags or TF_CONFIG; a refusal (batch larger than the data, existing export, ...) | no |
 | 3 | EXIT_TRAINING_FAILED | training itself failed: NaN loss, bad data dir, unusable checkpoint | no |
 | 4 | EXIT_DISK_FULL | a checkpoint, summary, export or log could not be written: disk full, quota, read-only | no |
 | 170 | EXIT_PEER_GONE | a peer went away or did not answer in time (ps down, chief gone, step timeout) | yes |

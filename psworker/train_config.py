@@ -107,7 +107,7 @@ class TrainConfig:
                                                "and trained (or at max_steps, whichever comes first; sync mode: at "
                                                "the global step that covers them)", "none: until max_steps")
     shard_examples: Optional[int] = _setting(None, "dealt: examples per shard (a worker takes its next shard when it "
-                                                   "runs out); at least a worker's batch",
+                                                   "runs out); at least a worker's batch (less is refused)",
                                              "the smaller of 2048 and an eighth of the training split")
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",

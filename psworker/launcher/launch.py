@@ -1,6 +1,7 @@
-"""The one launch skeleton every backend shares: the run dir chosen once, the tasks placed by the backend,
-cluster.yaml and logs/ written once, the plan made once (with the ps tasks' rejoin grace), the run supervised,
-the report printed. A backend (`psworker.launcher.backends`) supplies only what differs.
+"""The one launch skeleton every backend shares: the run dir chosen once (an earlier run of another model there
+refused first), the tasks placed by the backend and planned once (with the ps tasks' rejoin grace), and only then,
+every refusal behind, cluster.yaml and logs/ written once, the run supervised, the report printed. A backend
+(`psworker.launcher.backends`) supplies only what differs.
 """
 
 from __future__ import annotations
