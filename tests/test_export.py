@@ -254,8 +254,8 @@ NO_TENSORFLOW = ("import sys; sys.modules['tensorflow'] = None\n"   # any import
 
 def test_an_existing_export_is_refused_before_tensorflow_is_imported(tmp_path):
     """Each export records its checkpoint; `psworker export` of the same checkpoint (the latest, or named) is refused
-    from that record, in a process where TensorFlow cannot even be imported: one line saying what to do, exit 2 (a refusal
-    is a usage error; 1 is a bug)."""
+    from that record, in a process where TensorFlow cannot even be imported: one line saying what to do, exit 2 (a
+    refusal is a usage error; 1 is a bug)."""
     from psworker.models.linear import LinearModel
 
     checkpoint = write_checkpoint(tmp_path, 7, model=LinearModel(), favoured_class=None)

@@ -19,7 +19,8 @@ from psworker.diskspace import write_atomically
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, CountSpec, TrainConfig, dump_spec
 
-__all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir", "fresh_run_dir", "read_end",
+__all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir", "fresh_run_dir",
+           "read_end",
            "task_error_name", "task_log_name", "write_end", "write_run_dir"]
 
 SPEC_FILE = "cluster.yaml"        # the run's resolved spec, in the run dir (and where remote tasks read it)

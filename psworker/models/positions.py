@@ -3,9 +3,10 @@ trains on (not a built-in: `tests/test_dealt_shards.py` and `benchmarks/dealt_st
 
 Registered as `positions` when imported (name this module, `psworker.models.positions`, in `PSWORKER_MODELS`).
 Every training step appends the batch's positions to `$PSWORKER_POSITIONS_DIR/<task>-<pid>.txt`, one line per
-step, before its update (with `$PSWORKER_POSITIONS_WAIT_FOR=worker1`, the other tasks' first step waits for that
-task's first line: it is then in the deal): a line written by a step that never updated (a kill in between) is read again later,
-so the lines count every position trained at least once, and each position read again at most once too often.
+step, before its update: a line written by a step that never updated (a kill in between) is read again later, so the
+lines count every position trained at least once, and each position read again at most once too often. With
+`$PSWORKER_POSITIONS_WAIT_FOR=worker1`, the other tasks' first step waits for that task's first line: it is then
+surely in the deal.
 The log runs where the batch was read (`images.device`): a Python function runs only in the process that built
 the graph, which for in-graph replication is the client, not the worker that computes the tower.
 """

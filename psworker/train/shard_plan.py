@@ -11,8 +11,8 @@ import numpy as np
 
 from psworker.errors import UsageError
 
-__all__ = ["DEFAULT_MAX_SHARD", "NO_LIMIT", "RING", "ShardPlan", "batch_refusal", "default_shard_examples", "lease_entries",
-           "make_plan", "permutation", "remaining", "report"]
+__all__ = ["DEFAULT_MAX_SHARD", "NO_LIMIT", "RING", "ShardPlan", "batch_refusal", "default_shard_examples",
+           "lease_entries", "make_plan", "permutation", "remaining", "report"]
 
 RING = 8                          # lease entries per worker: shards read ahead of training, at least a batch each
 DEFAULT_MAX_SHARD = 2048          # the default shard: the smaller of this and an eighth of the split (8 batches+)
