@@ -1,8 +1,12 @@
 """Common mistakes get one clear line and exit 2 before anything starts: a misspelt flag (with the flag meant), a
-bad `PSWORKER_*` value, a fixed port that another process holds."""
+bad `PSWORKER_*` value, a fixed port that another process holds, a bad choice, every typo of a spec at once, a batch
+larger than the data, data that is not there, a train dir holding another model's run (left byte for byte as it
+was)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import socket
 
 import pytest
@@ -209,7 +213,6 @@ def test_the_batch_is_checked_against_the_data_a_launcher_sees(criteo_dir):
     model that needs one and has none is refused everywhere."""
     from psworker.cli.preflight import check_training
     from psworker.spec import load_spec, merge_train
-    import dataclasses
 
     spec = load_spec(SPEC)
 
@@ -229,8 +232,6 @@ def test_the_batch_is_checked_against_the_data_a_launcher_sees(criteo_dir):
 
 def snapshot(folder) -> dict:
     """Every file under `folder` (hidden ones too): its bytes' hash and its modification time."""
-    import hashlib
-
     return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
