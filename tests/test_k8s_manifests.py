@@ -2,14 +2,15 @@
 
 - Core objects (Service, Job, NetworkPolicy, and the pod and Job templates inside TFJob and JobSet) against the
   Kubernetes OpenAPI schemas of `KUBERNETES_VERSION`, strictly (unknown fields rejected), with kubernetes-validate.
-- TFJob and JobSet against their CRDs' own schemas (tests/k8s_crds/), with jsonschema; unknown fields are
-  rejected as the API server's strict field validation (kubectl's default) does.
+- TFJob, JobSet and PodMonitor against their CRDs' own schemas (tests/k8s_crds/), with jsonschema; unknown fields
+  are rejected as the API server's strict field validation (kubectl's default) does.
 - Golden files for two specs in each flavor: regenerate with `PSWORKER_UPDATE_GOLDEN=1 python -m pytest
   tests/test_k8s_manifests.py`, then review the diff.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import functools
@@ -17,6 +18,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -28,7 +30,9 @@ import yaml
 from psworker.cli import build_parser, main
 from psworker.errors import EXIT_PEER_GONE, UsageError
 from psworker.interop import resolve_cluster
-from psworker.k8s.manifests import (FLAVORS, LABEL_JOB, LABEL_RUN, K8sOptions, manifests, run_name, to_yaml)
+from psworker.k8s.manifests import (FLAVORS, LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, manifests, run_name,
+                                    to_yaml)
+from psworker.k8s.options import DEFAULT_GRACE_SECS, DEFAULT_METRICS_PORT
 from psworker.spec import load_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -36,15 +40,18 @@ CRDS = ROOT / "tests" / "k8s_crds"
 GOLDEN = ROOT / "tests" / "k8s_golden"
 KUBERNETES_VERSION = "1.33.0"   # backoffLimitPerIndex is GA from 1.33; podFailurePolicy from 1.31
 CORE_KINDS = {"Service", "Job", "NetworkPolicy"}
-CRD_FILES = {"TFJob": "kubeflow.org_tfjobs.yaml", "JobSet": "jobset.x-k8s.io_jobsets.yaml"}
+CRD_FILES = {"TFJob": "kubeflow.org_tfjobs.yaml", "JobSet": "jobset.x-k8s.io_jobsets.yaml",
+             "PodMonitor": "monitoring.coreos.com_podmonitors.yaml"}
 
 TWO_PS = load_spec(ROOT / "cluster_specs" / "two-ps.yaml")
 SCHEDULED = load_spec(ROOT / "cluster_specs" / "scheduled.yaml", allow_counts=True)
-# golden cases: (file stem, spec, options minus flavor)
+# golden cases: (file stem, spec, options minus flavor). two-ps: the defaults; scheduled: every option, with
+# Prometheus (--metrics) and a Kueue queue
 CASES = {
     "two-ps": (TWO_PS, dict(name="two-ps", image="registry.example/psworker:0.1.0")),
     "scheduled": (SCHEDULED, dict(name="scheduled", image="registry.example/psworker:0.1.0", namespace="ml",
-                                  cpu="2", memory="4Gi", train_dir_volume="psworker-train", retries=5)),
+                                  cpu="2", memory="4Gi", train_dir_volume="psworker-train", retries=5,
+                                  grace_secs=300, metrics_port=9500, metrics=True, queue="ml-batch")),
 }
 
 
@@ -92,6 +99,8 @@ def validate(obj: dict) -> None:
         return
     group_version = obj["apiVersion"].split("/")[1]
     crd_validator(kind, group_version).validate(obj)
+    if kind == "PodMonitor":
+        return
     # the embedded templates, against the core schemas too
     meta = {"name": obj["metadata"]["name"]}
     if kind == "TFJob":
@@ -110,8 +119,10 @@ INVALID = (kubernetes_validate.ValidationError, jsonschema.ValidationError)
 @pytest.mark.parametrize("stem, flavor", all_objects())
 def test_every_object_validates_against_its_schema(stem, flavor):
     objs = objects(stem, flavor)
-    assert {o["kind"] for o in objs} == {"tfjob": {"TFJob", "NetworkPolicy"}, "jobset": {"JobSet", "NetworkPolicy"},
-                                         "plain": {"Service", "Job", "NetworkPolicy"}}[flavor]
+    monitor = {"PodMonitor"} if CASES[stem][1].get("metrics") else set()
+    assert {o["kind"] for o in objs} == monitor | {"tfjob": {"TFJob", "NetworkPolicy"},
+                                                   "jobset": {"JobSet", "NetworkPolicy"},
+                                                   "plain": {"Service", "Job", "NetworkPolicy"}}[flavor]
     for obj in objs:
         validate(obj)
 
@@ -157,6 +168,48 @@ def _network_policy(objs):
 ])
 def test_a_broken_manifest_is_rejected(flavor, breaker):
     objs = copy.deepcopy(objects("two-ps", flavor))
+    breaker(objs)
+    with pytest.raises(INVALID):
+        for obj in objs:
+            validate(obj)
+
+
+def _monitor_interval(objs):
+    objs[-1]["spec"]["podMetricsEndpoints"][0]["interval"] = "15 seconds"
+
+
+def _monitor_unknown_field(objs):
+    objs[-1]["spec"]["podMetricsEndpoints"][0]["portName"] = "metrics"
+
+
+def _job_suspend(objs):
+    objs[1]["spec"]["suspend"] = "yes"
+
+
+def _jobset_suspend(objs):
+    objs[0]["spec"]["suspend"] = "true"
+
+
+def _tfjob_suspend(objs):
+    objs[0]["spec"]["runPolicy"]["suspend"] = 1
+
+
+def _pod_grace(objs):
+    objs[1]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "60s"
+
+
+def _pod_annotation(objs):
+    objs[1]["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] = 9500
+
+
+@pytest.mark.parametrize("flavor, breaker", [
+    ("plain", _monitor_interval), ("jobset", _monitor_unknown_field), ("plain", _job_suspend),
+    ("jobset", _jobset_suspend), ("tfjob", _tfjob_suspend), ("plain", _pod_grace), ("plain", _pod_annotation),
+])
+def test_a_broken_monitor_queue_or_stop_setting_is_rejected(flavor, breaker):
+    objs = copy.deepcopy(objects("scheduled", flavor))
+    for obj in objs:
+        validate(obj)
     breaker(objs)
     with pytest.raises(INVALID):
         for obj in objs:
@@ -216,7 +269,7 @@ def test_tf_config_names_every_pod_and_psworker_reads_it(stem, flavor):
 
 
 def test_tfjob_tf_config_from_the_operator_is_read_by_psworker():
-    (tfjob, _) = objects("scheduled", "tfjob")
+    tfjob = objects("scheduled", "tfjob")[0]
     name, ns = tfjob["metadata"]["name"], tfjob["metadata"]["namespace"]
     replicas = tfjob["spec"]["tfReplicaSpecs"]
     port = replicas["PS"]["template"]["spec"]["containers"][0]["ports"][0]
@@ -231,15 +284,24 @@ def test_tfjob_tf_config_from_the_operator_is_read_by_psworker():
     assert {r["restartPolicy"] for r in replicas.values()} == {"ExitCode"}
 
 
+def _tasks_take_metrics_port() -> bool:
+    """Whether this checkout's `psworker ps|worker` has `--metrics_port` (each task's own /metrics, issue 36)."""
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return all("--metrics_port" in sub.choices[job]._option_string_actions for job in ("ps", "worker"))
+
+
 @pytest.mark.parametrize("stem, flavor", all_objects())
 def test_container_argv_is_a_psworker_command_with_the_train_settings(stem, flavor):
-    spec, _ = CASES[stem]
+    spec, options = CASES[stem]
+    whole = _tasks_take_metrics_port()
     for obj in objects(stem, flavor):
         for job, _, template in _pod_templates(obj):
             (container,) = template["spec"]["containers"]
             argv = container["command"] + container["args"]
             assert argv[:2] == ["psworker", job] and container["name"] == "tensorflow"
-            args = build_parser().parse_args(argv[1:])   # psworker's own parser accepts it
+            assert argv[-2:] == ["--metrics_port", str(options.get("metrics_port", DEFAULT_METRICS_PORT))]
+            # psworker's own parser accepts it (without the last flag where the tasks do not serve metrics yet)
+            args = build_parser().parse_args(argv[1:] if whole else argv[1:-2])
             if job == "worker":
                 train = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec.train)}
                 assert train["max_steps"] == str(spec.train.max_steps) and train["mode"] == spec.train.mode
@@ -284,6 +346,69 @@ def test_labels_tie_everything_to_the_run_and_the_policy_admits_only_its_pods(st
         assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"].items() <= selector.items()
 
 
+@pytest.mark.parametrize("stem, flavor", all_objects())
+def test_every_pod_has_the_grace_period_and_a_metrics_port_open_to_scrapers(stem, flavor):
+    options = CASES[stem][1]
+    port = options.get("metrics_port", DEFAULT_METRICS_PORT)
+    objs = objects(stem, flavor)
+    templates = [t for o in objs for _, _, t in _pod_templates(o)]
+    assert len(templates) == 2   # ps and worker
+    for template in templates:
+        # SIGTERM to SIGKILL: the chief writes its checkpoint, the ps tasks serve it meanwhile
+        assert template["spec"]["terminationGracePeriodSeconds"] == options.get("grace_secs", DEFAULT_GRACE_SECS)
+        (container,) = template["spec"]["containers"]
+        assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    grpc, metrics = policy["spec"]["ingress"]
+    assert metrics == {"ports": [{"protocol": "TCP", "port": port}]}   # no `from`: any scraper (read-only)
+    assert grpc["from"] and port not in [p["port"] for p in grpc["ports"]]
+
+
+def _index_label(flavor):
+    return "training.kubeflow.org/replica-index" if flavor == "tfjob" else "batch.kubernetes.io/job-completion-index"
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_with_metrics_every_pod_is_annotated_and_the_pod_monitor_selects_it(flavor):
+    objs = objects("scheduled", flavor)
+    monitor = objs[-1]
+    assert monitor["kind"] == "PodMonitor" and monitor["metadata"]["namespace"] == "ml"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "honorLabels": True}
+    assert monitor["spec"]["podTargetLabels"] == [LABEL_RUN, LABEL_JOB, _index_label(flavor)]
+    templates = [t for o in objs for _, _, t in _pod_templates(o)]
+    assert len(templates) == 2
+    for template in templates:
+        assert selector.items() <= template["metadata"]["labels"].items()
+        assert template["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9500",
+                                                       "prometheus.io/path": "/metrics"}
+        (container,) = template["spec"]["containers"]
+        assert {p["name"]: p["containerPort"] for p in container["ports"]}[endpoint["port"]] == 9500
+    without = objects("two-ps", flavor)   # no --metrics: the port is named, nothing more
+    assert "PodMonitor" not in {o["kind"] for o in without}
+    assert all("annotations" not in t["metadata"] for o in without for _, _, t in _pod_templates(o))
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_queue_labels_the_workload_and_creates_it_suspended(flavor):
+    objs = objects("scheduled", flavor)
+    workloads = [o for o in objs if o["kind"] in ("Job", "JobSet", "TFJob")]
+    assert len(workloads) == (2 if flavor == "plain" else 1)
+    for obj in objs:
+        assert (obj["metadata"]["labels"].get(LABEL_QUEUE) == "ml-batch") == (obj in workloads), obj["kind"]
+    for obj in workloads:
+        assert (obj["spec"]["runPolicy"] if obj["kind"] == "TFJob" else obj["spec"])["suspend"] is True
+        for _, job_obj, template in _pod_templates(obj):
+            # Kueue gates the workload, not its pods (its pod integration would gate labelled pods one by one)
+            assert LABEL_QUEUE not in template["metadata"]["labels"]
+            if obj["kind"] == "JobSet":   # JobSet suspends and resumes its Jobs itself
+                assert "suspend" not in job_obj["spec"]
+    for obj in objects("two-ps", flavor):   # no --queue: started at once
+        assert LABEL_QUEUE not in obj["metadata"]["labels"]
+        assert "suspend" not in obj["spec"] and "suspend" not in obj["spec"].get("runPolicy", {})
+
+
 @pytest.mark.parametrize("options, fragment", [
     (dict(name="Two_PS"), "--name 'Two_PS' must be a DNS label"),
     (dict(name="a" * 41), "at most 40 characters"),
@@ -292,6 +417,12 @@ def test_labels_tie_everything_to_the_run_and_the_policy_admits_only_its_pods(st
     (dict(port=0), "--port 0 is out of range"),
     (dict(retries=-1), "--retries must be >= 0"),
     (dict(cluster_domain="cluster local"), "--cluster_domain 'cluster local'"),
+    (dict(metrics_port=70000), "--metrics_port 70000 is out of range 1-65535"),
+    (dict(metrics=True, metrics_port=None), "--metrics needs a metrics port"),
+    (dict(metrics_port=2222), "--metrics_port 2222 is the tasks' gRPC port"),
+    (dict(queue="ML_Queue"), "--queue 'ML_Queue' must be a Kueue LocalQueue name"),
+    (dict(queue="q" * 64), "at most 63"),
+    (dict(grace_secs=-1), "--grace_secs must be >= 0, got -1"),
 ])
 def test_bad_options_are_usage_errors(options, fragment):
     with pytest.raises(UsageError, match=re.escape(fragment)):
@@ -320,6 +451,7 @@ def test_cli_writes_the_golden_manifest(tmp_path):
     out = tmp_path / "run.yaml"
     args = [ROOT / "cluster_specs" / "scheduled.yaml", "--image", "registry.example/psworker:0.1.0", "--namespace",
             "ml", "--cpu", "2", "--memory", "4Gi", "--train_dir_volume", "psworker-train", "--retries", "5",
+            "--grace_secs", "300", "--metrics_port", "9500", "--metrics", "--queue", "ml-batch",
             "--flavor", "jobset", "-o", out]
     r = subprocess.run([sys.executable, "-m", "psworker", "k8s", "manifest", *map(str, args)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
@@ -368,6 +500,9 @@ def test_a_user_command_runs_in_every_pod_with_its_values_per_replica(flavor):
         for job, _, template in _pod_templates(obj):
             (container,) = template["spec"]["containers"]
             values = {e["name"]: e for e in container["env"]}
+            # the metrics port is named and told to the program, which may serve /metrics there
+            assert values["PSWORKER_METRICS_PORT"]["value"] == str(DEFAULT_METRICS_PORT)
+            assert {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"} in container["ports"]
             index_from = values["PSWORKER_TASK_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
             assert index_from.endswith(("['training.kubeflow.org/replica-index']" if flavor == "tfjob" else
                                         "['batch.kubernetes.io/job-completion-index']"))
@@ -398,3 +533,45 @@ def test_the_cli_takes_a_user_command_after_the_flags(tmp_path):
     containers = [r["template"]["spec"]["template"]["spec"]["containers"][0] for r in jobset["spec"]["replicatedJobs"]]
     assert {c["command"][0] for c in containers} == {"python"}
     assert all("--task_index=$(PSWORKER_TASK_INDEX)" in c["args"] for c in containers)
+
+
+def test_cli_metrics_port_0_names_none_and_a_queue_on_plain_jobs_warns(tmp_path, capsys):
+    out = tmp_path / "m.yaml"
+    rc = main(["k8s", "manifest", str(ROOT / "cluster_specs" / "two-ps.yaml"), "--image", "i", "--metrics_port", "0",
+               "--queue", "ml-batch", "-o", str(out)])
+    assert rc == 0
+    objs = [o for o in yaml.safe_load_all(out.read_text()) if o]
+    for obj in objs:
+        validate(obj)
+    for obj in objs:
+        for _, _, template in _pod_templates(obj):
+            (container,) = template["spec"]["containers"]
+            assert [p["name"] for p in container["ports"]] == ["tfjob-port"]
+            assert "--metrics_port" not in container["args"]
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert len(policy["spec"]["ingress"]) == 1
+    assert [o["spec"]["suspend"] for o in objs if o["kind"] == "Job"] == [True, True]
+    assert "psworker: warning: --queue with the plain flavor: Kueue admits the ps Job and the worker Job each on its " \
+           "own" in capsys.readouterr().err
+
+
+def test_the_readme_manifest_commands_write_valid_manifests(tmp_path, monkeypatch):
+    """The `psworker k8s manifest` commands of the README's Kubernetes section, as written (their `-o run.yaml` in a
+    temp dir): each exits 0 and writes objects that validate; the second is scraped and queued."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Running on Kubernetes\n")
+    block = re.search(r"```bash\n(.*?)```", text[start:text.index("\n## ", start + 1)], re.S).group(1)
+    commands = [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines()]
+    manifest = [argv for argv in commands if argv[:3] == ["psworker", "k8s", "manifest"]]
+    assert len(manifest) == 2, commands
+    monkeypatch.chdir(ROOT)   # the spec paths are relative to the repository
+    kinds = []
+    for argv in manifest:
+        out = tmp_path / "run.yaml"
+        assert main([str(out) if arg == "run.yaml" else arg for arg in argv[1:]]) == 0
+        objs = [o for o in yaml.safe_load_all(out.read_text()) if o]
+        for obj in objs:
+            validate(obj)
+        kinds.append([o["kind"] for o in objs])
+    assert kinds == [["Service", "Job", "Job", "NetworkPolicy"], ["JobSet", "NetworkPolicy", "PodMonitor"]]
+    assert objs[0]["spec"]["suspend"] is True and objs[0]["metadata"]["labels"][LABEL_QUEUE] == "ml-batch"

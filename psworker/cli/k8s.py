@@ -42,8 +42,13 @@ def cmd_k8s_manifest(args: argparse.Namespace) -> int:
     options = k8s.K8sOptions(
         name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
         port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
-        retries=args.retries, cluster_domain=args.cluster_domain, command=tuple(args.command))
+        retries=args.retries, cluster_domain=args.cluster_domain, command=tuple(args.command),
+        grace_secs=args.grace_secs, metrics_port=args.metrics_port or None, metrics=args.metrics, queue=args.queue)
     text = k8s.to_yaml(k8s.manifests(spec, options))
+    if options.queue and options.flavor == "plain":
+        print("psworker: warning: --queue with the plain flavor: Kueue admits the ps Job and the worker Job each on "
+              "its own, so one may wait while the other runs; --flavor jobset is admitted as one workload",
+              file=sys.stderr)
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
@@ -114,10 +119,29 @@ def manifest_flags(p: argparse.ArgumentParser) -> None:
                    help="restarts of a task after a retryable exit (128-255) before the run fails (default 3)")
     p.add_argument("--cluster_domain", default="cluster.local",
                    help="the cluster's DNS domain, in the pods' names (plain, jobset; default cluster.local)")
+    monitoring_flags(p)
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     add_train_flags(p)
     context_flag(p)
     p.epilog = COMMAND_EPILOG
+
+
+def monitoring_flags(p: argparse.ArgumentParser) -> None:
+    """Stops, metrics and queueing of `k8s manifest`."""
+    from psworker.k8s.options import DEFAULT_GRACE_SECS, DEFAULT_METRICS_PORT
+    p.add_argument("--grace_secs", type=int_type(0), default=DEFAULT_GRACE_SECS, metavar="SECS",
+                   help="every pod's terminationGracePeriodSeconds: from SIGTERM (a deletion, preemption or "
+                        "eviction) to SIGKILL, time for the chief to write a checkpoint "
+                        f"(default {DEFAULT_GRACE_SECS})")
+    p.add_argument("--metrics_port", type=port_type(free_ok=True), default=DEFAULT_METRICS_PORT, metavar="PORT",
+                   help="each task serves Prometheus /metrics on this port, named `metrics` in every pod "
+                        f"(default {DEFAULT_METRICS_PORT}; 0: none)")
+    p.add_argument("--metrics", action="store_true",
+                   help="also add the prometheus.io/scrape|port|path pod annotations and a PodMonitor "
+                        "(monitoring.coreos.com/v1, the Prometheus operator's)")
+    p.add_argument("--queue", metavar="NAME",
+                   help="a Kueue LocalQueue: the workload is labelled kueue.x-k8s.io/queue-name=NAME and created "
+                        "suspended, and Kueue starts it when admitted (without Kueue it stays suspended)")
 
 
 def apply_flags(p: argparse.ArgumentParser) -> None:
@@ -144,4 +168,4 @@ def context_flag(p: argparse.ArgumentParser) -> None:
 
 
 __all__ = ["apply_flags", "check_quantity", "cmd_k8s_apply", "cmd_k8s_delete", "cmd_k8s_logs", "cmd_k8s_manifest",
-           "cmd_k8s_status", "logs_flags", "manifest_flags", "run_flags"]
+           "cmd_k8s_status", "logs_flags", "manifest_flags", "monitoring_flags", "run_flags"]

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 EXTRA = "pip install 'psworker[k8s]'"
 # every kind a flavor writes, in creation order; delete walks it backwards
 KINDS = (("networking.k8s.io/v1", "NetworkPolicy"), ("v1", "Service"), ("batch/v1", "Job"),
-         ("kubeflow.org/v1", "TFJob"), ("jobset.x-k8s.io/v1alpha2", "JobSet"))
+         ("kubeflow.org/v1", "TFJob"), ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+         ("monitoring.coreos.com/v1", "PodMonitor"))
 INDEX_LABELS = ("batch.kubernetes.io/job-completion-index", "training.kubeflow.org/replica-index")
 
 

@@ -12,31 +12,31 @@ with `psworker.dev/run` (and pods with `psworker.dev/job`); the controllers labe
 (`batch.kubernetes.io/job-completion-index`, `training.kubeflow.org/replica-index`).
 
 Restart semantics follow psworker/errors.py: exit codes 1-127 are permanent (fail the run), 128-255 (signals,
-170 for a peer gone) are retried, each task keeping its index and so its DNS name.
+170 for a peer gone) are retried, each task keeping its index and so its DNS name. Every pod has
+`terminationGracePeriodSeconds` (the chief writes a checkpoint on SIGTERM) and a port named `metrics` where its
+task serves Prometheus /metrics (`monitoring`); `--queue` hands the workload to Kueue, created suspended.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 import yaml
 
 from psworker.errors import EXIT_PEER_GONE, UsageError
 from psworker.interop import command_env, command_values, fill_command
+from psworker.k8s import monitoring
+from psworker.k8s import options as k8s_options
+from psworker.k8s.options import LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, run_name
 from psworker.plan import task_counts
 from psworker.spec import DEFAULT_PORT_BASE, ClusterSpec, CountSpec, TrainConfig, build_cluster
 
 Spec = Union[ClusterSpec, CountSpec]
 Obj = dict[str, Any]
 
-LABEL_RUN = "psworker.dev/run"
-LABEL_JOB = "psworker.dev/job"
 CONTAINER = "tensorflow"          # TFJob requires this name; the other flavors use it too
 PORT_NAME = "tfjob-port"          # TFJob reads the port of this name into TF_CONFIG
 INDEX_ENV = "PSWORKER_TASK_INDEX"
@@ -51,54 +51,11 @@ assert EXIT_PEER_GONE not in PERMANENT_EXIT_CODES
 REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker", "evaluator": "Evaluator"}
 # the jobs whose success ends the run (TFJob successPolicy AllWorkers, JobSet successPolicy targets)
 FINISHING_JOBS = ("chief", "worker")
-_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-MAX_NAME = 40   # leaves room for `-<job>-<jobIndex>-<podIndex>` in a 63-character pod hostname
-
-
-@dataclass(frozen=True)
-class K8sOptions:
-    """What the spec does not say: names, image, resources, volumes and retry limits."""
-
-    name: str                               # the run: object names, DNS names, the psworker.dev/run label
-    image: str
-    namespace: str = "default"
-    flavor: str = "plain"                   # FLAVORS
-    port: Optional[int] = None              # None: a count spec's port, else DEFAULT_PORT_BASE
-    cpu: Optional[str] = None               # requests.cpu, e.g. "2"
-    memory: Optional[str] = None            # requests.memory and limits.memory, e.g. "4Gi"
-    train_dir_volume: Optional[str] = None  # a PersistentVolumeClaim mounted at train_dir; None: emptyDir
-    retries: int = 3                        # per task (backoffLimitPerIndex, TFJob backoffLimit, JobSet maxRestarts)
-    cluster_domain: str = "cluster.local"   # kubelet's clusterDomain: pod FQDNs are in each pod's /etc/hosts
-    command: tuple[str, ...] = ()           # a user's program run in every pod instead of psworker's tasks
 
 
 def check_options(options: K8sOptions) -> None:
-    """Checks names and limits, naming the flag.
-
-    Raises:
-        UsageError: a name that is not a DNS label or too long, an empty image, a bad port or retry count.
-    """
-    for flag, value, limit in (("--name", options.name, MAX_NAME), ("--namespace", options.namespace, 63)):
-        if not _DNS_LABEL.fullmatch(value) or len(value) > limit:
-            raise UsageError(f"{flag} {value!r} must be a DNS label of at most {limit} characters "
-                             f"(lower-case letters, digits and '-', starting with a letter)")
-    if not options.image.strip() or any(c.isspace() for c in options.image):
-        raise UsageError(f"--image {options.image!r} must be an image reference without spaces")
-    if options.flavor not in FLAVORS:
-        raise UsageError(f"--flavor {options.flavor!r} is not one of {', '.join(FLAVORS)}")
-    if options.port is not None and not 1 <= options.port <= 65535:
-        raise UsageError(f"--port {options.port} is out of range 1-65535")
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", options.cluster_domain):
-        raise UsageError(f"--cluster_domain {options.cluster_domain!r} is not a DNS name")
-    if options.retries < 0:
-        raise UsageError(f"--retries must be >= 0, got {options.retries}")
-
-
-def run_name(spec_path: str) -> str:
-    """A run name from a spec file name: `cluster_specs/two_ps.yaml` -> `two-ps`."""
-    stem = re.sub(r"\.ya?ml$", "", os.path.basename(spec_path).lower())
-    name = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[:MAX_NAME].rstrip("-")
-    return name if name[:1].isalpha() else f"run-{name}"[:MAX_NAME].rstrip("-")
+    """`options.check_options` against this module's flavors (UsageError naming the flag)."""
+    k8s_options.check_options(options, tuple(FLAVORS))
 
 
 # ----------------------------------------------------------------------------------------- pod pieces
@@ -133,14 +90,10 @@ def _command_env(job: str, cluster: ClusterSpec) -> list[Obj]:
     return [{"name": name, "value": value} for name, value in env.items() if name != INDEX_ENV]
 
 
-def _labels(options: K8sOptions, job: Optional[str] = None) -> dict[str, str]:
-    labels = {"app.kubernetes.io/name": "psworker", "app.kubernetes.io/instance": options.name,
-              LABEL_RUN: options.name}
-    return {**labels, LABEL_JOB: job} if job else labels
-
-
-def _metadata(name: str, options: K8sOptions, job: Optional[str] = None) -> Obj:
-    return {"name": name, "namespace": options.namespace, "labels": _labels(options, job)}
+def _template_metadata(options: K8sOptions, job: str) -> Obj:
+    """A pod template's metadata: the run's labels, and with `--metrics` the scrape annotations."""
+    annotations = monitoring.pod_annotations(options)
+    return {"labels": k8s_options.labels(options, job), **({"annotations": annotations} if annotations else {})}
 
 
 def _port(spec: Spec, options: K8sOptions) -> int:
@@ -166,13 +119,16 @@ def _tf_config_env(cluster: ClusterSpec, job: str) -> list[Obj]:
 def _pod_spec(spec: Spec, job: str, options: K8sOptions, env: list[Obj], restart_policy: Optional[str],
               subdomain: Optional[str] = None, cluster: Optional[ClusterSpec] = None) -> Obj:
     train = _train(spec)
-    argv = command_argv(options.command, job, cluster) if options.command else task_argv(job, train)
     if options.command:
-        env = [*env, *_command_env(job, cluster)]
+        argv = command_argv(options.command, job, cluster)
+        env = [*env, *_command_env(job, cluster), *monitoring.command_env(options)]
+    else:
+        argv = [*task_argv(job, train), *monitoring.task_flags(options)]
     container: Obj = {
         "name": CONTAINER, "image": options.image, "command": argv[:1], "args": argv[1:],
         "env": [*env, {"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "ports": [{"name": PORT_NAME, "containerPort": _port(spec, options), "protocol": "TCP"}],
+        "ports": [{"name": PORT_NAME, "containerPort": _port(spec, options), "protocol": "TCP"},
+                  *monitoring.container_ports(options)],
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if options.cpu or options.memory:
@@ -182,7 +138,9 @@ def _pod_spec(spec: Spec, job: str, options: K8sOptions, env: list[Obj], restart
     pod: Obj = {"automountServiceAccountToken": False,   # tasks never talk to the API server
                 # the Dockerfile's user; fsGroup makes a train_dir volume writable for it (restricted PSS)
                 "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
-                                    "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}}
+                                    "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
+                # SIGTERM to SIGKILL: the chief's checkpoint on a stop, and the ps tasks serving it meanwhile
+                "terminationGracePeriodSeconds": options.grace_secs}
     if restart_policy:
         pod["restartPolicy"] = restart_policy
     if subdomain:
@@ -210,7 +168,7 @@ def _indexed_job_spec(spec: Spec, job: str, n: int, options: K8sOptions, cluster
     return {
         "completionMode": "Indexed", "completions": n, "parallelism": n,
         "backoffLimitPerIndex": options.retries, "podFailurePolicy": _pod_failure_policy(),
-        "template": {"metadata": {"labels": _labels(options, job)},
+        "template": {"metadata": _template_metadata(options, job),
                      "spec": _pod_spec(spec, job, options, _tf_config_env(cluster, job), "Never", subdomain,
                                        cluster=cluster)},
     }
@@ -230,13 +188,15 @@ def _cluster(spec: Spec, host: Callable[[str, int], str], port: int) -> ClusterS
 
 
 def network_policy(spec: Spec, options: K8sOptions) -> Obj:
-    """Admits the gRPC port only from this run's pods (TensorFlow's servers are unauthenticated)."""
+    """Admits the gRPC port only from this run's pods (TensorFlow's servers are unauthenticated), and the
+    read-only metrics port from anywhere (`monitoring.ingress_rules`)."""
     own = {"matchLabels": {LABEL_RUN: options.name}}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _metadata(f"{options.name}-grpc", options),
+            "metadata": k8s_options.metadata(f"{options.name}-grpc", options),
             "spec": {"podSelector": own, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": own}],
-                                  "ports": [{"protocol": "TCP", "port": _port(spec, options)}]}]}}
+                                  "ports": [{"protocol": "TCP", "port": _port(spec, options)}]},
+                                 *monitoring.ingress_rules(options)]}}
 
 
 # -------------------------------------------------------------------------------------------- flavors
@@ -251,11 +211,13 @@ def tfjob_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
     for job, n in task_counts(spec).items():
         index = [{"name": INDEX_ENV,
                   "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{TFJOB_INDEX_LABEL}']"}}}]
-        template = {"metadata": {"labels": _labels(options, job)},
+        template = {"metadata": _template_metadata(options, job),
                     "spec": _pod_spec(spec, job, options, index if options.command else [], None, cluster=cluster)}
         replicas[REPLICA_TYPES[job]] = {"replicas": n, "restartPolicy": "ExitCode", "template": template}
-    tfjob = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(options.name, options),
-             "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": options.retries},
+    run_policy = {"cleanPodPolicy": "Running", "backoffLimit": options.retries, **_suspend(options)}
+    tfjob = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+             "metadata": k8s_options.metadata(options.name, options, workload=True),
+             "spec": {"runPolicy": run_policy,
                       # psworker's workers all finish; a user's program: TFJob's default, the chief or worker 0
                       **({} if options.command else {"successPolicy": "AllWorkers"}), "tfReplicaSpecs": replicas}}
     return [tfjob, network_policy(spec, options)]
@@ -265,12 +227,13 @@ def plain_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
     """A headless Service (stable pod DNS names) and one Indexed Job per psworker job."""
     name, port = options.name, _port(spec, options)
     cluster = _cluster(spec, lambda job, i: _fqdn(f"{name}-{job}-{i}", name, options), port)
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(name, options),
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": k8s_options.metadata(name, options),
                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                         "selector": {LABEL_RUN: name},
                         "ports": [{"name": "grpc", "port": port, "targetPort": port, "protocol": "TCP"}]}}
-    jobs = [{"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(f"{name}-{job}", options, job),
-             "spec": _indexed_job_spec(spec, job, n, options, cluster, subdomain=name)}
+    jobs = [{"apiVersion": "batch/v1", "kind": "Job",
+             "metadata": k8s_options.metadata(f"{name}-{job}", options, job, workload=True),
+             "spec": {**_suspend(options), **_indexed_job_spec(spec, job, n, options, cluster, subdomain=name)}}
             for job, n in task_counts(spec).items()]
     return [service, *jobs, network_policy(spec, options)]
 
@@ -281,17 +244,24 @@ def jobset_objects(spec: Spec, options: K8sOptions) -> list[Obj]:
     cluster = _cluster(spec, lambda job, i: _fqdn(f"{name}-{job}-0-{i}", name, options), _port(spec, options))
     counts = task_counts(spec)
     replicated = [{"name": job, "replicas": 1,
-                   "template": {"metadata": {"labels": _labels(options, job)},
+                   "template": {"metadata": {"labels": k8s_options.labels(options, job)},
                                 "spec": _indexed_job_spec(spec, job, n, options, cluster, subdomain=None)}}
                   for job, n in counts.items()]
-    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _metadata(name, options),
-              "spec": {"network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+              "metadata": k8s_options.metadata(name, options, workload=True),
+              "spec": {**_suspend(options),
+                       "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
                        "successPolicy": {"operator": "All", "targetReplicatedJobs": _finishing(counts, options)},
                        "failurePolicy": {"maxRestarts": options.retries, "rules": [
                            {"name": "PermanentExitCode", "action": "FailJobSet",
                             "onJobFailureReasons": ["PodFailurePolicy"]}]},
                        "replicatedJobs": replicated}}
     return [jobset, network_policy(spec, options)]
+
+
+def _suspend(options: K8sOptions) -> Obj:
+    """`--queue`: created suspended, so that Kueue admits it (unsuspends it) when its queue has room."""
+    return {"suspend": True} if options.queue else {}
 
 
 def _finishing(counts: dict[str, int], options: K8sOptions) -> list[str]:
@@ -312,10 +282,10 @@ def manifests(spec: Spec, options: K8sOptions) -> list[Obj]:
     Args:
         spec: an address-list spec (only its task counts matter) or a count spec; its train section (with any
             command-line overrides already merged) becomes the workers' flags.
-        options: names, image, flavor, resources, volume and retry limits.
+        options: names, image, flavor, resources, volume, retry limits, grace period, metrics and queue.
 
     Returns:
-        Kubernetes objects as plain dicts, in the order to create them.
+        Kubernetes objects as plain dicts, in the order to create them (with `options.metrics`, a PodMonitor last).
 
     Raises:
         UsageError: bad options, or a job psworker cannot run on Kubernetes yet.
@@ -327,7 +297,14 @@ def manifests(spec: Spec, options: K8sOptions) -> list[Obj]:
             "supported on Kubernetes yet: the manifests run a fixed set of worker pods, and none of the flavors can "
             "start a reserved worker later or tell a pod it is scaled away rather than failed. Give a fixed "
             "`worker: N`, or run the elastic job with `psworker local`, `ssh` or `slurm`")
-    return FLAVORS[options.flavor](spec, options)
+    if options.metrics_port is not None and options.metrics_port == _port(spec, options):
+        raise UsageError(f"--metrics_port {options.metrics_port} is the tasks' gRPC port; give another")
+    objects = FLAVORS[options.flavor](spec, options)
+    if options.metrics:
+        # the controllers' index label on each pod (Indexed Jobs label it as they annotate it)
+        index_label = TFJOB_INDEX_LABEL if options.flavor == "tfjob" else INDEX_ANNOTATION
+        objects.append(monitoring.pod_monitor(options, index_label))
+    return objects
 
 
 class _Dumper(yaml.SafeDumper):
@@ -344,4 +321,4 @@ def to_yaml(objects: list[Obj]) -> str:
 
 
 __all__ = ["FLAVORS", "K8sOptions", "command_argv", "manifests", "to_yaml", "run_name", "task_argv", "check_options",
-           "network_policy", "LABEL_RUN", "LABEL_JOB"]
+           "network_policy", "LABEL_RUN", "LABEL_JOB", "LABEL_QUEUE"]
