@@ -276,3 +276,12 @@ def test_a_worker_started_without_a_launcher_refuses_a_batch_larger_than_the_dat
     assert cluster.wait_exit("worker:0", 120) == 2, cluster.tails()
     assert ("psworker: error: --batch_size 10000000: a worker reads 10,000,000 examples a step, more than the 1,438 "
             "of the training split; give --batch_size 1438 or less") in cluster.log("worker:0").splitlines()
+
+
+def test_slurm_submit_refuses_a_batch_larger_than_the_data_before_queueing(tmp_path, capsys, monkeypatch):
+    """Refused on the login node, not once the job has waited in the queue: no batch script, no run dir."""
+    monkeypatch.chdir(tmp_path)
+    err = refused(["slurm", "submit", str(SPEC), "--batch_size", "10000000", "--dry_run", "--run_dir", "run"], capsys)
+    assert err == ("psworker: error: --batch_size 10000000: a worker reads 10,000,000 examples a step, more than the "
+                   "1,438 of model mlp's training split; give --batch_size 1438 or less\n")
+    assert list(tmp_path.iterdir()) == []

@@ -30,6 +30,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
                                  account=args.account, output=args.output, overcommit=args.overcommit)
     launch = JobLaunch(**{name: getattr(args, name) for name in FORWARDED}, faults=tuple(args.inject),
                        verbose=args.verbose, command=tuple(args.command))
+    if not args.command:     # refused here rather than once the job has waited in the queue
+        check_training(with_train_flags(load_spec(args.spec, allow_counts=True), args), data_here=False)
     train = tuple((name, value) for name, value in train_overrides(args).items() if value is not None)
     job_id = submit_job(SubmitConfig(spec_path=args.spec, sbatch=sbatch, run_dir=args.run_dir, train=train,
                                      launch=launch, port_base=args.port_base, python=args.python,
