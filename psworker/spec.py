@@ -187,11 +187,12 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
     if not isinstance(data, Mapping):
         raise SpecError(source, "", f"the top level must be a mapping with 'cluster' (and optional "
                                     f"'train'), got {describe_value(data)}")
-    problems = SpecProblems()    # the unknown keys of every section and every bad train value, reported together
+    problems = SpecProblems()    # every problem of every section, reported together
     problems.errors += [unknown_key(key, TOP_KEYS, source, str(key)) for key in data if key not in TOP_KEYS]
     cluster = data.get("cluster")
     with problems.check():
         _check_cluster_keys(cluster, source)
+    keys_known = not problems.errors
     train = data.get("train")
     if train is None:
         train = {}
@@ -200,8 +201,12 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
         if not isinstance(train, Mapping):
             raise SpecError(source, "train", f"expected a mapping of trainer settings, got {describe_value(train)}")
         config = train_from(TrainConfig(), train, source, "train", False, None)
+    spec = None
+    if keys_known:        # the addresses too (with the defaults where the train section has errors)
+        with problems.check():
+            spec = _cluster_spec(cluster, config, source, allow_counts)
     problems.raise_any()
-    return _cluster_spec(cluster, config, source, allow_counts)
+    return spec
 
 
 def _check_cluster_keys(cluster: Any, source: str) -> None:

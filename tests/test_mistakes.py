@@ -137,7 +137,13 @@ def test_every_problem_of_a_spec_is_named_at_once(capsys, tmp_path, monkeypatch)
             f"psworker: error: {spec}: cluster.wroker: unknown key 'wroker'; did you mean 'worker'?",
             f"psworker: error: {spec}: train.max_step: unknown key 'max_step'; did you mean 'max_steps'?",
             f"psworker: error: {spec}: train.mode: 'snyc' is not one of async, sync; did you mean 'sync'?"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["typos.yaml"]
+    ports = tmp_path / "ports.yaml"     # keys all known: a bad address is named beside a bad train value
+    ports.write_text("cluster:\n  ps: [localhost:70000]\n  worker: [localhost:auto]\ntrain:\n  mode: snyc\n")
+    assert cli.main(["validate", str(ports)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"psworker: error: {ports}: train.mode: 'snyc' is not one of async, sync; did you mean 'sync'?",
+        f"psworker: error: {ports}: cluster.ps[0]: port 70000 is out of range 1-65535"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ports.yaml", "typos.yaml"]
 
 
 # -- the training's own mistakes: refused by the launcher before any task starts (issue 38) -----------------------

@@ -41,13 +41,15 @@ def check_training(spec: Union[ClusterSpec, CountSpec], *, data_here: bool) -> N
             batch larger than the training split, or `shard_examples` below it.
     """
     from psworker.launcher import netns
-    from psworker.models import registry
+    from psworker.models import Model, registry
     from psworker.train import shard_plan
 
     if netns.inside():
         return
     train = spec.train
     model = registry.get(train.model)
+    if not isinstance(model, Model):      # a registered factory of something else: nothing here to ask
+        return
     data_dir = train.data_dir
     if data_dir and not data_here and not os.path.isdir(os.path.expanduser(data_dir)):
         return                        # the hosts' data_dir: their tasks say what is wrong with it
