@@ -291,3 +291,25 @@ def test_slurm_submit_refuses_a_batch_larger_than_the_data_before_queueing(tmp_p
     assert err == ("psworker: error: --batch_size 10000000: a worker reads 10,000,000 examples a step, more than the "
                    "1,438 of model mlp's training split; give --batch_size 1438 or less\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cifar10_files_that_are_not_whole_records_are_refused(tmp_path, capsys, monkeypatch):
+    """The CIFAR-10 files there, but one cut short (or grown): refused naming it; whole ones pass on to the batch."""
+    from psworker.data.cifar10_files import write_synthetic
+
+    monkeypatch.chdir(tmp_path)
+    folder = write_synthetic(str(tmp_path / "cifar"), train_per_class=5, test_per_class=1)
+    argv = ["local", str(REPO / "cluster_specs" / "cifar10.yaml"), "--data_dir", str(tmp_path / "cifar")]
+    assert refused(argv, capsys) == (
+        "psworker: error: --batch_size 128: a worker reads 128 examples a step, more than the 50 of model cifar10's "
+        f"training split in {tmp_path / 'cifar'}; give --batch_size 50 or less\n")
+    cut = tmp_path / "cifar" / "cifar-10-batches-bin" / "data_batch_3.bin"
+    assert str(cut) == f"{folder}/data_batch_3.bin"
+    with open(cut, "ab") as f:
+        f.write(b"x")
+    assert refused(argv, capsys) == (
+        f"psworker: error: {cut}: not CIFAR-10's binary format (30731 bytes, records of 3073, the first label "
+        f"{cut.read_bytes()[0]}). Download it with `psworker data cifar10 "
+        f"--data_dir {tmp_path / 'cifar'}`, or write a small offline synthetic set with `psworker data "
+        f"cifar10-synthetic --data_dir {tmp_path / 'cifar'}`.\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar"]
