@@ -7,7 +7,7 @@ policy both read them: 1-127 are permanent, 128-255 are retryable):
 |---|---|---|---|
 | 0 | EXIT_OK | done | - |
 | 1 | EXIT_FAILED | an unexpected error (a bug, an unhandled exception) | no |
-| 2 | EXIT_USAGE | bad spec, flags or TF_CONFIG | no |
+| 2 | EXIT_USAGE | bad spec, flags or TF_CONFIG; a refusal (batch larger than the data, existing export, ...) | no |
 | 3 | EXIT_TRAINING_FAILED | training itself failed: NaN loss, bad data dir, unusable checkpoint | no |
 | 4 | EXIT_DISK_FULL | a checkpoint, summary, export or log could not be written: disk full, quota, read-only | no |
 | 170 | EXIT_PEER_GONE | a peer went away or did not answer in time (ps down, chief gone, step timeout) | yes |
@@ -17,8 +17,9 @@ policy both read them: 1-127 are permanent, 128-255 are retryable):
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -62,6 +63,46 @@ class SpecError(PsworkerError):
 
     def __reduce__(self):  # keep it picklable across processes despite the 3-argument constructor
         return (type(self), (self.source, self.field_path, self.message))
+
+
+class SpecErrors(SpecError):
+    """Every problem found in one input at once (a spec with `wroker:` and `max_step:` names both), one per line in
+    the order found; raised only for two or more (`SpecProblems.raise_any`)."""
+
+    def __init__(self, errors: "tuple[SpecError, ...]") -> None:
+        self.errors = tuple(errors)
+        first = self.errors[0]
+        super().__init__(first.source, first.field_path, first.message)
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+    def __reduce__(self):
+        return (type(self), (self.errors,))
+
+
+class SpecProblems:
+    """Collects the SpecErrors of checks that do not depend on each other, to report them together."""
+
+    def __init__(self) -> None:
+        self.errors: list[SpecError] = []
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        """Runs the block; a SpecError it raises is kept (the block's further checks are skipped)."""
+        try:
+            yield
+        except SpecErrors as e:
+            self.errors.extend(e.errors)
+        except SpecError as e:
+            self.errors.append(e)
+
+    def raise_any(self) -> None:
+        """Raises what was kept: the one SpecError, or all of them as SpecErrors."""
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise SpecErrors(tuple(self.errors))
 
 
 def describe_value(value: Any) -> str:
@@ -149,6 +190,8 @@ class DiskFull(PsworkerError):
 
     exit_code = EXIT_DISK_FULL
 
+    exit_code = EXIT_USAGE
+
     def __init__(self, message: str, *, path: "str | None" = None) -> None:
         super().__init__(message)
         self.path = path
@@ -188,11 +231,14 @@ class TensorBoardError(PsworkerError):
 
 
 class ExportExistsError(PsworkerError):
-    """The export directory of this global step exists already (exports are never overwritten).
+    """The export directory of this global step exists already (exports are never overwritten): a refusal, so a
+    usage error (exit 2).
 
     Attributes:
         path: that directory, when it holds a finished export (None: the final move failed).
     """
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, message: str, *, path: "str | None" = None) -> None:
         super().__init__(message)
@@ -207,8 +253,9 @@ def op_error_line(exc: BaseException) -> str:
     return said[0] if said else type(exc).__name__
 
 
-__all__ = ["op_error_line", "describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob",
-           "PsworkerError", "SpecError", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
+__all__ = ["op_error_line", "describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
+           "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob", "PsworkerError", "SpecError", "SpecErrors", "SpecProblems",
+           "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
            "StoppedEarly", "EXIT_DISK_FULL", "DiskFull",
            "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
            "ClusterError"]

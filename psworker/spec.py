@@ -19,7 +19,7 @@ import yaml
 from psworker.addresses import (AUTO_PORT, Address, check_duplicates, format_address, parse_address,
                                 parse_address_list)
 from psworker.elastic_job import Elastic, check_elastic, elastic_range, elastic_worker
-from psworker.errors import SpecError, describe_value, unknown_key
+from psworker.errors import SpecError, SpecProblems, describe_value, unknown_key
 from psworker.train_config import (MODES, REPLICATIONS, TRAIN_FIELDS, TRAIN_TYPES, TrainConfig, check_train_rules,
                                    merge_train, train_from)
 
@@ -187,10 +187,30 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
     if not isinstance(data, Mapping):
         raise SpecError(source, "", f"the top level must be a mapping with 'cluster' (and optional "
                                     f"'train'), got {describe_value(data)}")
-    for key in data:
-        if key not in TOP_KEYS:
-            raise unknown_key(key, TOP_KEYS, source, str(key))
+    problems = SpecProblems()    # every problem of every section, reported together
+    problems.errors += [unknown_key(key, TOP_KEYS, source, str(key)) for key in data if key not in TOP_KEYS]
     cluster = data.get("cluster")
+    with problems.check():
+        _check_cluster_keys(cluster, source)
+    keys_known = not problems.errors
+    train = data.get("train")
+    if train is None:
+        train = {}
+    config = TrainConfig()
+    with problems.check():
+        if not isinstance(train, Mapping):
+            raise SpecError(source, "train", f"expected a mapping of trainer settings, got {describe_value(train)}")
+        config = train_from(TrainConfig(), train, source, "train", False, None)
+    spec = None
+    if keys_known:        # the addresses too (with the defaults where the train section has errors)
+        with problems.check():
+            spec = _cluster_spec(cluster, config, source, allow_counts)
+    problems.raise_any()
+    return spec
+
+
+def _check_cluster_keys(cluster: Any, source: str) -> None:
+    """The cluster section is a mapping of known jobs (and a base port with task counts)."""
     if cluster is None:
         raise SpecError(source, "cluster", "missing; the spec needs a 'cluster' section with "
                                            "'ps' and 'worker' address lists")
@@ -198,18 +218,20 @@ def parse_spec(text_or_mapping: Union[str, bytes, Mapping[str, Any], None], sour
         raise SpecError(source, "cluster", f"expected a mapping with 'ps' and 'worker', "
                                            f"got {describe_value(cluster)}")
     counted = _counted_jobs(cluster)
+    problems = SpecProblems()
     for key in cluster:
         if key not in ALL_JOBS and not (counted and key == PORT_KEY):
             if key == PORT_KEY:
-                raise SpecError(source, "cluster.port", "a base port applies only to task counts "
-                                                        "(`ps: 2`); address lists carry their own ports")
-            raise unknown_key(key, ALL_JOBS + ((PORT_KEY,) if counted else ()), source, f"cluster.{key}")
-    train = data.get("train")
-    if train is None:
-        train = {}
-    if not isinstance(train, Mapping):
-        raise SpecError(source, "train", f"expected a mapping of trainer settings, got {describe_value(train)}")
-    config = train_from(TrainConfig(), train, source, "train", False, None)
+                problems.errors.append(SpecError(source, "cluster.port", "a base port applies only to task counts "
+                                                 "(`ps: 2`); address lists carry their own ports"))
+            else:
+                problems.errors.append(unknown_key(key, ALL_JOBS + ((PORT_KEY,) if counted else ()), source,
+                                                   f"cluster.{key}"))
+    problems.raise_any()
+
+
+def _cluster_spec(cluster: Mapping[str, Any], config: TrainConfig, source: str, allow_counts: bool) -> Any:
+    """The ClusterSpec (or CountSpec) of a cluster section whose keys are known, with its train section."""
     cluster, elastic = elastic_worker(cluster, source)
     if _counted_jobs(cluster):
         return _count_spec(cluster, config, source, allow_counts, elastic)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from psworker.errors import SpecError, describe_value, unknown_key
+from psworker.errors import SpecError, SpecProblems, describe_value, unknown_key
 from psworker.fieldtypes import PARSERS, TYPE_PARSERS
 from psworker.models import registry as model_registry
 
@@ -107,7 +107,7 @@ class TrainConfig:
                                                "and trained (or at max_steps, whichever comes first; sync mode: at "
                                                "the global step that covers them)", "none: until max_steps")
     shard_examples: Optional[int] = _setting(None, "dealt: examples per shard (a worker takes its next shard when it "
-                                                   "runs out); at least a worker's batch",
+                                                   "runs out); at least a worker's batch (less is refused)",
                                              "the smaller of 2048 and an eighth of the training split")
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
@@ -264,15 +264,19 @@ def _check_transfer_rules(config: TrainConfig, source: str, prefix: str) -> None
 def train_from(base: TrainConfig, values: Mapping[str, Any], source: str, prefix: str,
                 from_strings: bool, num_workers: Optional[int]) -> TrainConfig:
     """`base` with `values` (a spec's train section, or flags when `from_strings`) checked and applied."""
+    problems = SpecProblems()       # every unknown key and bad value at once; the rules between fields after
     for key in values:
         if key not in TRAIN_FIELDS:
-            raise unknown_key(key, TRAIN_FIELDS, source, _join(prefix, str(key)))
+            problems.errors.append(unknown_key(key, TRAIN_FIELDS, source, _join(prefix, str(key))))
     changes = {}
     for key, value in values.items():
         path = _join(prefix, key)
-        value = _coerce(key, value, path, source, from_strings)
-        _check_value(key, value, path, source)
-        changes[key] = value
+        if key in TRAIN_FIELDS:
+            with problems.check():
+                value = _coerce(key, value, path, source, from_strings)
+                _check_value(key, value, path, source)
+                changes[key] = value
+    problems.raise_any()
     config = dataclasses.replace(base, **changes)
     check_train_rules(config, source, prefix, num_workers)
     return config

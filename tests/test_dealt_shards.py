@@ -72,9 +72,12 @@ def assert_all_exit_0(cluster: LocalCluster, timeout: float = 300) -> None:
     assert set(codes.values()) == {0}, (codes, cluster.tails())
 
 
-def test_two_epochs_read_every_position_exactly_twice(make_cluster, positions_dir):
+def test_two_epochs_read_every_position_exactly_twice(make_cluster, positions_dir, monkeypatch):
     """1 ps + 2 workers, async, 2 epochs, no faults: every position is trained on exactly twice, both workers take
-    shards, the run ends by itself below max_steps, and the chief reports 600 examples, none again."""
+    shards, the run ends by itself below max_steps, and the chief reports 600 examples, none again. The chief's
+    first step waits until worker:1 has trained a batch (`WAIT_FOR_ENV`): on a loaded host worker:1 came up once
+    after the chief had dealt every shard."""
+    monkeypatch.setenv(dealt_model.WAIT_FOR_ENV, "worker1")
     cluster = make_cluster(train=train(num_epochs=2))
     assert_all_exit_0(cluster)
     read = counts(positions_dir)

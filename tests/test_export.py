@@ -244,7 +244,7 @@ def test_export_command(tmp_path, capsys):
     checkpoint = write_checkpoint(tmp_path, 5)
     assert main(["export", "--train_dir", str(tmp_path), "--checkpoint", checkpoint, "--model", "cifar10"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "export" / "5")
-    assert main(["export", "--train_dir", str(tmp_path), "--model", "cifar10"]) != 0
+    assert main(["export", "--train_dir", str(tmp_path), "--model", "cifar10"]) == 2   # a refusal: usage (exit 2)
     assert "exists already" in capsys.readouterr().err
 
 
@@ -254,7 +254,8 @@ NO_TENSORFLOW = ("import sys; sys.modules['tensorflow'] = None\n"   # any import
 
 def test_an_existing_export_is_refused_before_tensorflow_is_imported(tmp_path):
     """Each export records its checkpoint; `psworker export` of the same checkpoint (the latest, or named) is refused
-    from that record, in a process where TensorFlow cannot even be imported."""
+    from that record, in a process where TensorFlow cannot even be imported: one line saying what to do, exit 2 (a
+    refusal is a usage error; 1 is a bug)."""
     from psworker.models.linear import LinearModel
 
     checkpoint = write_checkpoint(tmp_path, 7, model=LinearModel(), favoured_class=None)
@@ -262,8 +263,8 @@ def test_an_existing_export_is_refused_before_tensorflow_is_imported(tmp_path):
     for extra in ([], ["--checkpoint", checkpoint]):
         r = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, "export", "--train_dir", str(tmp_path), *extra],
                            cwd=tmp_path, env=task_env(), capture_output=True, text=True, timeout=120)
-        assert r.returncode == 1 and r.stderr == f"psworker: error: {path} exists already: exports are never " \
-                                                  "overwritten\n", r.stderr
+        assert r.returncode == 2 and r.stderr == f"psworker: error: {path} exists already: exports are never " \
+            "overwritten; load that one, or move it away (or pass --export_dir DIR) to export again\n", r.stderr
     write_checkpoint(tmp_path, 8, model=LinearModel(), favoured_class=None)   # the latest now: not exported yet
     r = subprocess.run([sys.executable, "-c", NO_TENSORFLOW, "export", "--train_dir", str(tmp_path)], cwd=tmp_path,
                        env=task_env(), capture_output=True, text=True, timeout=120)

@@ -47,3 +47,15 @@ def test_plan_with_a_model_and_export_print_no_tensorflow_chatter(tmp_path):
     export = _psworker("export", "--train_dir", str(tmp_path))    # imports TensorFlow to find the checkpoint
     assert export.returncode == 3 and export.stderr == (f"psworker: error: no checkpoint in {tmp_path}: train first "
                                                         "(the chief writes them there)\n")
+
+
+def test_the_data_commands_talk_as_every_command_does(tmp_path):
+    """`psworker data` writes its set and says so in `psworker: ...` lines, as the launchers do: no logging-style
+    line (`2026-... INFO psworker.cli.outputs: ...`)."""
+    criteo = _psworker("data", "criteo-synthetic", "--data_dir", str(tmp_path / "criteo"), "--rows_per_day", "20")
+    cifar = _psworker("data", "cifar10-synthetic", "--data_dir", str(tmp_path / "cifar"))
+    assert criteo.returncode == 0 and criteo.stderr == "", criteo.stderr
+    assert criteo.stdout == f"psworker: criteo-synthetic ready in {tmp_path / 'criteo'}\n"
+    assert cifar.returncode == 0 and cifar.stdout == f"psworker: cifar10-synthetic ready in {tmp_path / 'cifar'}\n"
+    assert cifar.stderr == (f"psworker: wrote synthetic CIFAR-10 (5000 train, 1000 test) to "
+                            f"{tmp_path / 'cifar' / 'cifar-10-batches-bin'}\n"), cifar.stderr

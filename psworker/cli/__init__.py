@@ -26,14 +26,30 @@ log = logging.getLogger(__name__)
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
-    """Launchers talk to a person; the other commands log with timestamps (a task's output is a log file)."""
-    if args.kind == LAUNCHER:
-        from psworker.launcher.console import PeopleFormatter
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(PeopleFormatter())
-        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
-    else:
+    """A task logs with timestamps (its output is a log file); every other command talks to a person, in
+    `psworker: ...` lines (`psworker: warning: ...`), as the launchers do."""
+    if args.kind == TASK:
         logging.basicConfig(level=logging.INFO, format=events.LOG_FORMAT, stream=sys.stderr)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_people_formatter())
+    verbose = args.kind == LAUNCHER and args.verbose
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+
+
+def _people_formatter() -> logging.Formatter:
+    """psworker's own records as `psworker: ...`; another library's (TensorFlow's, in `export`) in the log format,
+    never passed off as psworker's (`cli.quiet` hides its chatter)."""
+    from psworker.launcher.console import PeopleFormatter
+
+    class Formatter(PeopleFormatter):
+        plain = logging.Formatter(events.LOG_FORMAT)
+
+        def format(self, record: logging.LogRecord) -> str:
+            own = record.name == "psworker" or record.name.startswith("psworker.") or record.name == "__main__"
+            return super().format(record) if own else self.plain.format(record)
+
+    return Formatter()
 
 
 def _print_error(exc: PsworkerError, cause: Optional[BaseException] = None) -> int:

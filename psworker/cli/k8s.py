@@ -69,7 +69,7 @@ def cmd_k8s_apply(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError) as e:
         raise UsageError(f"{args.file}: cannot read the manifest: {e}") from None
     for applied in live.apply(live.connect(args.context), objects):
-        print(f"applied {applied}")
+        print(f"psworker: applied {applied}")
     return 0
 
 
@@ -94,7 +94,7 @@ def cmd_k8s_delete(args: argparse.Namespace) -> int:
     """`psworker k8s delete NAME`: deletes every object labelled with the run."""
     from psworker.k8s import live
     for gone in live.delete(live.connect(args.context), args.name, args.namespace):
-        print(f"deleted {gone}")
+        print(f"psworker: deleted {gone}")
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_memory_limit_flag, add_status_flags,
                                 add_train_flags, launch_config, port_type, value_type, with_train_flags)
+from psworker.cli.preflight import check_training
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, load_spec
 
@@ -30,6 +31,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args), tensorboard_port=args.tensorboard,
                            ps_link_rate_bps=args.ps_link_rate, ps_memory_limit_bytes=args.ps_memory_limit)
     spec = with_train_flags(load_spec(args.spec), args)
+    check_training(spec, data_here=True)
     if args.ps_memory_limit is not None:
         check_memory_plan(spec, args.ps_memory_limit)
     return launch(launch_config(args, spec, backend))
@@ -73,8 +75,10 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     from psworker.launcher.launch import launch
 
     backend = SshOptions(ssh_config=args.ssh_config, ssh_options=tuple(args.ssh_option), remote_dir=args.remote_dir)
-    return launch(launch_config(args, with_train_flags(load_spec(args.spec), args), backend, command=args.command,
-                                python=args.remote_python))
+    spec = with_train_flags(load_spec(args.spec), args)
+    if not args.command:
+        check_training(spec, data_here=False)
+    return launch(launch_config(args, spec, backend, command=args.command, python=args.remote_python))
 
 
 def show_status(run_dir: str, as_json: bool, silent_secs: float) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from psworker.cli.flags import add_model_flag, int_type, port_type, positive_float
@@ -12,8 +11,6 @@ from psworker.tf_import import import_tensorflow
 
 __all__ = ["DATASETS", "cmd_data", "cmd_eval", "cmd_export", "cmd_tensorboard", "data_flags", "eval_flags",
            "export_flags", "tensorboard_flags"]
-
-log = logging.getLogger(__name__)
 
 # `psworker data NAME`: NAME -> "module:function" taking (data_dir, **options). One registry.
 DATASETS = {"cifar10": "psworker.data.cifar10_files:download_and_extract",
@@ -36,7 +33,7 @@ def cmd_data(args: argparse.Namespace) -> int:
                          f"criteo-synthetic takes these options")
     module, _, function = DATASETS[args.name].partition(":")
     getattr(importlib.import_module(module), function)(args.data_dir, **options)
-    log.info("%s ready in %s", args.name, args.data_dir)
+    print(f"psworker: {args.name} ready in {args.data_dir}", flush=True)
     return 0
 
 

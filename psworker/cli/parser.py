@@ -11,7 +11,7 @@ from typing import Callable, Optional
 from psworker.cli import k8s, launchers, outputs, scale, slurm, specs, tasks
 from psworker.cli.flags import add_cluster_flags, add_train_flags
 
-__all__ = ["COMMANDS", "Command", "Parser", "build_parser", "unrecognized"]
+__all__ = ["COMMANDS", "Command", "Parser", "build_parser", "not_one_of", "unrecognized"]
 
 TASK, LAUNCHER, OTHER = "task", "launcher", "other"   # how a command logs (see `psworker.cli.main`)
 
@@ -92,9 +92,28 @@ def unrecognized(extras: list[str], options: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}{hint}"
 
 
+def not_one_of(value: object, choices: list[str]) -> str:
+    """`'critoe' is not one of mlp, cifar10, linear, criteo; did you mean 'criteo'?`: the spec's wording
+    (`train_config`), for a flag's value or a command's name."""
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{str(value)!r} is not one of {', '.join(choices)}{hint}"
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose commands (the parsers without subcommands) refuse unknown flags themselves,
-    suggesting the closest flag (`--max_stesp`: did you mean --max_steps?), exit 2."""
+    """An ArgumentParser whose usage errors are one line, as a spec's are (`psworker local: error: argument --model:
+    'critoe' is not one of ...; did you mean 'criteo'?`, exit 2): a command (a parser without subcommands) prints no
+    usage before it, and a bad choice names the closest one. Its commands refuse unknown flags themselves,
+    suggesting the closest flag (`--max_stesp`: did you mean --max_steps?)."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, not_one_of(value, [str(c) for c in action.choices]))
+
+    def error(self, message: str):
+        if self._subparsers is not None and " is not one of " not in message:
+            super().error(message)     # `psworker` alone: the usage lists the commands
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_known_args(self, args=None, namespace=None):
         parsed, extras = super().parse_known_args(args, namespace)

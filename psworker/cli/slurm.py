@@ -10,6 +10,7 @@ from pathlib import Path
 
 from psworker.cli.flags import (COMMAND_EPILOG, add_launch_flags, add_status_flags, add_train_flags, launch_config,
                                 port_type, train_overrides, value_type, with_train_flags)
+from psworker.cli.preflight import check_training
 from psworker.launcher.backends.slurm import script as sched
 from psworker.spec import load_spec
 
@@ -29,6 +30,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
                                  account=args.account, output=args.output, overcommit=args.overcommit)
     launch = JobLaunch(**{name: getattr(args, name) for name in FORWARDED}, faults=tuple(args.inject),
                        verbose=args.verbose, command=tuple(args.command))
+    if not args.command:     # refused here rather than once the job has waited in the queue
+        check_training(with_train_flags(load_spec(args.spec, allow_counts=True), args), data_here=False)
     train = tuple((name, value) for name, value in train_overrides(args).items() if value is not None)
     job_id = submit_job(SubmitConfig(spec_path=args.spec, sbatch=sbatch, run_dir=args.run_dir, train=train,
                                      launch=launch, port_base=args.port_base, python=args.python,
@@ -45,6 +48,8 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
     from psworker.launcher.launch import launch
 
     spec = with_train_flags(load_spec(args.spec, allow_counts=True), args)
+    if not args.command:
+        check_training(spec, data_here=False)
     run_dir = str(Path(args.run_dir or os.getcwd()).resolve())
     code = launch(launch_config(args, spec, SlurmOptions(port_base=args.port_base), command=args.command,
                                 run_dir=run_dir))

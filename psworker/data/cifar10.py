@@ -49,13 +49,14 @@ def batches_dir(data_dir: str) -> str:
     return nested
 
 
-def _missing_data_error(data_dir: Optional[str], missing: Sequence[str]) -> TrainingFailed:
+def _how_to_get(data_dir: Optional[str]) -> str:
     where = data_dir if data_dir else "D"
-    return TrainingFailed(
-        f"CIFAR-10 data not found: missing {', '.join(missing)}. "
-        f"Download it with `psworker data cifar10 --data_dir {where}`, or write a small offline synthetic "
-        f"set with `psworker data cifar10-synthetic --data_dir {where}`."
-    )
+    return (f"Download it with `psworker data cifar10 --data_dir {where}`, or write a small offline synthetic "
+            f"set with `psworker data cifar10-synthetic --data_dir {where}`.")
+
+
+def _missing_data_error(data_dir: Optional[str], missing: Sequence[str]) -> TrainingFailed:
+    return TrainingFailed(f"CIFAR-10 data not found: missing {', '.join(missing)}. {_how_to_get(data_dir)}")
 
 
 def _existing_files(data_dir: Optional[str], names: Sequence[str]) -> list[str]:
@@ -88,6 +89,24 @@ def test_files(data_dir: Optional[str]) -> list[str]:
 
 
 test_files.__test__ = False  # not a pytest test, despite the name
+
+
+def check_files(data_dir: Optional[str]) -> int:
+    """What a launcher checks before any task starts: every file is there, holds whole records, and its first
+    record's label is a class; returns the training records.
+
+    Raises:
+        TrainingFailed: a file missing or not CIFAR-10's binary format (names it and how to get the data).
+    """
+    train = train_files(data_dir)
+    for path in train + test_files(data_dir):
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            label = f.read(LABEL_BYTES)
+        if size == 0 or size % RECORD_BYTES or label[0] >= NUM_CLASSES:
+            raise TrainingFailed(f"{path}: not CIFAR-10's binary format ({size} bytes, records of {RECORD_BYTES}, "
+                                 f"the first label {label[0] if label else None}). {_how_to_get(data_dir)}")
+    return num_records(train)
 
 
 def num_records(paths: Sequence[str]) -> int:

@@ -126,6 +126,34 @@ def load_split(data_dir: str, held_out: bool) -> tuple[np.ndarray, np.ndarray]:
     return read_split(test if held_out else train)
 
 
+def check_files(data_dir: Optional[str], need: int) -> int:
+    """What a launcher checks before any task starts: the day files are there, the first line of each parses, and
+    the training split's lines, counted up to `need` (a day of Criteo's is not read through for it).
+
+    Raises:
+        TrainingFailed: no data, or a file whose first line is not a Criteo line (names the file and what to do).
+    """
+    train, held_out = split_files(data_dir)
+    count = 0
+    for path in train + held_out:
+        with _open(path) as f:
+            for number, line in enumerate(f, start=1):
+                if number == 1:
+                    _first_line_parses(path, line)
+                if path in held_out or count >= need:
+                    break
+                count += 1
+    return count
+
+
+def _first_line_parses(path: str, line: bytes) -> None:
+    try:
+        parse_line(line.decode("utf-8", errors="replace"))
+    except ValueError as e:
+        raise TrainingFailed(f"{path}:1: not a Criteo line ({e}): the day_N files hold Criteo's tab-separated lines; "
+                             "`psworker data criteo-synthetic --data_dir D` writes a synthetic set") from None
+
+
 def num_examples(data_dir: Optional[str], held_out: bool = False) -> int:
     """Lines in the training (or held-out) split."""
     split_files(data_dir)   # the clear error first

@@ -89,7 +89,8 @@ class TaskError(Event):
     regex: ClassVar[re.Pattern] = re.compile(rf"^{CONSOLE}psworker: error: (?P<message>.*)$", re.MULTILINE)
 
     def render(self) -> str:
-        return f"psworker: error: {self.message}"
+        """One `psworker: error:` line per line of the message (several problems found at once)."""
+        return "\n".join(f"psworker: error: {line}" for line in self.message.splitlines() or [""])
 
     @classmethod
     def _from(cls, m: re.Match) -> "TaskError":

@@ -1,6 +1,7 @@
-"""The one launch skeleton every backend shares: the run dir chosen once, the tasks placed by the backend,
-cluster.yaml and logs/ written once, the plan made once (with the ps tasks' rejoin grace), the run supervised,
-the report printed. A backend (`psworker.launcher.backends`) supplies only what differs.
+"""The one launch skeleton every backend shares: the run dir chosen once (an earlier run of another model there
+refused first), the tasks placed by the backend and planned once (with the ps tasks' rejoin grace), and only then,
+every refusal behind, cluster.yaml and logs/ written once, the run supervised, the report printed. A backend
+(`psworker.launcher.backends`) supplies only what differs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
-from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, task_log_name, write_end, write_run_dir
+from psworker.launcher.rundir import (LOG_SUBDIR, RunEnd, check_earlier_run, choose_run_dir, task_log_name, write_end,
+                                      write_run_dir)
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, chief_name, plan
 from psworker.spec import ClusterSpec
@@ -175,17 +177,28 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
     return exit_status(result.failure.returncode) if result.failure is not None else 1
 
 
-def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
+def _placed(config: LaunchConfig, backend: Backend, run_dir: Path) -> tuple[LaunchConfig, list[Task]]:
+    """Inside the backend's session, writing nothing (so that a refusal changes nothing in the run dir): the config
+    with the placed spec, and the run's tasks.
+
+    Raises:
+        SpecError, UsageError: a fixed port in use, a spec this backend cannot run, an injection naming no task.
+    """
+    spec = backend.place(config.spec, run_dir)
+    config = dataclasses.replace(config, spec=spec, run_dir=str(run_dir))
+    tasks = plan_tasks(spec, config, backend.python, backend.spec_path(run_dir))
+    check_fault_tasks(config.faults, [t.name for t in tasks])
+    return config, tasks
+
+
+def _run(config: LaunchConfig, planned: list[Task], backend: Backend, run_dir: Path, console: TextIO,
          install_signal_handlers: bool, lock_holder: str) -> int:
     """Inside the backend's session, holding the run dir's lock (its tasks learn who holds it: `lock_holder`):
-    place, write, plan, supervise, report."""
+    write, supervise, report."""
+    spec = config.spec
+    tasks = [dataclasses.replace(t, env=(*t.env, (traindir_lock.HOLDER_ENV, lock_holder))) for t in planned]
     write_end(run_dir, None)        # an earlier run's record, in a run dir that goes on
-    spec = backend.place(config.spec, run_dir)
     text = write_run_dir(run_dir, spec)
-    config = dataclasses.replace(config, spec=spec, run_dir=str(run_dir))
-    tasks = [dataclasses.replace(t, env=(*t.env, (traindir_lock.HOLDER_ENV, lock_holder)))
-             for t in plan_tasks(spec, config, backend.python, backend.spec_path(run_dir))]
-    check_fault_tasks(config.faults, [t.name for t in tasks])
     backend.prepare(spec, text)
     log_dir = run_dir / LOG_SUBDIR
     print(f"psworker: {backend.banner(tasks, log_dir)}"
@@ -223,14 +236,19 @@ def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_si
         0 on success; 130/143 after SIGINT/SIGTERM; else the failing task's exit status (128+N for signal N), or 1.
 
     Raises:
-        SpecError, UsageError: the spec cannot run on this backend, an injection names no task, or another run holds
-            the run dir (`traindir_lock`).
+        SpecError, UsageError: the spec cannot run on this backend, an injection names no task, another run holds
+            the run dir (`traindir_lock`), or it holds another model's run (`rundir.check_earlier_run`); each before
+            anything is written into the run dir.
     """
     console = console if console is not None else sys.stdout
     backend = backends.create(config.backend, config.python)
+    if not config.command:
+        check_earlier_run(config.run_dir or config.spec.train.train_dir, config.spec.train)
     run_dir = choose_run_dir(config.run_dir, config.spec, console)
-    with backend.session(run_dir, console), traindir_lock.hold(run_dir) as lock:   # after a re-exec, if any
-        return _run(config, backend, run_dir, console, install_signal_handlers, lock.holder.token)
+    with backend.session(run_dir, console):    # after a re-exec, if any
+        config, tasks = _placed(config, backend, run_dir)
+        with traindir_lock.hold(run_dir) as lock:
+            return _run(config, tasks, backend, run_dir, console, install_signal_handlers, lock.holder.token)
 
 
 def run_local(spec: ClusterSpec, *, console: Optional[TextIO] = None, python: str = sys.executable,

@@ -1,6 +1,7 @@
 """The run directory: chosen once per run (given, or a fresh `runs/<spec>-<time>`), and holding the run's
 resolved `cluster.yaml` (`SPEC_FILE`), `logs/<job>-<index>.log` (`LOG_SUBDIR`, `task_log_name`), written once,
-here, and a failed task's `logs/<job>-<index>.error.json` (`task_error_name`)."""
+here, and a failed task's `logs/<job>-<index>.error.json` (`task_error_name`). An earlier run of another model
+there is refused before anything is written (`check_earlier_run`)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,24 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 from pathlib import Path
 from typing import Optional, TextIO, Union
 
-from psworker.diskspace import write_atomically
-from psworker.spec import ClusterSpec, CountSpec, dump_spec
+import yaml
 
-__all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "choose_run_dir", "fresh_run_dir", "read_end",
+from psworker.diskspace import write_atomically
+from psworker.errors import UsageError
+from psworker.spec import ClusterSpec, CountSpec, TrainConfig, dump_spec
+
+__all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir", "fresh_run_dir",
+           "read_end",
            "task_error_name", "task_log_name", "write_end", "write_run_dir"]
 
 SPEC_FILE = "cluster.yaml"        # the run's resolved spec, in the run dir (and where remote tasks read it)
 LOG_SUBDIR = "logs"
 END_FILE = "ended.json"   # how the run ended, written by its launcher (`psworker status` reads it)
+_CHECKPOINT_FILE = re.compile(r"^model\.ckpt-(\d+)\.")   # the chief's checkpoints (`train.checkpoints` names them)
 
 
 def task_log_name(task: str) -> str:
@@ -61,6 +68,39 @@ def choose_run_dir(given: Optional[Union[str, os.PathLike]], spec: Union[Cluster
     if console is not None:
         print(f"psworker: train_dir is {path}", file=console, flush=True)
     return path
+
+
+def _earlier_run(run_dir: Path) -> Optional[tuple[str, int]]:
+    """`(model, newest checkpoint step)` of the earlier run in `run_dir`: the model its cluster.yaml names, where
+    checkpoint files are there too; else None (no earlier run, or nothing of it to lose)."""
+    steps = [int(m[1]) for name in (os.listdir(run_dir) if run_dir.is_dir() else ())
+             if (m := _CHECKPOINT_FILE.match(name))]
+    if not steps:
+        return None
+    try:
+        recorded = yaml.safe_load((run_dir / SPEC_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    train = (recorded.get("train") or {}) if isinstance(recorded, dict) else None
+    model = train.get("model", TrainConfig().model) if isinstance(train, dict) else None
+    return (model, max(steps)) if isinstance(model, str) else None
+
+
+def check_earlier_run(run_dir: Optional[Union[str, os.PathLike]], train: TrainConfig) -> None:
+    """Refuses, before anything is written there, a run of psworker's trainer in a run dir whose checkpoints are
+    another model's (its chief would refuse them only after the launcher had rewritten cluster.yaml, which names the
+    model that `psworker eval` and `export` then use); `allow_fresh_start` lets it start afresh there.
+
+    Raises:
+        UsageError: the run dir holds another model's run.
+    """
+    earlier = _earlier_run(Path(run_dir)) if run_dir else None
+    if earlier is None or earlier[0] == train.model or train.allow_fresh_start:
+        return
+    model, step = earlier
+    raise UsageError(f"train dir {run_dir} holds a run of model {model} (its {SPEC_FILE}; checkpoints up to global "
+                     f"step {step}), not {train.model}: pass --model {model} to go on with it, or give another "
+                     f"--train_dir (--allow_fresh_start true starts {train.model} there afresh, over its checkpoints)")
 
 
 def write_run_dir(run_dir: Path, spec: ClusterSpec) -> str:

@@ -60,6 +60,7 @@ class Model(abc.ABC):
     # replication then reads every worker's batches on its client (worker 0) and sends them on.
     python_input: bool = False
     ids_per_example: int = 0   # a sparse-table model's: the table ids one example looks up (`table_ids`)
+    needs_data_dir: bool = False   # its data is read from `data_dir` (no data_dir: refused by every launcher)
 
     @abc.abstractmethod
     def train_inputs(self, spec: InputSpec):
@@ -78,6 +79,16 @@ class Model(abc.ABC):
     @abc.abstractmethod
     def num_train_examples(self, data_dir: Optional[str]) -> int:
         """Size of the training split (for epoch-based learning-rate decay)."""
+
+    def check_data(self, data_dir: Optional[str], need: int) -> int:
+        """What a launcher checks of the data before any task starts (where `data_dir` is visible to it): that the
+        files are there and their format's first line parses. Returns the training examples, or `need` once it has
+        counted that many (a model may stop there: a big split is not read through).
+
+        Raises:
+            PsworkerError: the data cannot be read, with what to do (the launcher turns it into a usage error).
+        """
+        return self.num_train_examples(data_dir)
 
     @abc.abstractmethod
     def inference(self, images, *, training: bool):

@@ -51,6 +51,7 @@ class Cifar10Model(Model):
     image_shape = (24, 24, 3)
     raw_input_dtype = "uint8"
     raw_input_shape = (32, 32, 3)   # the data set's images: height, width, RGB
+    needs_data_dir = True
 
     def __init__(self) -> None:
         # graph -> {logits tensor name: [weights to decay]}: `loss` finds the (shared) variables of the
@@ -85,6 +86,11 @@ class Cifar10Model(Model):
         from psworker.data import cifar10 as data
 
         return data.preprocess_eval(raw)
+
+    def check_data(self, data_dir: Optional[str], need: int) -> int:
+        from psworker.data import cifar10 as data
+
+        return data.check_files(data_dir)
 
     def num_train_examples(self, data_dir: Optional[str]) -> int:
         """Records in the training files (50,000 for the real data; 50,000 when the files are not there)."""

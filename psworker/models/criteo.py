@@ -60,6 +60,7 @@ class CriteoModel(Model):
     eval_metric = "auc"
     python_input = True                     # lines gathered by position from memory (`tf.numpy_function`)
     ids_per_example = criteo.NUM_CAT
+    needs_data_dir = True
 
     def __init__(self, max_buckets: int = MAX_BUCKETS, embedding_dim: int = EMBEDDING_DIM, name: Optional[str] = None):
         """Args:
@@ -92,6 +93,9 @@ class CriteoModel(Model):
 
     def num_train_examples(self, data_dir: Optional[str]) -> int:
         return criteo.num_examples(data_dir)
+
+    def check_data(self, data_dir: Optional[str], need: int) -> int:
+        return criteo.check_files(data_dir, need)
 
     def table_ids(self, features):
         return features[:, criteo.NUM_INT:]

@@ -3,8 +3,10 @@ trains on (not a built-in: `tests/test_dealt_shards.py` and `benchmarks/dealt_st
 
 Registered as `positions` when imported (name this module, `psworker.models.positions`, in `PSWORKER_MODELS`).
 Every training step appends the batch's positions to `$PSWORKER_POSITIONS_DIR/<task>-<pid>.txt`, one line per
-step, before its update: a line written by a step that never updated (a kill in between) is read again later,
-so the lines count every position trained at least once, and each position read again at most once too often.
+step, before its update: a line written by a step that never updated (a kill in between) is read again later, so the
+lines count every position trained at least once, and each position read again at most once too often. With
+`$PSWORKER_POSITIONS_WAIT_FOR=worker1`, the other tasks' first step waits for that task's first line: it is then
+surely in the deal.
 The log runs where the batch was read (`images.device`): a Python function runs only in the process that built
 the graph, which for in-graph replication is the client, not the worker that computes the tower.
 """
@@ -25,6 +27,9 @@ from psworker.models.base import InputSpec, Model
 NUM_EXAMPLES = int(os.environ.get("PSWORKER_POSITIONS_EXAMPLES", "300"))
 POSITIONS_DIR_ENV = "PSWORKER_POSITIONS_DIR"
 STEP_SECS_ENV = "PSWORKER_POSITIONS_STEP_SECS"
+WAIT_FOR_ENV = "PSWORKER_POSITIONS_WAIT_FOR"    # a task (`worker1`) the others' first step waits for (`_wait_for_peer`)
+WAIT_FOR_SECS = 120.0
+_waited: list[str] = []
 
 
 def _task_name() -> str:
@@ -34,10 +39,25 @@ def _task_name() -> str:
     return f"{job}{index}"
 
 
+def _wait_for_peer(folder: str, me: str) -> None:
+    """`WAIT_FOR_ENV` names another task (`worker1`): this task's first step waits until that one has logged a step
+    of its own, so that it is surely in the deal (it took a shard) before this one reads on."""
+    peer = os.environ.get(WAIT_FOR_ENV)
+    if not peer or peer == me or _waited:
+        return
+    deadline = time.monotonic() + WAIT_FOR_SECS
+    while not any(Path(folder).glob(f"{peer}-*.txt")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{me}: {peer} logged no step within {WAIT_FOR_SECS:g} s ({WAIT_FOR_ENV})")
+        time.sleep(0.05)
+    _waited.append(peer)
+
+
 def _log_positions(positions: np.ndarray) -> np.ndarray:
     time.sleep(float(os.environ.get(STEP_SECS_ENV, "0")))   # a slower step: room to kill a worker mid-shard
     folder = os.environ.get(POSITIONS_DIR_ENV)
     if folder:
+        _wait_for_peer(folder, _task_name())
         path = Path(folder) / f"{_task_name()}-{os.getpid()}.txt"
         with open(path, "a") as f:
             f.write(" ".join(str(int(p)) for p in positions) + "\n")

@@ -104,7 +104,7 @@ def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, t
 
     batch = config.batch_size * config.num_devices
     plan = shard_plan.make_plan(model.num_train_examples(config.data_dir), config.shard_examples,
-                            None if config.mode == "sync" else config.num_epochs, batch)
+                                None if config.mode == "sync" else config.num_epochs, batch, config.batch_size)
     gone = None
     if index == 0:
         watch = shutdown.GoneWatch({i: str(a) for i, a in enumerate(spec.worker) if i != index})
@@ -159,7 +159,7 @@ def _in_graph_dealing(config: TrainConfig, model: Model, target: str, spec: Clus
     num_workers = len(spec.worker)
     batch = config.batch_size * config.num_devices * num_workers
     plan = shard_plan.make_plan(model.num_train_examples(config.data_dir), config.shard_examples, config.num_epochs,
-                            batch)
+                                batch, config.batch_size)
     log.info("worker:%d: dealt shards of %d examples (%d per epoch of %d)%s, read by the in-graph client for %d "
              "workers", CLIENT_INDEX, plan.shard_examples, plan.shards_per_epoch, plan.num_examples,
              f", {plan.num_epochs} epochs" if plan.num_epochs else "", num_workers)

@@ -80,7 +80,7 @@ def export_saved_model(model, checkpoint: str, export_base: str) -> str:
     step = checkpoint_global_step(checkpoint)
     final = os.path.join(export_base, str(step))
     if os.path.exists(final):
-        raise ExportExistsError(f"{final} exists already: exports are never overwritten", path=final)
+        raise ExportExistsError(exists_message(final), path=final)
     os.makedirs(export_base, exist_ok=True)
     temp = os.path.join(export_base, f".{step}.tmp-{uuid.uuid4().hex[:8]}")
     try:
@@ -200,7 +200,7 @@ def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: 
     export_base = export_base or os.path.join(train_dir, EXPORT_SUBDIR)
     done = existing_export(checkpoint, train_dir, export_base)   # before TensorFlow's import (seconds)
     if done is not None:
-        raise ExportExistsError(f"{done} exists already: exports are never overwritten", path=done)
+        raise ExportExistsError(exists_message(done), path=done)
     from psworker import models
 
     if checkpoint is None:
@@ -218,6 +218,12 @@ def run_export(*, train_dir: str, checkpoint: Optional[str] = None, model_name: 
     return export_saved_model(model, checkpoint, export_base)
 
 
+def exists_message(path: str) -> str:
+    """The refusal of an export over an existing one, saying what to do."""
+    return (f"{path} exists already: exports are never overwritten; load that one, or move it away (or pass "
+            "--export_dir DIR) to export again")
+
+
 def recorded_model(train_dir: str) -> Optional[str]:
     """The model named in the `cluster.yaml` a local run leaves in `train_dir`, or None."""
     path = os.path.join(train_dir, "cluster.yaml")
@@ -228,5 +234,6 @@ def recorded_model(train_dir: str) -> Optional[str]:
     return load_spec(path).train.model
 
 
-__all__ = ["export_saved_model", "run_export", "checkpoint_global_step", "recorded_model", "ExportExistsError",
+__all__ = ["export_saved_model", "run_export", "checkpoint_global_step", "recorded_model", "exists_message",
+           "ExportExistsError",
            "SIGNATURE_KEY", "PREPROCESSED_SIGNATURE_KEY", "INPUT_KEY", "OUTPUT_KEYS", "EXPORT_SUBDIR"]

@@ -4,16 +4,15 @@ its untrained examples, the run's account at the end). No TensorFlow."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-__all__ = ["DEFAULT_MAX_SHARD", "NO_LIMIT", "RING", "ShardPlan", "default_shard_examples", "lease_entries",
-           "make_plan", "permutation", "remaining", "report"]
+from psworker.errors import UsageError
 
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_MAX_SHARD", "NO_LIMIT", "RING", "ShardPlan", "batch_refusal", "default_shard_examples",
+           "lease_entries", "make_plan", "permutation", "remaining", "report"]
 
 RING = 8                          # lease entries per worker: shards read ahead of training, at least a batch each
 DEFAULT_MAX_SHARD = 2048          # the default shard: the smaller of this and an eighth of the split (8 batches+)
@@ -60,14 +59,36 @@ def default_shard_examples(num_examples: int, batch: int) -> int:
     return max(1, min(DEFAULT_MAX_SHARD, max(-(-num_examples // 8), 8 * batch)))
 
 
+def batch_refusal(num_examples: int, batch: int, batch_size: int, shard_examples: Optional[int] = None,
+                  split: str = "the training split") -> Optional[str]:
+    """Why a reader of `batch` examples a step (`batch_size` x towers, x workers for the in-graph client) cannot
+    train on `num_examples` (`split` names them), in one line that says what to do; None when it can. A batch larger
+    than the data never fills (every worker would wait for it until `--step_timeout_secs`); a shard holds one batch
+    at least (the lease ring covers the read-ahead)."""
+    per = "" if batch == batch_size else f" (--batch_size {batch_size} x {batch // batch_size})"
+    if batch > num_examples:
+        fits = max(1, num_examples * batch_size // batch)
+        return (f"--batch_size {batch_size}: a worker reads {batch:,} examples a step{per}, more than the "
+                f"{num_examples:,} of {split}; give --batch_size {fits} or less")
+    if shard_examples is not None and shard_examples < batch:
+        return (f"--shard_examples {shard_examples} is below a worker's batch of {batch:,} examples{per}: a shard "
+                f"holds one batch at least; give --shard_examples {batch} or more, or leave it out (default: the "
+                f"smaller of {DEFAULT_MAX_SHARD} and an eighth of the split, 8 batches at least)")
+    return None
+
+
 def make_plan(num_examples: int, shard_examples: Optional[int], num_epochs: Optional[int],
-              batch: int) -> ShardPlan:
-    """The plan for a worker reading `batch` examples per step: a shard holds at least one batch (so that the
-    lease ring always covers the read-ahead)."""
+              batch: int, batch_size: Optional[int] = None) -> ShardPlan:
+    """The plan for a worker reading `batch` examples per step (`batch_size` of them per tower; default `batch`).
+
+    Raises:
+        UsageError: the batch is larger than the split, or `shard_examples` below it (`batch_refusal`; exit 2, not
+            retried: the launchers refuse it before any task starts, a task started by hand here).
+    """
+    refusal = batch_refusal(num_examples, batch, batch_size or batch, shard_examples)
+    if refusal is not None:
+        raise UsageError(refusal)
     size = shard_examples or default_shard_examples(num_examples, batch)
-    if size < batch:
-        log.info("shard_examples %d is below a worker's batch (%d): shards of %d", size, batch, batch)
-        size = batch
     return ShardPlan(num_examples, min(size, num_examples), num_epochs)
 
 
