@@ -80,7 +80,7 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
         The result, and the signal that stopped the launcher (None if none did).
     """
     from psworker.launcher import stacks
-    from psworker.launcher.console import for_console
+    from psworker.launcher.console import ConsoleFilter
     from psworker.launcher.output import GROUP_WINDOW_SECS
     from psworker.launcher.scale_inbox import ScaleInbox
     from psworker.launcher.status import live_view
@@ -90,7 +90,8 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
                                   + config.policy.rejoin_secs())
     elastic = getattr(config.spec, "elastic", None)
     with live_view(config, tasks, console) as (view_console, attach):
-        sup = Supervisor(tasks, log_dir, console=view_console, console_filter=None if config.verbose else for_console,
+        shown = None if config.verbose else ConsoleFilter(own_tasks=not config.command)
+        sup = Supervisor(tasks, log_dir, console=view_console, console_filter=shown, run_dir=log_dir.parent,
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=config.faults,
