@@ -19,12 +19,13 @@ from typing import Any, Iterable, Optional
 from psworker import events, traindir_lock
 from psworker.diskspace import write_atomically
 
-__all__ = ["TASKS_FILE", "LauncherState", "TaskFile", "TaskRecord", "checkpoint_step", "host_of", "launcher_state",
+__all__ = ["PROCESS_GONE", "TASKS_FILE", "LauncherState", "TaskFile", "TaskRecord", "checkpoint_step", "host_of", "launcher_state",
            "pid_alive", "read_tasks", "task_records"]
 
 logger = logging.getLogger(__name__)
 
 TASKS_FILE = "tasks.json"
+PROCESS_GONE = "its process is gone"        # `traindir_lock.holder_gone`'s word for a dead pid on this host
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
 
 
@@ -118,7 +119,7 @@ def launcher_state(run_dir: Path, launcher: Optional[dict], now: float) -> Optio
     if launcher is None:
         return None
     # tasks.json names a launcher that holds the lock no more: it ended (its end, if any, is in ended.json)
-    return LauncherState(int(launcher.get("pid", 0)), str(launcher.get("host", "?")), "it let go of the run dir")
+    return LauncherState(int(launcher.get("pid", 0)), str(launcher.get("host", "?")), "it let go of the run dir without recording how the run ended")
 
 
 def pid_alive(pid: Optional[int], host: str, since: float = 0.0) -> Optional[bool]:
