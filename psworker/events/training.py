@@ -293,16 +293,20 @@ class CheckpointSaved(Event):
 
 @dataclass(frozen=True)
 class ModelStart(Event):
-    """Where the chief's model starts in a new session: the checkpoint it restores (`checkpoint`, its basename, at
-    global step `step`), or none (`checkpoint` None: initialised, step 0)."""
+    """Where the chief's model starts in a new session: the checkpoint it restores (`checkpoint`, its basename,
+    `<prefix>-<global step>`), or none (None: initialised, step 0)."""
 
     task: Optional[str]
     checkpoint: Optional[str]
-    step: int
 
     regex: ClassVar[re.Pattern] = line_pattern(
-        rf"{TASK}(?:restoring the checkpoint (?P<ckpt>\S*?-(?P<step>\d+))[ \t]*$"
+        rf"{TASK}(?:restoring the checkpoint (?P<ckpt>\S*?-\d+)[ \t]*$"
         r"|(?P<none>no checkpoint to restore; initialising the model))")
+
+    @property
+    def step(self) -> int:
+        """The global step the model starts at."""
+        return 0 if self.checkpoint is None else int(self.checkpoint.rpartition("-")[2])
 
     def render(self) -> str:
         if self.checkpoint is None:
@@ -311,6 +315,4 @@ class ModelStart(Event):
 
     @classmethod
     def _from(cls, m: re.Match) -> "ModelStart":
-        if m.group("none"):
-            return cls(task_of(m), None, 0)
-        return cls(task_of(m), m.group("ckpt"), int(m.group("step")))
+        return cls(task_of(m), None if m.group("none") else m.group("ckpt"))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from psworker import events, stackdump
 
-__all__ = ["ConsoleFilter", "LOST_PS_TEXT", "is_noise", "is_psworker_line", "for_console", "PeopleFormatter", "TaskTokens", "normalise", "format_tasks",
+__all__ = ["ConsoleFilter", "LOST_PS_TEXT", "is_noise", "is_psworker_line", "starts_tf_text", "for_console", "PeopleFormatter", "TaskTokens", "normalise", "format_tasks",
            "expand_tasks", "by_task", "render_group", "LineGrouper"]
 
 # absl/C++ log lines: severity letter, MMDD, time, thread id, file:line], e.g.
@@ -73,40 +73,61 @@ def for_console(line: str, task: Optional[str] = None) -> str | None:
 
 
 def is_psworker_line(line: str) -> bool:
-    """A line of psworker's own: a psworker log record, an event line (`psworker.events`), or a fatal absl line."""
+    """A line of psworker's own: a psworker log record, or an event line (`psworker.events`) other than a Python
+    traceback's first line."""
     record = events.LogRecord.parse(line)
     if record is not None:
         return record.logger.split(".")[0] == "psworker"
-    event = events.parse_line(line)     # a Python traceback's first line is an event, but Python's text
-    return (event is not None and not isinstance(event, events.Traceback)) or bool(_FATAL.match(line))
+    event = events.parse_line(line)
+    return event is not None and not isinstance(event, events.Traceback)
+
+
+def starts_tf_text(line: str) -> bool:
+    """A line that TensorFlow (or another library) writes, whose message may go on over the next lines: an absl
+    line, a log record of a logger not psworker's, a fragment of its error text."""
+    if _CPP_LINE.match(line) or _TF_FRAGMENT.match(line):
+        return True
+    record = events.LogRecord.parse(line)
+    return record is not None and record.logger.split(".")[0] != "psworker"
 
 
 class ConsoleFilter:
     """`for_console` with a memory, called from every task's output reader (`filter(line, task)`): a task's gRPC
     error text about ps:N becomes one line, `lost ps:N (...)`, once until that task prints a step line again (the
-    console folds the workers' lines into one, `folds`); with `own_tasks` (psworker's tasks, not a user's
-    command) nothing but psworker's own lines (`is_psworker_line`) is shown at all."""
+    console folds the workers' lines into one, `folds`). With `own_tasks` (psworker's tasks, not a user's command)
+    TensorFlow's text is left out whole: from a line of its own (`starts_tf_text`) to psworker's next line, every
+    line of its message (a gRPC error block, an op's `[[{{node ...}}]]`, a deprecation's `Instructions for
+    updating:`) stays in the log."""
 
     def __init__(self, own_tasks: bool) -> None:
         self._own = own_tasks
         self._lock = threading.Lock()
         self._lost: dict[str, set[str]] = {}    # task -> the ps it was shown to have lost
+        self._in_tf: set[str] = set()           # the tasks whose output is inside TensorFlow's text
 
     def __call__(self, line: str, task: Optional[str] = None) -> Optional[str]:
         key = task or ""
         lost = None if events.LogRecord.parse(line) is not None else _LOST_PS.search(line)
         with self._lock:
             if lost is not None:
-                ps = f"ps:{lost.group(1)}"
-                if ps in self._lost.setdefault(key, set()):
-                    return None
-                self._lost[key].add(ps)
-                return LOST_PS_TEXT.format(ps)
+                return self._lost_ps(key, f"ps:{lost.group(1)}")
             if isinstance(events.Step.parse(line), events.Step):
                 self._lost.pop(key, None)
-        if self._own and not is_psworker_line(line):
-            return None
+            if self._own and not _FATAL.match(line):
+                if is_psworker_line(line):
+                    self._in_tf.discard(key)
+                elif starts_tf_text(line) or key in self._in_tf:
+                    self._in_tf.add(key)
+                    return None
         return for_console(line)
+
+    def _lost_ps(self, task: str, ps: str) -> Optional[str]:
+        """Under the lock."""
+        self._in_tf.add(task)
+        if ps in self._lost.setdefault(task, set()):
+            return None
+        self._lost[task].add(ps)
+        return LOST_PS_TEXT.format(ps)
 
 
 class PeopleFormatter(logging.Formatter):

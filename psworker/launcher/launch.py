@@ -22,7 +22,8 @@ from psworker.launcher.command import command_tasks, names_train_dir, worker_war
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
+from psworker.launcher.report import (RunResult, describe_returncode, exit_status, format_report, restart_hint,
+                                      success_line)
 from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, task_log_name, write_end, write_run_dir
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, chief_name, plan
@@ -173,6 +174,9 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
         report_success(config, result, seconds, outputs, log_dir, console)
         return 0
     print(format_report(result), file=sys.stderr, flush=True)
+    hint = restart_hint(result, config.policy.max_restarts, chief_name(result.exits))
+    if hint is not None:
+        print(f"psworker: {hint}", file=sys.stderr, flush=True)
     return exit_status(result.failure.returncode) if result.failure is not None else 1
 
 

@@ -21,7 +21,7 @@ _RATE_MIN_SECS = 1.0        # shorter spans give no rate (a step line or two apa
 def _exit(record: TaskRecord) -> Optional[str]:
     if record.returncode is None:
         return None
-    said = record.cause or describe_returncode(record.returncode)
+    said = describe_returncode(record.returncode) + (f": {record.cause}" if record.cause else "")
     return f"stopped by the launcher ({said})" if record.stopped else said
 
 
