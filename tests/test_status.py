@@ -272,6 +272,12 @@ def test_a_launcher_whose_pid_is_dead_is_gone_and_its_tasks_with_it(tmp_path):
             f"ps:0 (pid {os.getpid()})") in out, out
     assert "eta -" in out and "silent" not in out, out
 
+    records["worker:0"] = TaskRecord("worker:0", 4242, "another-host", "training")    # no telling from here
+    (run / TASKS_FILE).write_text(json.dumps({"launcher": {"pid": 1, "host": host, "since": now - 200},
+                                              "tasks": {n: r.__dict__ for n, r in records.items()}}))
+    assert read_run_dir(run, now=now).tasks["worker:0"].state == "training"
+    assert "on other hosts, maybe still running: worker:0 (pid 4242 on another-host)" in _status(run)
+
 
 def test_a_foreign_launcher_is_gone_once_its_lock_is_not_refreshed(tmp_path):
     from psworker.traindir_lock import FOREIGN_STALE_SECS, LOCK_FILE, Holder

@@ -10,8 +10,8 @@ from typing import ClassVar, Optional
 
 from psworker.events.base import NUMBER, TASK, Event, line_pattern, named, task_of, to_float, to_int
 
-__all__ = ["CheckpointSaved", "DataDealt", "Exported", "ModelStart", "FirstStep", "FoundComplete", "PsDone", "Precision", "AucResult", "Step",
-           "TfImported", "WorkerDone"]
+__all__ = ["CheckpointSaved", "DataDealt", "Exported", "ModelStart", "FirstStep", "FoundComplete", "PsDone",
+           "Precision", "AucResult", "Step", "TfImported", "WorkerDone"]
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ def _settle(t: TaskProgress, record: Optional[TaskRecord], over: bool, gone: boo
             t = dataclasses.replace(t, state=TaskState(record.state))
     if not over or t.state in _ENDED or t.state in (TaskState.NOT_STARTED, TaskState.RESERVED):
         return t
-    if gone and record is not None and record.returncode is None and pid_alive(record.pid, record.host, 0.0):
-        return t                # still there without its launcher
+    if gone and record is not None and record.returncode is None and pid_alive(record.pid, record.host) is not False:
+        return t                # still there without its launcher, or on another host (no telling from here)
     return dataclasses.replace(t, state=_ended_state(t, record))
 
 

@@ -122,11 +122,13 @@ def launcher_state(run_dir: Path, launcher: Optional[dict], now: float) -> Optio
     return LauncherState(int(launcher.get("pid", 0)), str(launcher.get("host", "?")), "it let go of the run dir without recording how the run ended")
 
 
-def pid_alive(pid: Optional[int], host: str, since: float = 0.0) -> Optional[bool]:
-    """Whether process `pid` runs on `host` (this machine only: None elsewhere, or without a pid)."""
-    if pid is None or host != socket.gethostname():
+def pid_alive(pid: Optional[int], host: str) -> Optional[bool]:
+    """Whether process `pid` runs on `host`: False without a pid, None on another host (no telling from here)."""
+    if pid is None:
+        return False
+    if host != socket.gethostname():
         return None
-    return traindir_lock.pid_alive_since(pid, since or time.time())
+    return traindir_lock.pid_alive_since(pid, time.time())
 
 
 _CKPT = re.compile(r'^model_checkpoint_path: "(?:.*[/\\])?[^/\\]*?-(\d+)"$', re.M)

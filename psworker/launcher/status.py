@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import socket
 import sys
 import threading
 import time
@@ -173,8 +174,13 @@ def gone_line(s: RunStatus) -> Optional[str]:
     if s.ended is not None or s.launcher is None or not s.launcher.gone:
         return None
     checkpoint = "no checkpoint" if s.checkpoint_step is None else f"the last checkpoint is step {s.checkpoint_step:,}"
-    left = [f"{n} (pid {t.pid})" for n, t in s.tasks.items() if t.state.live and t.pid is not None]
-    tasks = f"; still running without it: {', '.join(left)}" if left else "; none of its tasks runs"
+    here = socket.gethostname()
+    left = [f"{n} (pid {t.pid})" for n, t in s.tasks.items() if t.state.live and t.pid is not None and t.host == here]
+    away = [f"{n} (pid {t.pid} on {t.host})" for n, t in s.tasks.items()
+            if t.state.live and t.pid is not None and t.host != here]
+    tasks = (f"; still running without it: {', '.join(left)}" if left else "; none of its tasks runs here" if away
+             else "; none of its tasks runs")
+    tasks += f"; on other hosts, maybe still running: {', '.join(away)}" if away else ""
     why = "" if s.launcher.gone == runstate.PROCESS_GONE else f" ({s.launcher.gone})"
     return f"the launcher ({s.launcher.describe()}) is gone{why}; the run did not end cleanly; {checkpoint}{tasks}"
 
