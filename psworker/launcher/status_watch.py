@@ -59,8 +59,15 @@ def show(run_dir: str, as_json: bool, silent_secs: float, out: Optional[TextIO] 
         doc = {**s.as_dict(), "silent": sorted(silent_tasks(s, silent_secs)), "gone": gone_line(s)}
         print(json.dumps(doc, indent=2), file=out, flush=True)
     else:
-        _console(out).print(_view(s, silent_secs))
+        _print(s, silent_secs, out)
     return s
+
+
+def _print(s: RunStatus, silent_secs: float, out: Optional[TextIO]) -> None:
+    """The view, its footer lines as they are (a pipe's reader greps them whole)."""
+    _console(out).print(render(s, silent_secs))
+    for line in footer(s, silent_secs):
+        print(line, file=out, flush=True)
 
 
 def _done(s: RunStatus) -> bool:
@@ -87,7 +94,7 @@ def watch(run_dir: str, every_secs: float, silent_secs: float, out: Optional[Tex
         while True:
             s = read_run_dir(Path(run_dir), now=time.time())
             if _done(s):
-                console.print(_view(s, silent_secs))
+                _print(s, silent_secs, out)
                 return 0
             print(plain_line(s), file=out, flush=True)
             time.sleep(every_secs)
