@@ -207,9 +207,21 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
                                install_signal_handlers=install_signal_handlers)
     seconds = time.monotonic() - started
-    code = _report(config, result, signum, seconds, outputs, log_dir, console)
-    write_end(run_dir, run_end(result, signum, code, seconds))
+    code = None
+    try:
+        code = _report(config, result, signum, seconds, outputs, log_dir, console)
+    finally:    # also when the console went away (`| tee` ended by the same Ctrl-C): status reads how the run ended
+        write_end(run_dir, run_end(result, signum, _exit_code(result, signum) if code is None else code, seconds))
     return code
+
+
+def _exit_code(result: RunResult, signum: Optional[int]) -> int:
+    """The launcher's exit status for `result`, as `_report` returns it."""
+    if signum is not None and not result.ok:
+        return 128 + signum
+    if result.ok:
+        return 0
+    return exit_status(result.failure.returncode) if result.failure is not None else 1
 
 
 def run_end(result: RunResult, signum: Optional[int], code: int, seconds: float) -> RunEnd:
