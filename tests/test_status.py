@@ -346,3 +346,26 @@ def test_the_restart_hint_names_max_restarts_where_a_restart_would_have_helped()
         "it come back again")
     assert restart_hint(failed("worker:1", 3), 0, "worker:0") is None          # a permanent exit: no restart helps
     assert restart_hint(RunResult(True, {}, None), 0, "worker:0") is None
+
+
+class _ConsoleGone(io.StringIO):
+    """A console whose reader went away before the report (`psworker local ... | tee log` and Ctrl-C)."""
+
+    def write(self, text: str) -> int:
+        if "finished in" in text or "run succeeded" in text:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+def test_the_end_is_recorded_when_the_report_cannot_be_printed(tmp_path, fake_python, monkeypatch):
+    from psworker.launcher.rundir import read_end
+
+    monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "60")
+    run = tmp_path / "t"
+    try:
+        run_local(spec(run), console=_ConsoleGone(), python=fake_python, grace_period_secs=2.0, ps_exit_grace_secs=0.2)
+    except BrokenPipeError:
+        pass
+    end = read_end(run)
+    assert end is not None and (end.outcome, end.exit_status) == ("succeeded", 0), end
+    assert "ended: the run succeeded" in _status(run)
