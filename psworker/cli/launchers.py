@@ -4,7 +4,6 @@ and hands it to `psworker.launcher.launch.launch`."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional
 
