@@ -90,7 +90,7 @@ def show_status(run_dir: str, as_json: bool, silent_secs: float, watch_secs: Opt
 def cmd_status(args: argparse.Namespace) -> int:
     """`psworker status RUN_DIR [--json] [--watch [SECS]]`: the status of a run, read from its run dir."""
     if args.watch is not None and args.json:
-        raise UsageError("psworker status: --watch and --json do not go together (--json prints one snapshot)")
+        raise UsageError("--watch and --json do not go together: --json prints one snapshot, for scripts")
     return show_status(args.run_dir, args.json, args.silent_secs, args.watch)
 
 
