@@ -50,10 +50,23 @@ def host_of(address: Any) -> str:
     return socket.gethostname() if host in _LOOPBACK else host
 
 
-def task_records(slots: Iterable[Any], progress: Any) -> list[TaskRecord]:
-    """The records of the supervisor's slots (`launcher.slot.Slot`) as its `Progress` states them."""
+def _task_pid(popen: Any, local: bool) -> Optional[int]:
+    """The pid of a task's process on its host: the one started here (`local`), else the remote one its backend
+    learnt (ssh's wrapper says it first, `events.RemotePid`), else None (not the local client's: an srun, an ssh)."""
+    if popen is None:
+        return None
+    if local:
+        return popen.pid
+    remote = getattr(getattr(popen, "stdout", None), "pid", None)
+    return remote if isinstance(remote, int) else None
+
+
+def task_records(slots: Iterable[Any], progress: Any, local: bool) -> list[TaskRecord]:
+    """The records of the supervisor's slots (`launcher.slot.Slot`) as its `Progress` states them (`local`: the
+    backend's pids are this machine's)."""
     states = progress.snapshot()
-    return [TaskRecord(s.name, s.popen.pid if s.popen is not None else None, host_of(getattr(s.task, "address", None)),
+    here = socket.gethostname()
+    return [TaskRecord(s.name, _task_pid(s.popen, local), here if local else host_of(getattr(s.task, "address", None)),
                        str(states[s.name].state), s.restarts, s.returncode, s.stopped, s.cause) for s in slots]
 
 

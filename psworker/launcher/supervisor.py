@@ -316,7 +316,8 @@ class Supervisor:
 
     def _publish(self) -> None:
         if self._taskfile is not None:
-            self._taskfile.publish(runstate.task_records(self._slots.values(), self.progress))
+            local = getattr(self._backend, "LOCAL_PIDS", False)
+            self._taskfile.publish(runstate.task_records(self._slots.values(), self.progress, local))
 
     def _watch(self, now: float) -> None:
         watch.resume_stopped(self._slots.values(), self._backend, self.progress, now)
