@@ -30,7 +30,7 @@ import psutil
 from psworker.errors import UsageError
 
 __all__ = ["FOREIGN_STALE_SECS", "HEARTBEAT_SECS", "HOLDER_ENV", "LOCK_FILE", "Holder", "TrainDirLock",
-           "chief_lock", "hold"]
+           "chief_lock", "hold", "holder_gone", "pid_alive_since"]
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +98,24 @@ class TrainDirLock:
         os.close(self._fd)    # closing the last descriptor of the file releases the flock
 
 
-def _pid_alive_since(pid: int, since: float) -> bool:
+def pid_alive_since(pid: int, since: float) -> bool:
     """Whether `pid` runs here and started no later than `since` (a younger process reused the pid)."""
     try:
         proc = psutil.Process(pid)
         return proc.create_time() <= since + 1.0 and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def holder_gone(holder: Holder, touched: float, now: float) -> Optional[str]:
+    """Why the process a lock file names is no longer there (`touched`: the file's modification time, which its
+    holder refreshes every `HEARTBEAT_SECS`), or None while it may be: a dead pid on this host, a heartbeat older
+    than `FOREIGN_STALE_SECS` from another."""
+    if holder.host == socket.gethostname():
+        return None if pid_alive_since(holder.pid, holder.since) else "its process is gone"
+    if now - touched > FOREIGN_STALE_SECS:
+        return f"its lock file was last refreshed {now - touched:.0f} s ago"
+    return None
 
 
 def _read(fd: int) -> str:
@@ -126,7 +137,7 @@ def _check_previous(fd: int, train_dir: Path, env: Mapping[str, str]) -> Optiona
     if prev.host == socket.gethostname():
         if prev.pid == os.getpid():
             return None
-        if _pid_alive_since(prev.pid, prev.since):
+        if pid_alive_since(prev.pid, prev.since):
             return prev
         log.warning("train dir %s: taking over the lock of %s: that process is gone (killed?)", train_dir,
                     prev.describe())

@@ -22,6 +22,9 @@ SAMPLES = [
     events.Step(120, 0.42, 1830.2, 0.035, 1.37, 3),
     events.Step(8, 0.5, epoch=0.25),
     events.DataDealt("worker:0", 900, 3, 3.0, 3, 300),
+    events.CheckpointSaved("worker:0", 4016),
+    events.ModelStart("worker:0", "model.ckpt-4016"),
+    events.ModelStart("worker:0", None),
     events.DataDealt(None, 640, 0, 2.13, None, 300),
     events.FirstStep("worker:1", 23),
     events.WorkerDone("worker:0", 401, 97, 19.8),
@@ -80,7 +83,6 @@ REAL = {
 
 NOT_EVENTS = [
     "[worker:1] last step done (387 local steps)",
-    "[worker:0] checkpoint of global step 401 saved",
     "2026-12-01 21:21:14,012 WARNING psworker.launcher.backends.slurm.backend: worker:0: step 12.3 not seen in squeue within 30 s",
     "I0000 00:00:1796091826.657988    2432 port.cc:153] oneDNN custom operations are on.",
     "2026-12-01 02:23:52,077 INFO tensorflow: Saving checkpoints for 0 into runs/x/model.ckpt.",

@@ -3,11 +3,13 @@ Ctrl-C mid-run with nothing left on any host, and a refused host reported before
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import yaml
 
 from psworker import stackdump
 from psworker.testing import checkpoint_step, processes_naming, wait_for
-from tests.cluster_utils import run_launcher
+from tests.cluster_utils import run_launcher, task_env
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +68,11 @@ def test_default_job_end_to_end_over_ssh(sshd, tmp_path):
     log = (tmp_path / "train" / "logs" / "worker-0.log").read_text()
     assert "\r" not in log and "precision @ 1" in log
     _wait_gone(str(tmp_path / "train"))
+    status = subprocess.run([sys.executable, "-m", "psworker", "status", str(tmp_path / "train"), "--json"],
+                            capture_output=True, text=True, env=task_env(), timeout=60)
+    tasks = json.loads(status.stdout)["tasks"]      # each task's remote pid (not its ssh client's) and host
+    assert {n: (t["state"], t["exit"]) for n, t in tasks.items()} == {n: ("done", "exit code 0") for n in tasks}, tasks
+    assert all(isinstance(t["pid"], int) and t["pid"] not in run.pids and t["host"] for t in tasks.values()), tasks
 
 
 @pytest.mark.timeout(600)

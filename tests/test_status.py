@@ -219,3 +219,153 @@ def test_the_launchers_own_lines_print_above_the_live_view():
         root.removeHandler(handler)
     assert "scale 2 -> 4 workers (request 1)" in terminal.getvalue(), terminal.getvalue()
     assert handler.stream is sys.stderr
+
+
+# -- the truth of `psworker status` once a run is over, from hand-written run dirs --------------------------------
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_an_ended_run_without_task_records_shows_no_task_running(tmp_path):
+    """An ended run whose launcher left no tasks.json (an older psworker): a task its log leaves running is shown
+    `gone`, never running or training."""
+    from psworker.launcher.rundir import RunEnd, write_end
+
+    now = time.time()
+    run = make_run_dir(tmp_path, now - 120)
+    write_end(run, RunEnd("failed", 3, "worker:1 exited with exit code 3", 12.0, "2026-12-05 08:00:00", "worker:1"))
+    s = read_run_dir(run, now=now)
+    assert {n: t.state for n, t in s.tasks.items()} == {"ps:0": "gone", "worker:0": "gone", "worker:1": "done",
+                                                        "worker:2": "not started"}
+    out = _status(run)
+    assert "running" not in out and "training" not in out and "silent" not in out, out
+
+
+def test_a_launcher_whose_pid_is_dead_is_gone_and_its_tasks_with_it(tmp_path):
+    """The lock file names a launcher pid that no longer runs here; tasks.json names its tasks, one still alive
+    (this test's own process): that one keeps its state and is named, the others are gone."""
+    import socket
+
+    from psworker.launcher.runstate import TASKS_FILE, TaskRecord
+    from psworker.traindir_lock import LOCK_FILE, Holder
+
+    now = time.time()
+    run = make_run_dir(tmp_path, now - 120)
+    host = socket.gethostname()
+    (run / LOCK_FILE).write_text(Holder(_dead_pid(), host, now - 200, "launcher").render())
+    records = {"ps:0": TaskRecord("ps:0", os.getpid(), host, "running", 1),
+               "worker:0": TaskRecord("worker:0", _dead_pid(), host, "training"),
+               "worker:1": TaskRecord("worker:1", _dead_pid(), host, "done", 0, 0)}
+    (run / TASKS_FILE).write_text(json.dumps({"launcher": {"pid": 1, "host": host, "since": now - 200},
+                                              "tasks": {n: r.__dict__ for n, r in records.items()}}))
+    (run / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-5060"\n')
+    s = read_run_dir(run, now=now)
+    assert {n: t.state for n, t in s.tasks.items()} == {"ps:0": "running", "worker:0": "gone", "worker:1": "done",
+                                                        "worker:2": "not started"}
+    assert s.tasks["worker:1"].exit == "exit code 0" and s.tasks["ps:0"].pid == os.getpid()
+    out = _status(run)
+    assert (f"is gone; the run did not end cleanly; the last checkpoint is step 5,060; still running without it: "
+            f"ps:0 (pid {os.getpid()})") in out, out
+    assert "eta -" in out and "silent" not in out, out
+
+    records["worker:0"] = TaskRecord("worker:0", 4242, "another-host", "training")    # no telling from here
+    (run / TASKS_FILE).write_text(json.dumps({"launcher": {"pid": 1, "host": host, "since": now - 200},
+                                              "tasks": {n: r.__dict__ for n, r in records.items()}}))
+    assert read_run_dir(run, now=now).tasks["worker:0"].state == "training"
+    assert "on other hosts, maybe still running: worker:0 (pid 4242 on another-host)" in _status(run)
+
+
+def test_a_foreign_launcher_is_gone_once_its_lock_is_not_refreshed(tmp_path):
+    from psworker.traindir_lock import FOREIGN_STALE_SECS, LOCK_FILE, Holder
+
+    now = time.time()
+    run = make_run_dir(tmp_path, now - 120)
+    lock = run / LOCK_FILE
+    lock.write_text(Holder(4242, "another-host", now - 500, "launcher").render())
+    os.utime(lock, (now - 5, now - 5))
+    assert read_run_dir(run, now=now).launcher.gone == ""
+    os.utime(lock, (now - FOREIGN_STALE_SECS - 15, now - FOREIGN_STALE_SECS - 15))
+    s = read_run_dir(run, now=now)
+    assert s.launcher.gone == "its lock file was last refreshed 75 s ago" and s.over, s.launcher
+    assert {t.state for t in s.tasks.values()} == {"gone", "done", "not started"}
+
+
+def test_steps_per_sec_comes_from_the_timestamped_lines_since_the_step_last_went_back():
+    from psworker import events
+    from psworker.launcher.runread import steps_per_sec
+
+    def record(t: float, event) -> str:
+        return events.LogRecord(t, "INFO", "psworker.train.hooks", None, event.render()).render()
+
+    t0 = 1_800_000_000.0
+    chief = "\n".join([record(t0, events.FirstStep("worker:0", 0)),
+                       record(t0 + 10, events.CheckpointSaved("worker:0", 1000)),      # then the ps went away
+                       record(t0 + 20, events.CheckpointSaved("worker:0", 500)),       # ... restored at 500
+                       record(t0 + 30, events.CheckpointSaved("worker:0", 800)), "step 900"])
+    assert steps_per_sec([(chief, t0 + 40)]) == 20.0       # (900 - 500) / (40 - 20)
+    assert steps_per_sec([(chief.replace("step 900", ""), t0 + 40)]) == 300 / 20     # its last point: step 800
+    assert steps_per_sec([("step 3", t0)]) is None
+
+
+def test_a_rollback_is_one_line_with_the_steps_given_up():
+    from psworker import events
+    from psworker.launcher.rollback import Rollbacks, rollback_line
+
+    assert (rollback_line(["ps:1"], 5060, events.ModelStart("worker:0", "model.ckpt-4016"))
+            == "ps:1 restarted: the model goes back from step 5,060 to the checkpoint of step 4,016 (1,044 steps "
+               "given up)")
+    rollbacks = Rollbacks()
+    assert rollbacks.seen("worker:0", events.ModelStart("worker:0", "model.ckpt-7")) is None   # a resumed run
+    rollbacks.ps_restarted("ps:0", 40)
+    rollbacks.ps_restarted("ps:1", 41)
+    assert rollbacks.seen("worker:0", events.Step(41)) is None
+    assert (rollbacks.seen("worker:0", events.ModelStart("worker:0", None))
+            == "ps:0-1 restarted: the model goes back from step 41 to step 0 (no checkpoint had been saved) (41 steps "
+               "given up)")
+    assert rollbacks.seen("worker:0", events.ModelStart("worker:0", "model.ckpt-7")) is None     # said once
+
+
+def test_the_restart_hint_names_max_restarts_where_a_restart_would_have_helped():
+    from psworker.launcher.report import RunResult, TaskExit, TaskFailure, restart_hint
+
+    def failed(name: str, code: int, restarts: int = 0) -> RunResult:
+        exits = {name: TaskExit(name, code, 0.0, 1.0, "x.log", restarts)}
+        return RunResult(False, exits, TaskFailure(name, code, (), 1.0, f"exited with code {code}"))
+
+    hint = restart_hint(failed("worker:1", -9), 0, "worker:0")
+    assert hint.startswith("hint: worker:1 exited with code -9: an exit the launcher retries with --max_restarts N "
+                           "(default 0), e.g. --max_restarts 3: ") and "rejoins at the ps tasks' global step" in hint
+    assert "restores the last checkpoint" in restart_hint(failed("ps:0", 137), 0, "worker:0")
+    assert "goes on from the model the ps tasks hold" in restart_hint(failed("worker:0", 170), 0, "worker:0")
+    assert restart_hint(failed("worker:1", -9, restarts=2), 2, "worker:0") == (
+        "hint: worker:1 exited with code -9 after its 2 restarts (--max_restarts 2): a larger --max_restarts lets "
+        "it come back again")
+    assert restart_hint(failed("worker:1", 3), 0, "worker:0") is None          # a permanent exit: no restart helps
+    assert restart_hint(RunResult(True, {}, None), 0, "worker:0") is None
+
+
+class _ConsoleGone(io.StringIO):
+    """A console whose reader went away before the report (`psworker local ... | tee log` and Ctrl-C)."""
+
+    def write(self, text: str) -> int:
+        if "finished in" in text or "run succeeded" in text:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+def test_the_end_is_recorded_when_the_report_cannot_be_printed(tmp_path, fake_python, monkeypatch):
+    from psworker.launcher.rundir import read_end
+
+    monkeypatch.setenv("PSWORKER_FAKE_PS_SECS", "60")
+    run = tmp_path / "t"
+    try:
+        run_local(spec(run), console=_ConsoleGone(), python=fake_python, grace_period_secs=2.0, ps_exit_grace_secs=0.2)
+    except BrokenPipeError:
+        pass
+    end = read_end(run)
+    assert end is not None and (end.outcome, end.exit_status) == ("succeeded", 0), end
+    assert "ended: the run succeeded" in _status(run)

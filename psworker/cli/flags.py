@@ -241,6 +241,9 @@ def add_status_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--silent_secs", type=positive_float, default=60.0, metavar="SECS",
                    help="call a running task silent when its log has not grown for this long (default 60)")
+    p.add_argument("--watch", nargs="?", type=positive_float, const=2.0, default=None, metavar="SECS",
+                   help="refresh the view every SECS (default 2) until the run ends or its launcher is gone; "
+                        "Ctrl-C ends it (exit 0)")
 
 
 __all__ = ["value_type", "port_type", "int_type", "positive_float", "non_negative_float", "add_train_flags",

@@ -4,7 +4,6 @@ and hands it to `psworker.launcher.launch.launch`."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional
 
@@ -81,35 +80,22 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     return launch(launch_config(args, spec, backend, command=args.command, python=args.remote_python))
 
 
-def show_status(run_dir: str, as_json: bool, silent_secs: float) -> int:
-    """Prints the status of the run in `run_dir` (a table, then one line per silent task; or JSON)."""
-    import datetime
-    import time
+def show_status(run_dir: str, as_json: bool, silent_secs: float, watch_secs: Optional[float] = None) -> int:
+    """Prints the status of the run in `run_dir` (a table, then the lines about it; or JSON); with `watch_secs`,
+    refreshed that often until the run ends (`psworker.launcher.status_watch`)."""
+    from psworker.launcher import status_watch
 
-    from psworker.launcher.status import read_run_dir, render
-
-    status = read_run_dir(run_dir, now=time.time())
-    silent = {name: t.last_output_at for name, t in status.tasks.items()
-              if t.state.live
-              and status.now - t.last_output_at >= silent_secs}
-    if as_json:
-        print(json.dumps({**status.as_dict(), "silent": sorted(silent)}, indent=2))
-        return 0
-    from rich.console import Console
-    Console().print(render(status, silent_secs))
-    for name, since in silent.items():
-        stamp = datetime.datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"silent: {name} since {stamp} ({status.now - since:.0f} s)")
-    if status.ended is not None:
-        print(f"ended: the run {status.ended.describe()}")
-    if status.precision is not None:
-        print(f"final evaluation: {status.precision.summary}")
+    if watch_secs is not None and not as_json:
+        return status_watch.watch(run_dir, watch_secs, silent_secs)
+    status_watch.show(run_dir, as_json, silent_secs)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`psworker status RUN_DIR [--json]`: the status of a run, read from its cluster.yaml and task logs."""
-    return show_status(args.run_dir, args.json, args.silent_secs)
+    """`psworker status RUN_DIR [--json] [--watch [SECS]]`: the status of a run, read from its run dir."""
+    if args.watch is not None and args.json:
+        raise UsageError("--watch and --json do not go together: --json prints one snapshot, for scripts")
+    return show_status(args.run_dir, args.json, args.silent_secs, args.watch)
 
 
 def local_flags(p: argparse.ArgumentParser) -> None:

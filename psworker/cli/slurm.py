@@ -64,7 +64,7 @@ def cmd_slurm_status(args: argparse.Namespace) -> int:
 
     target = args.job
     run_dir = Path(target) if not target.isdigit() or Path(target).is_dir() else run_dir_of_job(target)
-    return show_status(str(run_dir), args.json, args.silent_secs)
+    return show_status(str(run_dir), args.json, args.silent_secs, args.watch)
 
 
 def _port_base_flag(p: argparse.ArgumentParser, help_: str) -> None:

@@ -19,18 +19,19 @@ from typing import Optional, Union
 from psworker.events.base import E, LOG_FORMAT, Event, LogRecord, log_time
 from psworker.events.process import (NewRun, RemotePid, Restart, StacksReady, StacksRequested, TaskError, Traceback,
                                      current_attempt)
-from psworker.events.training import (AucResult, DataDealt, Exported, FirstStep, FoundComplete, PsDone, Precision,
-                                      Step, TfImported, WorkerDone)
+from psworker.events.training import (AucResult, CheckpointSaved, DataDealt, Exported, FirstStep, FoundComplete,
+                                      ModelStart, PsDone, Precision, Step, TfImported, WorkerDone)
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
            "Precision", "AucResult", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError",
-           "Traceback", "KINDS",
+           "Traceback", "KINDS", "CheckpointSaved", "ModelStart",
            "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested"]
 
 KINDS: tuple[type[Event], ...] = (Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision,
-                                  AucResult, Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt)
+                                  AucResult, Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt,
+                                  CheckpointSaved, ModelStart)
 AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, AucResult, Exported,
-                 Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt]
+                 Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt, CheckpointSaved, ModelStart]
 
 
 def parse_line(line: str) -> Optional[AnyEvent]:

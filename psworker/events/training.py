@@ -10,8 +10,8 @@ from typing import ClassVar, Optional
 
 from psworker.events.base import NUMBER, TASK, Event, line_pattern, named, task_of, to_float, to_int
 
-__all__ = ["DataDealt", "Exported", "FirstStep", "FoundComplete", "PsDone", "Precision", "AucResult", "Step",
-           "TfImported", "WorkerDone"]
+__all__ = ["CheckpointSaved", "DataDealt", "Exported", "ModelStart", "FirstStep", "FoundComplete", "PsDone",
+           "Precision", "AucResult", "Step", "TfImported", "WorkerDone"]
 
 
 @dataclass(frozen=True)
@@ -272,3 +272,47 @@ class DataDealt(Event):
     def _from(cls, m: re.Match) -> "DataDealt":
         return cls(task_of(m), int(m.group("trained")), int(m.group("again")), float(m.group("epochs")),
                    to_int(m.group("of")), int(m.group("per")))
+
+
+@dataclass(frozen=True)
+class CheckpointSaved(Event):
+    """The chief's word that the checkpoint of global step `step` is complete on disk."""
+
+    task: Optional[str]
+    step: int
+
+    regex: ClassVar[re.Pattern] = line_pattern(rf"{TASK}checkpoint of global step (?P<step>\d+) saved\b")
+
+    def render(self) -> str:
+        return named(self.task, f"checkpoint of global step {self.step} saved")
+
+    @classmethod
+    def _from(cls, m: re.Match) -> "CheckpointSaved":
+        return cls(task_of(m), int(m.group("step")))
+
+
+@dataclass(frozen=True)
+class ModelStart(Event):
+    """Where the chief's model starts in a new session: the checkpoint it restores (`checkpoint`, its basename,
+    `<prefix>-<global step>`), or none (None: initialised, step 0)."""
+
+    task: Optional[str]
+    checkpoint: Optional[str]
+
+    regex: ClassVar[re.Pattern] = line_pattern(
+        rf"{TASK}(?:restoring the checkpoint (?P<ckpt>\S*?-\d+)[ \t]*$"
+        r"|(?P<none>no checkpoint to restore; initialising the model))")
+
+    @property
+    def step(self) -> int:
+        """The global step the model starts at."""
+        return 0 if self.checkpoint is None else int(self.checkpoint.rpartition("-")[2])
+
+    def render(self) -> str:
+        if self.checkpoint is None:
+            return named(self.task, "no checkpoint to restore; initialising the model")
+        return named(self.task, f"restoring the checkpoint {self.checkpoint}")
+
+    @classmethod
+    def _from(cls, m: re.Match) -> "ModelStart":
+        return cls(task_of(m), None if m.group("none") else m.group("ckpt"))

@@ -16,12 +16,13 @@ import contextlib
 import functools
 import logging
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from psworker import events, stackdump
 
-__all__ = ["is_noise", "for_console", "PeopleFormatter", "TaskTokens", "normalise", "format_tasks",
+__all__ = ["ConsoleFilter", "LOST_PS_TEXT", "is_noise", "is_psworker_line", "starts_tf_text", "for_console", "PeopleFormatter", "TaskTokens", "normalise", "format_tasks",
            "expand_tasks", "by_task", "render_group", "LineGrouper"]
 
 # absl/C++ log lines: severity letter, MMDD, time, thread id, file:line], e.g.
@@ -37,6 +38,15 @@ _NOISE = (
     re.compile(r"^(INFO|WARNING):tensorflow:"),
 )
 _NOISE_EVENTS = (events.TfImported, events.FirstStep)   # psworker's own start-up milestones (benchmarks read them)
+# The fragments of TensorFlow's error text (a gRPC error block, an op's node, a deprecation's advice): in the log
+_TF_FRAGMENT = re.compile(
+    r"^(?:\s*\[\[\{\{node .*\}\}\]\]|Instructions for updating:|=+$|[A-Z_]+: From /job:|recvmsg:"
+    r"|Additional GRPC error information from remote target |:UNKNOWN:Error received from peer"
+    r"|Recent warning and error logs:|\s+[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\]|Original stack trace for "
+    r"|Detected at node |Node: '|\s+File \".*/tensorflow/)")
+_LOST_PS = re.compile(r"(?:remote target|From) /job:ps/replica:\d+/task:(\d+)\b")
+_FATAL = re.compile(r"^F\d{4} ")
+LOST_PS_TEXT = "lost {} (TensorFlow's gRPC errors are in the task logs)"
 
 
 def is_noise(line: str) -> bool:
@@ -45,13 +55,14 @@ def is_noise(line: str) -> bool:
             or any(kind.parse(line) is not None for kind in _NOISE_EVENTS))
 
 
-def for_console(line: str) -> str | None:
-    """The text to show for one task output line on a person's console, or None to show nothing.
+def for_console(line: str, task: Optional[str] = None) -> str | None:
+    """The text to show for one task output line on a person's console, or None to show nothing (`task`, the
+    printing task's name, changes nothing here: `ConsoleFilter` uses it).
 
     psworker's own log lines lose their timestamp, logger and task name (the console prefix names the task);
     warnings and errors keep their level.
     """
-    if is_noise(line) or not line.strip():     # blank lines: gRPC error blocks are full of them
+    if is_noise(line) or not line.strip() or _TF_FRAGMENT.match(line):   # blank lines: gRPC blocks hold many
         return None
     if stackdump.is_dump_line(line):           # in the log; the report shows the innermost frames
         return None
@@ -59,6 +70,64 @@ def for_console(line: str) -> str | None:
     if record is None or record.logger.split(".")[0] != "psworker":
         return line
     return record.message if record.level == "INFO" else f"{record.level.lower()}: {record.message}"
+
+
+def is_psworker_line(line: str) -> bool:
+    """A line of psworker's own: a psworker log record, or an event line (`psworker.events`) other than a Python
+    traceback's first line."""
+    record = events.LogRecord.parse(line)
+    if record is not None:
+        return record.logger.split(".")[0] == "psworker"
+    event = events.parse_line(line)
+    return event is not None and not isinstance(event, events.Traceback)
+
+
+def starts_tf_text(line: str) -> bool:
+    """A line that TensorFlow (or another library) writes, whose message may go on over the next lines: an absl
+    line, a log record of a logger not psworker's, a fragment of its error text."""
+    if _CPP_LINE.match(line) or _TF_FRAGMENT.match(line):
+        return True
+    record = events.LogRecord.parse(line)
+    return record is not None and record.logger.split(".")[0] != "psworker"
+
+
+class ConsoleFilter:
+    """`for_console` with a memory, called from every task's output reader (`filter(line, task)`): a task's gRPC
+    error text about ps:N becomes one line, `lost ps:N (...)`, once until that task prints a step line again (the
+    console folds the workers' lines into one, `folds`). With `own_tasks` (psworker's tasks, not a user's command)
+    TensorFlow's text is left out whole: from a line of its own (`starts_tf_text`) to psworker's next line, every
+    line of its message (a gRPC error block, an op's `[[{{node ...}}]]`, a deprecation's `Instructions for
+    updating:`) stays in the log."""
+
+    def __init__(self, own_tasks: bool) -> None:
+        self._own = own_tasks
+        self._lock = threading.Lock()
+        self._lost: dict[str, set[str]] = {}    # task -> the ps it was shown to have lost
+        self._in_tf: set[str] = set()           # the tasks whose output is inside TensorFlow's text
+
+    def __call__(self, line: str, task: Optional[str] = None) -> Optional[str]:
+        key = task or ""
+        lost = None if events.LogRecord.parse(line) is not None else _LOST_PS.search(line)
+        with self._lock:
+            if lost is not None:
+                return self._lost_ps(key, f"ps:{lost.group(1)}")
+            if isinstance(events.Step.parse(line), events.Step):
+                self._lost.pop(key, None)
+            if self._own and not _FATAL.match(line):
+                if is_psworker_line(line):
+                    self._in_tf.discard(key)
+                elif starts_tf_text(line) or key in self._in_tf:
+                    self._in_tf.add(key)
+                    return None
+        return for_console(line)
+
+    def _lost_ps(self, task: str, ps: str) -> Optional[str]:
+        """Under the lock."""
+        self._in_tf.add(task)
+        if ps in self._lost.setdefault(task, set()):
+            return None
+        self._lost[task].add(ps)
+        return LOST_PS_TEXT.format(ps)
 
 
 class PeopleFormatter(logging.Formatter):

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from psworker.launcher.console import expand_tasks, format_tasks
+from psworker.launcher.console import LOST_PS_TEXT, expand_tasks, format_tasks
 
 __all__ = ["Fold", "FOLDS", "FOLD_WINDOW_SECS", "match", "fold_key", "renderer", "numbers_summary", "exited_0", "kind"]
 
@@ -72,6 +72,10 @@ def _workers_done(lines: Sequence[Line]) -> str:
     return f"{format_tasks(f'worker:{w}' for w in workers)} {verb} done ({count} of {total})"
 
 
+def _lost_ps(lines: Sequence[Line]) -> str:
+    return LOST_PS_TEXT.format(format_tasks({m["ps"] for _, m in lines}))
+
+
 def _exited_0(lines: Sequence[Line]) -> str:
     return f"{format_tasks(name for name, _ in lines)} exited: exit code 0"
 
@@ -88,6 +92,8 @@ FOLDS: tuple[Fold, ...] = (
          re.compile(rf"last step done \({_RANGE} local steps\)"), by_numbers=True),
     Fold("worker done", re.compile(r"done at global step \d+ after \d+ local steps in [\d.]+ s"), numbers_summary,
          re.compile(rf"done at global step {_RANGE} after {_RANGE} local steps in {_RANGE} s"), by_numbers=True),
+    Fold("lost ps", re.compile(re.escape(LOST_PS_TEXT).replace(r"\{\}", r"(?P<ps>ps:\d+)")), _lost_ps,
+         re.compile(re.escape(LOST_PS_TEXT).replace(r"\{\}", _TASKS))),
     Fold("exited 0", re.compile(r"[a-z][a-z0-9_]*:\d+ \(pid \d+\) exited: exit code 0"), _exited_0,
          re.compile(rf"{_TASKS} exited: exit code 0"), launcher=True),
 )

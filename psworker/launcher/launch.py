@@ -23,7 +23,8 @@ from psworker.launcher.command import command_tasks, names_train_dir, worker_war
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
+from psworker.launcher.report import (RunResult, describe_returncode, exit_status, format_report, restart_hint,
+                                      success_line)
 from psworker.launcher.rundir import (LOG_SUBDIR, RunEnd, check_earlier_run, choose_run_dir, task_log_name, write_end,
                                       write_run_dir)
 from psworker.launcher.supervisor import Supervisor
@@ -82,7 +83,7 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
         The result, and the signal that stopped the launcher (None if none did).
     """
     from psworker.launcher import stacks
-    from psworker.launcher.console import for_console
+    from psworker.launcher.console import ConsoleFilter
     from psworker.launcher.output import GROUP_WINDOW_SECS
     from psworker.launcher.scale_inbox import ScaleInbox
     from psworker.launcher.status import live_view
@@ -92,7 +93,8 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
                                   + config.policy.rejoin_secs())
     elastic = getattr(config.spec, "elastic", None)
     with live_view(config, tasks, console) as (view_console, attach):
-        sup = Supervisor(tasks, log_dir, console=view_console, console_filter=None if config.verbose else for_console,
+        shown = None if config.verbose else ConsoleFilter(own_tasks=not config.command)
+        sup = Supervisor(tasks, log_dir, console=view_console, console_filter=shown, run_dir=log_dir.parent,
                          console_window_secs=0.0 if config.verbose else GROUP_WINDOW_SECS,
                          grace_period_secs=config.grace_period_secs, ps_exit_grace_secs=config.ps_exit_grace_secs,
                          backend=processes, restart_policy=config.policy, faults=config.faults,
@@ -174,6 +176,9 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
         report_success(config, result, seconds, outputs, log_dir, console)
         return 0
     print(format_report(result), file=sys.stderr, flush=True)
+    hint = restart_hint(result, config.policy.max_restarts, chief_name(result.exits))
+    if hint is not None:
+        print(f"psworker: {hint}", file=sys.stderr, flush=True)
     return exit_status(result.failure.returncode) if result.failure is not None else 1
 
 
@@ -215,9 +220,21 @@ def _run(config: LaunchConfig, planned: list[Task], backend: Backend, run_dir: P
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
                                install_signal_handlers=install_signal_handlers)
     seconds = time.monotonic() - started
-    code = _report(config, result, signum, seconds, outputs, log_dir, console)
-    write_end(run_dir, run_end(result, signum, code, seconds))
+    code = None
+    try:
+        code = _report(config, result, signum, seconds, outputs, log_dir, console)
+    finally:    # also when the console went away (`| tee` ended by the same Ctrl-C): status reads how the run ended
+        write_end(run_dir, run_end(result, signum, _exit_code(result, signum) if code is None else code, seconds))
     return code
+
+
+def _exit_code(result: RunResult, signum: Optional[int]) -> int:
+    """The launcher's exit status for `result`, as `_report` returns it."""
+    if signum is not None and not result.ok:
+        return 128 + signum
+    if result.ok:
+        return 0
+    return exit_status(result.failure.returncode) if result.failure is not None else 1
 
 
 def run_end(result: RunResult, signum: Optional[int], code: int, seconds: float) -> RunEnd:

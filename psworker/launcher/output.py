@@ -35,9 +35,11 @@ class OutputCopier:
 
     `close()` releases the lines still waiting for their window (call it once the readers are done)."""
 
-    def __init__(self, console: TextIO, console_filter: Optional[Callable[[str], Optional[str]]],
-                 progress: Progress, *, window_secs: float = 0.0) -> None:
+    def __init__(self, console: TextIO, console_filter: Optional[Callable[[str, str], Optional[str]]],
+                 progress: Progress, *, window_secs: float = 0.0,
+                 on_event: Optional[Callable[[str, Any], Any]] = None) -> None:
         self._console = console
+        self._on_event = on_event           # called with (task, event) for every line that is an event
         self._filter = console_filter
         self._progress = progress
         self._window = window_secs
@@ -64,6 +66,8 @@ class OutputCopier:
                 tail.append(text)
                 event = events.parse_line(text)
                 self._progress.record(name, event)
+                if event is not None and self._on_event is not None:
+                    self._on_event(name, event)
                 if log_ok:
                     try:
                         log.write(raw)
@@ -74,7 +78,7 @@ class OutputCopier:
                     except Exception as err:
                         log_ok = False
                         self._error(name, err)
-                shown = text if self._filter is None else self._filter(text)
+                shown = text if self._filter is None else self._filter(text, name)
                 if shown is not None:     # a step line is never grouped: each task's step is its own
                     alone = self._window <= 0 or isinstance(event, events.Step)
                     key = None if alone else shown if tokens is None else normalise(shown, tokens)

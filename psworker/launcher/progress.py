@@ -39,6 +39,8 @@ class TaskState(enum.StrEnum):
     EXITED = "exited"               # exited non-zero, which did not fail the run
     FAILED = "failed"
     STOPPED = "stopped"             # stopped by the launcher at the end of the run
+    GONE = "gone"                   # `psworker status`: no process left, and no word of how it ended (its launcher
+                                    # is gone, or the run ended without a record of it)
 
     @property
     def active(self) -> bool:
@@ -77,6 +79,9 @@ class TaskProgress:
     step_moved_at: float = 0.0       # time.time() when `step` last changed (or the attempt started)
     last_output_at: float = 0.0      # time.time() of its last output line
     restarts: int = 0
+    pid: Optional[int] = None        # `psworker status`, from the launcher's tasks.json: the current attempt's
+    host: Optional[str] = None       # process and where it runs
+    exit: Optional[str] = None       # ... and how it ended (`exit code 0`, `killed by SIGKILL`, `stopped by ...`)
 
     @property
     def label(self) -> str:

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from psworker.errorfile import ErrorRecord
+from psworker.launcher.console import for_console
+from psworker.launcher.policy import is_retryable
 
 __all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report",
-           "success_line"]
+           "restart_hint", "success_line"]
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,13 @@ def _failure_lines(result: RunResult, f: TaskFailure) -> list[str]:
         lines.append(f"--- {f.name}'s error: {f.record.describe()} ({f.error_file}; full log: {log_path}) ---")
         lines.extend(f"  {line}" for line in f.record.traceback)
         return lines
-    without = ", stack dumps left out" if stack else ""
-    lines.append(f"--- last {len(f.log_tail)} lines of {f.name}{without} (full log: {log_path}) ---")
-    lines.extend(f"  {line}" for line in f.log_tail)
-    if not f.log_tail:
+    tail = [line for line in f.log_tail if for_console(line) is not None]    # TensorFlow's own lines stay in the log
+    left_out = ", ".join((["stack dumps"] if stack else []) + (["TensorFlow's lines"] if len(tail) < len(f.log_tail)
+                                                                else []))
+    without = f", {left_out} left out" if left_out else ""
+    lines.append(f"--- last {len(tail)} lines of {f.name}{without} (full log: {log_path}) ---")
+    lines.extend(f"  {line}" for line in tail)
+    if not tail:
         lines.append("  (no output)")
     return lines
 
@@ -132,3 +137,30 @@ def format_report(result: RunResult) -> str:
         if e.stack and (result.failure is None or name != result.failure.name):
             lines.append(f"  {'':<{width}}    was in {e.stack[0]} (every thread's stack in its log)")
     return "\n".join(lines)
+
+
+SUGGESTED_RESTARTS = 3
+_COMES_BACK = {"ps": "the chief then restores the last checkpoint (the steps since are given up)",
+               "chief": "it goes on from the model the ps tasks hold",
+               "worker": "it rejoins at the ps tasks' global step (nothing is given up)"}
+
+
+def restart_hint(result: RunResult, max_restarts: int, chief: Optional[str]) -> Optional[str]:
+    """How the run could have survived its first failure, when a restart would have: the task died of a signal or
+    a retryable exit (`policy.is_retryable`) and `--max_restarts` was 0 or used up. None otherwise (a bug, bad
+    input: a restart fails the same way)."""
+    f = result.failure
+    if f is None or not is_retryable(f.returncode):
+        return None
+    died = f.reason or describe_returncode(f.returncode)
+    used = result.exits[f.name].restarts if f.name in result.exits else 0
+    if max_restarts and used < max_restarts:
+        return None
+    role = "chief" if f.name == chief else f.name.partition(":")[0]
+    back = _COMES_BACK.get(role, "it comes back at the same address")
+    if not max_restarts:
+        return (f"hint: {f.name} {died}: an exit the launcher retries with --max_restarts N (default 0), e.g. "
+                f"--max_restarts {SUGGESTED_RESTARTS}: it is started again at the same address, {back}, and the run "
+                f"goes on")
+    return (f"hint: {f.name} {died} after its {used} restart{'s' if used != 1 else ''} (--max_restarts "
+            f"{max_restarts}): a larger --max_restarts lets it come back again")

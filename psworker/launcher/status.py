@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import socket
 import sys
 import threading
 import time
@@ -20,10 +21,12 @@ from rich.table import Table
 
 from psworker import events
 from psworker.launcher.progress import Progress, TaskProgress, TaskState
+from psworker.launcher import runread, runstate
 from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end, task_log_name
+from psworker.launcher.runstate import LauncherState
 from psworker.plan import chief_name
 
-__all__ = ["RunStatus", "live_view", "plain_line", "read_run_dir", "render"]
+__all__ = ["RunStatus", "gone_line", "live_view", "plain_line", "read_run_dir", "render"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,13 @@ class RunStatus:
     workers: Optional[tuple[int, int]] = None    # an elastic job's (running, target) worker counts
     ended: Optional[RunEnd] = None               # how the run ended, as its launcher recorded (None: not yet/unknown)
     precision: Optional[events.Precision] = None   # the chief's last evaluation (AucResult: a click-through model's)
+    launcher: Optional[LauncherState] = None     # `psworker status`: the run's launcher (None: none known)
+    checkpoint_step: Optional[int] = None        # ... the step of the newest checkpoint
+
+    @property
+    def over(self) -> bool:
+        """The run has ended, or its launcher is gone: nothing will change any more."""
+        return self.ended is not None or (self.launcher is not None and bool(self.launcher.gone))
 
     @property
     def examples_per_sec(self) -> Optional[float]:
@@ -59,7 +69,7 @@ class RunStatus:
 
     @property
     def eta_secs(self) -> Optional[float]:
-        if not self.max_steps or not self.steps_per_sec:
+        if not self.max_steps or not self.steps_per_sec or self.over:
             return None
         return max(self.max_steps - self.global_step, 0) / self.steps_per_sec
 
@@ -71,6 +81,9 @@ class RunStatus:
                 "tasks": {n: {**dataclasses.asdict(t), "silent_secs": round(self.now - t.last_output_at, 1)}
                           for n, t in self.tasks.items()},
                 "ended": None if self.ended is None else dataclasses.asdict(self.ended),
+                "launcher": None if self.launcher is None else {"pid": self.launcher.pid, "host": self.launcher.host,
+                                                                "gone": self.launcher.gone or None},
+                "checkpoint_step": self.checkpoint_step,
                 "precision": None if self.precision is None else {
                     **({"auc": self.precision.auc, "logloss": self.precision.logloss}
                        if isinstance(self.precision, events.AucResult) else {"precision": self.precision.precision}),
@@ -136,20 +149,40 @@ def render(s: RunStatus, silent_after_secs: Optional[float] = None) -> Group:
     has none: in a run of seconds it would stay empty, and a ps prints nothing while it serves."""
     head = Table.grid(padding=(0, 1))
     bar = ProgressBar(total=s.max_steps or None, completed=min(s.global_step, s.max_steps or s.global_step), width=30)
-    head.add_row(_step_of(s), bar, f"eta {_eta(s.eta_secs)}",
+    head.add_row(_step_of(s), bar, f"eta {_eta(s.eta_secs)}", f"{_num(s.steps_per_sec, '.1f')} steps/s",
                  f"{_num(s.examples_per_sec, '.0f')} examples/s", f"loss {_num(s.loss, '.3f')}", _epoch(s),
                  _workers(s))
     table = Table(box=None, padding=(0, 2), show_edge=False)
-    columns = ("task", "state", "last step", "restarts") + (("silent",) if silent_after_secs is not None else ())
+    detail = silent_after_secs is not None
+    columns = ("task", "state", "last step", "restarts") + (("end", "pid", "host") if detail else ())
+    columns += ("silent",) if detail and not s.over else ()
     for col in columns:
         table.add_column(col)
     for name, t in s.tasks.items():
         quiet = s.now - t.last_output_at
         row = [name, t.label, "-" if t.step is None else str(t.step), str(t.restarts)]
-        if silent_after_secs is not None:
-            row.append(f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state.active else "")
+        if detail:
+            row += [t.exit or "", "" if t.pid is None else str(t.pid), t.host or ""]
+            row += [] if s.over else [f"{quiet:.0f} s" if quiet >= silent_after_secs and t.state.active else ""]
         table.add_row(*row)
     return Group(head, table)
+
+
+def gone_line(s: RunStatus) -> Optional[str]:
+    """`the launcher (pid N on HOST) is gone; the run did not end cleanly; the last checkpoint is step N`, and
+    which tasks still run without it; None while it runs or after it recorded the run's end."""
+    if s.ended is not None or s.launcher is None or not s.launcher.gone:
+        return None
+    checkpoint = "no checkpoint" if s.checkpoint_step is None else f"the last checkpoint is step {s.checkpoint_step:,}"
+    here = socket.gethostname()
+    left = [f"{n} (pid {t.pid})" for n, t in s.tasks.items() if t.state.live and t.pid is not None and t.host == here]
+    away = [f"{n} (pid {t.pid} on {t.host})" for n, t in s.tasks.items()
+            if t.state.live and t.pid is not None and t.host != here]
+    tasks = (f"; still running without it: {', '.join(left)}" if left else "; none of its tasks runs here" if away
+             else "; none of its tasks runs")
+    tasks += f"; on other hosts, maybe still running: {', '.join(away)}" if away else ""
+    why = "" if s.launcher.gone == runstate.PROCESS_GONE else f" ({s.launcher.gone})"
+    return f"the launcher ({s.launcher.describe()}) is gone{why}; the run did not end cleanly; {checkpoint}{tasks}"
 
 
 class _LiveConsole(io.TextIOBase):
@@ -254,6 +287,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
     chief = chief_name(names) or "worker:0"
     progress, precision = Progress(names), None
     now = time.time() if now is None else now
+    texts: dict[str, tuple[str, float]] = {}        # each task's log, and when it was last written
     for name in names:
         log = Path(run_dir) / LOG_SUBDIR / task_log_name(name)
         if not log.exists():
@@ -261,7 +295,8 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
             continue
         heard = log.stat().st_mtime
         restarts, state = 0, TaskState.RUNNING
-        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        texts[name] = (log.read_text(encoding="utf-8", errors="replace"), heard)
+        for line in texts[name][0].splitlines():
             event = events.parse_line(line)
             if isinstance(event, (events.Restart, events.NewRun)):   # a new attempt, or a new run on an old log
                 restarts, state = getattr(event, "number", 0), TaskState.RUNNING
@@ -274,8 +309,14 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
             state = TaskState.TRAINING
         progress.set_state(name, state)
     workers = _members_into(progress, run_dir) if spec.elastic is not None else None
-    return RunStatus(progress.snapshot(), progress.global_step(), spec.train.max_steps, None, now, workers,
-                     read_end(Path(run_dir)), precision)
+    launcher_doc, records = runstate.read_tasks(Path(run_dir))
+    launcher = runstate.launcher_state(Path(run_dir), launcher_doc, now)     # before ended.json: see there
+    end = read_end(Path(run_dir))
+    tasks = runread.settle_tasks(progress.snapshot(), records, end is not None, launcher)
+    rate = runread.steps_per_sec(texts[n] for n in names if n.partition(":")[0] in ("worker", "chief") and n in texts)
+    checkpoint = runstate.checkpoint_step(Path(spec.train.train_dir or run_dir), texts.get(chief, ("",))[0])
+    return RunStatus(tasks, progress.global_step(), spec.train.max_steps, rate, now, workers, end, precision,
+                     launcher, checkpoint)
 
 
 def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:

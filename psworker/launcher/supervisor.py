@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 from psworker import events, stackdump
-from psworker.launcher import run_policy, watch
+from psworker.launcher import run_policy, runstate, watch
 from psworker.launcher.attempts import Attempts
 from psworker.launcher.elastic import ElasticWorkers
 from psworker.launcher.logtail import innermost_frames, tail_without_stacks
@@ -24,6 +24,7 @@ from psworker.launcher.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.progress import Progress, TaskState
+from psworker.launcher.rollback import Rollbacks
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.rundir import task_log_name
 from psworker.launcher.scale_inbox import ScaleInbox
@@ -63,7 +64,7 @@ class Supervisor:
         *,
         backend: ProcessBackend,
         console: Optional[TextIO] = None,
-        console_filter: Optional[Callable[[str], Optional[str]]] = None,
+        console_filter: Optional[Callable[[str, str], Optional[str]]] = None,
         console_window_secs: float = 0.0,
         grace_period_secs: float = 10.0,
         ps_exit_grace_secs: float = 15.0,
@@ -75,13 +76,14 @@ class Supervisor:
         stacks: Optional[StackAsker] = None,
         elastic: Optional[Elastic] = None,
         scale_inbox: Optional[ScaleInbox] = None,
+        run_dir: Optional[str | os.PathLike] = None,
     ) -> None:
         """Args:
             tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
             log_dir: where `<job>-<index>.log` go; created on start.
             backend: starts and signals the processes (e.g. `psworker.launcher.backends.local.LocalBackend()`).
             console: where the `[job:index] `-prefixed copy goes; None: sys.stdout at construction.
-            console_filter: maps a task's output line to what the console shows (None: nothing); None: all.
+            console_filter: maps a task's output line and name to what the console shows (None: nothing); None: all.
             console_window_secs: show a line that several tasks print within this window once (`[worker:0-7] `).
             grace_period_secs: between SIGTERM and SIGKILL when stopping.
             ps_exit_grace_secs: how long servers may take to exit by themselves once the run is done.
@@ -95,6 +97,7 @@ class Supervisor:
             elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
                 (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
             scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scale_inbox`).
+            run_dir: where to keep `tasks.json`, each task's pid, host, state and exit (`launcher.runstate`).
         """
         names = distinct_names(tasks)
         self._log_dir = Path(log_dir)
@@ -108,8 +111,10 @@ class Supervisor:
         self._lock = threading.RLock()
         self._started, self._started_time, self._stop_request = False, 0.0, None
         self._result, self._failure, self._ending = None, None, Ending()    # `_ending`: once succeeded, its drain
+        self._rollbacks = Rollbacks()
+        self._taskfile = None if run_dir is None else runstate.TaskFile(Path(run_dir))
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
-                                    self.progress, window_secs=console_window_secs)
+                                    self.progress, window_secs=console_window_secs, on_event=self._rollbacks.seen)
         self._attempts = Attempts(self._slots, backend, self._output, self.progress)
         self._elastic = None if elastic is None else ElasticWorkers(
             elastic, self._slots, self._backend, self.progress, self._attempts.spawn, scale_inbox)
@@ -176,10 +181,12 @@ class Supervisor:
                 if (slot.restart_at is not None and now >= slot.restart_at
                         and run_policy.may_restart(self._view(slot), self._rules, self._ending, now)):
                     slot.restart_at = None
-                    self._attempts.restart(slot, slot.restart_cause)
+                    self._restart(slot, slot.restart_cause)
             if self._elastic is not None:
                 self._elastic.poll(training_over=self._ending.begun)
-            return self._decide(now)
+            result = self._decide(now)
+            self._publish()
+            return result
 
     def wait(self, timeout: Optional[float] = None) -> RunResult:
         """Polls until the run ends.
@@ -292,7 +299,7 @@ class Supervisor:
             if slot.running:
                 raise RuntimeError(f"start_task({name}): it is still running")
             slot.restart_at = None
-            self._attempts.restart(slot, f"start_task after {describe_returncode(slot.returncode)}")
+            self._restart(slot, f"start_task after {describe_returncode(slot.returncode)}")
 
     # -- internals ----------------------------------------------------------------------------------------
 
@@ -301,6 +308,16 @@ class Supervisor:
             return self._slots[name]
         except KeyError:
             raise KeyError(f"no task {name!r}; tasks are {', '.join(self._slots)}") from None
+
+    def _restart(self, slot: Slot, cause: str) -> None:
+        if slot.task.job in SERVER_JOBS:        # its variables are gone: the chief's next session says what it cost
+            self._rollbacks.ps_restarted(slot.name, self.progress.global_step())
+        self._attempts.restart(slot, cause)
+
+    def _publish(self) -> None:
+        if self._taskfile is not None:
+            local = getattr(self._backend, "LOCAL_PIDS", False)
+            self._taskfile.publish(runstate.task_records(self._slots.values(), self.progress, local))
 
     def _watch(self, now: float) -> None:
         watch.resume_stopped(self._slots.values(), self._backend, self.progress, now)
@@ -391,6 +408,7 @@ class Supervisor:
                                   innermost_frames(s.log_path) if s.stopped or s.name == failed else ())
                  for s in self._slots.values() if s.popen is not None}
         self._result = RunResult(ok, exits, self._failure, reason)
+        self._publish()
         if self._elastic is not None:
             self._elastic.finish("succeeded" if ok else f"failed: {reason}")
         if self._output.errors:

@@ -341,4 +341,4 @@ class CheckpointLogger(_listener_base()):
         self._name = name
 
     def after_save(self, session, global_step_value):
-        log.info("%s: checkpoint of global step %d saved", self._name, int(global_step_value))
+        log.info("%s", events.CheckpointSaved(self._name, int(global_step_value)).render())

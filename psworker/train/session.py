@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from psworker import events
 from psworker.errors import op_error_line
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ class FastSessionCreator(_base_creator()):
             if choice.rejected:
                 log.warning("%s: %s", self._name, checkpoints.fallback_message(choice))
                 checkpoints.write_state(self._checkpoint_dir, choice.kept)
-            log.info("%s: restoring the checkpoint %s", self._name, os.path.basename(choice.path))
+            log.info("%s", events.ModelStart(self._name, os.path.basename(choice.path)).render())
             self._restore(sess, choice.path)
             return
         if choice is not None and choice.refused:
@@ -149,7 +150,7 @@ class FastSessionCreator(_base_creator()):
             log.warning("%s: no usable checkpoint in %s (%s); starting from scratch, as allow_fresh_start says",
                         self._name, self._checkpoint_dir, bad)
         else:
-            log.info("%s: no checkpoint to restore; initialising the model", self._name)
+            log.info("%s", events.ModelStart(self._name, None).render())
         sess.run(self._scaffold.init_op, feed_dict=self._scaffold.init_feed_dict)
         if self._scaffold.init_fn is not None:
             self._scaffold.init_fn(sess)
