@@ -163,6 +163,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow_public_bind", action="store_true",
                    help="serve even when this task's host resolves to a public IP address (TensorFlow's servers are "
                         "unauthenticated; the default refuses)")
+    p.add_argument("--metrics_port", type=port_type(free_ok=True), default=None, metavar="PORT",
+                   help="serve this task's metrics for Prometheus at http://HOST:PORT/metrics, HOST being its own "
+                        "address's (0: a free port, named in its log; default: off)")
 
 
 def train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
