@@ -1,0 +1,218 @@
+"""Metrics for Prometheus: the launcher's `/metrics` (`--metrics_port`) and a task's own, scraped by a real Prometheus
+(tests/prometheus_fixture.py) and queried through its HTTP API; the README's table against what is exposed; the
+alert rules checked and unit-tested with promtool."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from psworker.launcher import metrics as launcher_metrics
+from psworker.launcher.ports import pick_free_ports
+from psworker.task import metrics as task_metrics
+from psworker.testing import assert_processes_gone, checkpoint_step, write_spec
+from tests.cluster_utils import REPO, launch_script, run_launcher
+from tests.conftest import skip_or_fail
+from tests.prometheus_fixture import why_no_prometheus
+
+README = REPO / "README.md"
+ALERTS = REPO / "docs" / "alerts.yml"
+WINDOW = "[15m]"          # every query's range: longer than the test's runs
+MAX_STEPS = 3000
+# the one shared run: worker:1 killed (restarted once, a signal's exit class), worker:0 stopped for 8 s (stalled:
+# no step for 3 s, --metrics_stall_secs)
+INJECT = ("--inject", "kill:worker:1@step=300", "--inject", "stop:worker:0@step=900,for=8")
+
+
+def _readme_table() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (type, labels) from the README's metric tables (section "Metrics for Prometheus")."""
+    text = README.read_text()
+    section = text[text.index("## Metrics for Prometheus"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = re.findall(r"^\| `(psworker_\w+)` \| (\w+) \| ([^|]*) \|", section, re.MULTILINE)
+    return {name: (kind, tuple(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
+
+
+def _exposed(series: list[dict]) -> dict[str, set[str]]:
+    """name -> label names, from Prometheus' series (its own `instance` and `job` dropped; ours, renamed
+    `exported_job` by Prometheus, back to `job`)."""
+    out: dict[str, set[str]] = {}
+    for s in series:
+        labels = {("job" if k == "exported_job" else k) for k in s if k not in ("__name__", "instance", "job")}
+        out.setdefault(s["__name__"], set()).update(labels)
+    return out
+
+
+def _check_against_readme(series: list[dict]) -> None:
+    table = _readme_table()
+    exposed = _exposed(series)
+    assert exposed, "no psworker_ series scraped"
+    for name, labels in exposed.items():
+        assert name in table, f"{name} is exposed but not in the README's table"
+        assert labels == set(table[name][1]), f"{name}: exposed labels {sorted(labels)}, README {table[name][1]}"
+
+
+def test_the_readme_table_is_the_metrics_defined():
+    """Every metric the launcher and a task define is in the README's table, with its type and labels, and no
+    other (what a scrape exposes is checked against the table in the Prometheus tests below)."""
+    defined = {name: (kind, labels) for table in (launcher_metrics.METRICS, task_metrics.METRICS)
+               for name, (kind, labels, _) in table.items()}
+    assert _readme_table() == defined
+
+
+def test_exit_classes():
+    c = launcher_metrics.exit_class
+    assert [c(-9, None), c(137, None), c(170, None), c(171, None), c(1, None), c(3, None), c(0, None)] == \
+        ["signal", "signal", "peer_gone", "preempted", "error", "error", "ok"]
+    assert c(-9, "stalled: step 40 unchanged for 60 s") == "stalled"
+    assert c(-9, "killed by the kernel: over its memory limit (--ps_memory_limit 1 GiB; peak 1 GiB)") == "memory_limit"
+    assert set(launcher_metrics.EXIT_CLASSES) >= {c(n, None) for n in range(-64, 256)}
+
+
+def test_a_public_metrics_host_is_refused(tmp_path):
+    spec = write_spec(tmp_path / "c.yaml", max_steps=10)
+    done = subprocess.run([sys.executable, "-m", "psworker", "local", str(spec), "--metrics_port", "0",
+                           "--metrics_host", "0.0.0.0"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert ("refusing to serve metrics on 0.0.0.0: it names every interface of this host. The /metrics endpoint is "
+            "unauthenticated; serve it on a private network only, or pass --metrics_allow_public_bind") in done.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.log"))
+
+
+def test_alert_rules_check_and_fire(tmp_path):
+    """docs/alerts.yml passes `promtool check rules`, and each rule fires on the series it is written for
+    (`promtool test rules`)."""
+    reason = why_no_prometheus()
+    if reason:
+        skip_or_fail("prometheus", reason)
+    checked = subprocess.run(["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0 and "SUCCESS: 3 rules found" in checked.stdout, checked.stdout + checked.stderr
+    worker = {"instance": "a:1", "exported_job": "worker", "task": "1"}
+    sel = ",".join(f'{k}="{v}"' for k, v in worker.items())
+
+    def alert(name: str, at: str, labels: dict, summary: str, description: str) -> dict:
+        return {"eval_time": at, "alertname": name, "exp_alerts": [
+            {"exp_labels": labels, "exp_annotations": {"summary": summary, "description": description}}]}
+
+    cases = {"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f"psworker_task_stalled{{{sel}}}", "values": "0 0 1 1 1 1 1"},
+            {"series": 'psworker_checkpoint_age_seconds{instance="a:1"}', "values": "0+60x45"},
+            {"series": 'psworker_run_state{instance="a:1",state="running"}', "values": "1x45"},
+            {"series": f'psworker_task_restarts_total{{{sel},exit_class="signal"}}', "values": "0 1 2 3 4 5 6"}],
+        "alert_rule_test": [
+            alert("PsworkerWorkerStalled", "6m", {**worker, "severity": "warning"},
+                  "psworker worker 1 of a:1 is stalled",
+                  "Its step has not moved for the stall threshold; psworker status RUN_DIR shows its last lines."),
+            {"eval_time": "3m", "alertname": "PsworkerWorkerStalled", "exp_alerts": []},
+            alert("PsworkerNoCheckpoint", "40m", {"instance": "a:1", "severity": "warning"},
+                  "psworker run at a:1: no checkpoint for 40m 0s",
+                  "The chief writes none (save_checkpoint_steps/secs), or it cannot (disk, chief stuck)."),
+            {"eval_time": "33m", "alertname": "PsworkerNoCheckpoint", "exp_alerts": []},
+            alert("PsworkerTaskRestartLoop", "6m", {**worker, "severity": "critical"},
+                  "psworker task 1 of a:1 restarts in a loop",
+                  "6 restarts in 15 minutes; psworker_task_last_exit_code says how it last ended."),
+            {"eval_time": "2m", "alertname": "PsworkerTaskRestartLoop", "exp_alerts": []}]}]}
+    (tmp_path / "cases.yml").write_text(yaml.safe_dump(cases))
+    tested = subprocess.run(["promtool", "test", "rules", str(tmp_path / "cases.yml")], capture_output=True,
+                            text=True, timeout=60)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def _closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture(scope="module")
+def launcher_run(prometheus, tmp_path_factory):
+    """One `psworker local --metrics_port 0` run (1 ps, 2 async workers), scraped by Prometheus from the banner's
+    port on; what it printed, its port, a raw scrape taken mid-run, its train dir and the time window."""
+    work = tmp_path_factory.mktemp("launcher_metrics")
+    spec = write_spec(work / "c.yaml", max_steps=MAX_STEPS, batch_size=32, log_every_steps=20,
+                      save_checkpoint_steps=1000, train_dir=str(work / "train"))
+    seen: dict = {"started": time.time()}
+
+    def on_line(lines: list[str], proc) -> bool:
+        text = "\n".join(lines)
+        if "port" not in seen:
+            m = re.search(r"metrics for Prometheus at http://127\.0\.0\.1:(\d+)/metrics", text)
+            if m:
+                seen["port"] = int(m.group(1))
+                prometheus.add_targets("launcher", [f"127.0.0.1:{seen['port']}"])
+        if "port" in seen and re.search(r"\] step \d+", text):
+            with urllib.request.urlopen(f"http://127.0.0.1:{seen['port']}/metrics", timeout=10) as r:
+                seen["raw"] = r.read().decode()
+            return True
+        return False
+
+    run = run_launcher([str(spec), "--metrics_port", "0", "--metrics_stall_secs", "3", "--max_restarts", "1",
+                        "--no_live", *INJECT], work, timeout=400, on_line=on_line)
+    assert run.returncode == 0, run.output[-3000:]
+    assert "raw" in seen, run.output[-3000:]
+    return {**seen, "run": run, "train_dir": work / "train", "ended": time.time()}
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_a_local_run(prometheus, launcher_run):
+    """The step rising; the injected kill's restart counted as a signal's (137); the injected stop seen as stalled;
+    the final checkpoint's step and the run's success, from the last scrape (the launcher serves until it)."""
+    p, r = prometheus, launcher_run
+    steps = p.query_range("psworker_global_step", r["started"], r["ended"])
+    values = [float(v) for _, v in steps[0]["values"]]
+    assert values == sorted(values) and len(set(values)) >= 3 and values[-1] >= MAX_STEPS, values
+    worker1 = 'exported_job="worker",task="1"'
+    assert p.value(f'max_over_time(psworker_task_restarts_total{{{worker1},exit_class="signal"}}{WINDOW})') == 1
+    assert p.value(f"sum(max_over_time(psworker_task_restarts_total{WINDOW}))") == 1     # no other restart
+    assert p.value(f"max_over_time(psworker_task_last_exit_code{{{worker1}}}{WINDOW})") == 137
+    stalled = ('psworker_task_stalled{exported_job="worker",task="0"} == 1 and on(exported_job, task) '
+               'psworker_task_state{exported_job="worker",task="0",state="paused"} == 1')
+    assert p.value(f"count_over_time(({stalled}){WINDOW[:-1]}:1s])") >= 1
+    assert p.value(f'count_over_time((psworker_task_stalled{{{worker1}}} == 1){WINDOW[:-1]}:1s])') is None
+    assert p.value(f"last_over_time(psworker_checkpoint_step{WINDOW})") == checkpoint_step(r["train_dir"])
+    assert p.value(f'last_over_time(psworker_run_state{{state="succeeded"}}{WINDOW})') == 1
+    assert _closed(r["port"]), "the launcher's metrics port is still open"
+    assert_processes_gone(r["run"].pids)
+
+
+@pytest.mark.slow
+def test_the_launcher_exposes_what_the_readme_says(prometheus, launcher_run):
+    """Names and labels as the README's table has them; `promtool check metrics` finds nothing in a raw scrape."""
+    _check_against_readme(prometheus.series('{__name__=~"psworker_.*"}', launcher_run["started"]))
+    linted = subprocess.run(["promtool", "check", "metrics"], input=launcher_run["raw"], capture_output=True,
+                            text=True, timeout=60)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_the_tasks_of_a_cluster_started_by_hand(prometheus, make_cluster):
+    """ps and workers started with launch/start_*.sh --metrics_port: each task's own endpoint, scraped."""
+    started = time.time()
+    ports = dict(zip(("ps:0", "worker:0", "worker:1"), pick_free_ports(3)))
+    prometheus.add_targets("tasks", [f"127.0.0.1:{port}" for port in ports.values()])
+    args = {name: ["--metrics_port", str(port)] for name, port in ports.items()}
+    args["ps:0"].append("--keep_ps_running")     # its last tokens stay there to be scraped
+    cluster = make_cluster(train=dict(max_steps=MAX_STEPS, batch_size=32, log_every_steps=20), argv=launch_script,
+                           args=args)
+    assert cluster.wait_exits(240, ["worker:0", "worker:1"]) == {"worker:0": 0, "worker:1": 0}, cluster.tails()
+    p, ps = prometheus, 'exported_job="ps",task="0"'
+    p.wait_value(f"psworker_ps_done_tokens_total{{{ps}}}", lambda v: v == 2, "both done tokens", 30)
+    assert p.value(f"psworker_ps_members{{{ps}}}") == 2
+    assert p.value(f"max_over_time(psworker_task_resident_memory_bytes{{{ps}}}{WINDOW})") > 50e6
+    steps = p.query_range('psworker_worker_step{exported_job="worker",task="0"}', started, time.time())
+    values = [float(v) for _, v in steps[0]["values"]]
+    assert values == sorted(values) and len(set(values)) >= 2, values
+    _check_against_readme(p.series('{__name__=~"psworker_(worker|ps|task)_.*",exported_job=~"ps|worker",'
+                                   'instance=~"127.0.0.1:(%s)"}' % "|".join(map(str, ports.values())), started))
+    cluster.close()
+    assert all(_closed(port) for port in ports.values()), "a task's metrics port is still open"
+    assert_processes_gone(cluster.pids)
