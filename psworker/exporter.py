@@ -61,9 +61,12 @@ def listen(host: str, port: int) -> socket.socket:
     """A TCP socket listening on `host:port` (0: a free port).
 
     Raises:
-        UsageError: the port is taken or the address is not this host's.
+        UsageError: the port is taken, or the address is not this host's or cannot be resolved.
     """
-    family = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][0]
+    try:
+        family = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][0]
+    except socket.gaierror as err:
+        raise UsageError(f"cannot serve metrics on {host}:{port}: {err}") from None
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -254,8 +254,9 @@ def add_metrics_flags(p: Any) -> None:
                    help="psworker_task_stalled is 1 for a worker whose step has not moved this long (default: "
                         "--stall_timeout_secs, else 300)")
     g.add_argument("--metrics_linger_secs", type=non_negative_float, default=30.0, metavar="SECS",
-                   help="once the run has ended, serve its last metrics until the next scrape, at most this long, "
-                        "when anything has scraped them (default 30; 0: stop at once)")
+                   help="once the run has ended by itself, serve its last metrics until the next scrape, at most "
+                        "this long, when anything has scraped them (default 30; 0: stop at once; never after Ctrl-C "
+                        "or SIGTERM)")
 
 
 COMMAND_EPILOG = ("after '--' (optional): your own program and its arguments, run once per task instead of "

@@ -211,7 +211,7 @@ def _run(config: LaunchConfig, backend: Backend, run_dir: Path, console: TextIO,
     end = run_end(result, signum, code, seconds)
     write_end(run_dir, end)
     if endpoint is not None:
-        endpoint.finish(end.outcome, config.metrics.linger_secs, console)
+        endpoint.finish(end.outcome, 0.0 if signum is not None else config.metrics.linger_secs, console)
     return code
 
 
