@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from psworker.launcher import cgroups
 from psworker.launcher import metrics as launcher_metrics
 from psworker.launcher.ports import pick_free_ports
 from psworker.task import metrics as task_metrics
@@ -237,3 +238,25 @@ def test_the_overhead_benchmark_quick_mode(tmp_path):
     # per task 14 states and 7 restart classes; per worker its step, examples/s, seconds since its step, stalled; the
     # last exit codes of the 2 tasks restarted; the run's 5 states and its 7 gauges
     assert figures["scrape_series"] == 28 * (14 + 7) + 24 * 4 + 2 + 5 + 7 and figures["scrape_ms_median"] > 0
+
+
+NO_MEMCG = cgroups.unavailable()
+
+
+@pytest.mark.skipif(NO_MEMCG is not None, reason=f"no memory cgroup here: {NO_MEMCG}")
+def test_a_task_reads_its_cgroup_memory_limit(tmp_path):
+    """`psworker_task_memory_limit_bytes`: a process in a capped v1 memory cgroup (as `--ps_memory_limit` makes
+    one) reads that cap; its RSS is read too."""
+    import secrets
+
+    limit = 700 * 2 ** 20
+    group = cgroups.create(cgroups.own_memory_cgroup(), cgroups.new_name(0, secrets.token_hex(4)), limit)
+    try:
+        done = subprocess.run([sys.executable, "-c", "from psworker.task.metrics import memory_limit, _resident_bytes; "
+                               "print(memory_limit(), _resident_bytes())"], preexec_fn=group.joiner(),
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+    finally:
+        group.remove()
+    assert done.returncode == 0, done.stderr
+    cap, rss = map(int, done.stdout.split())
+    assert cap == limit and 1e6 < rss < limit
