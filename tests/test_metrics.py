@@ -260,3 +260,25 @@ def test_a_task_reads_its_cgroup_memory_limit(tmp_path):
     assert done.returncode == 0, done.stderr
     cap, rss = map(int, done.stdout.split())
     assert cap == limit and 1e6 < rss < limit
+
+
+def test_slurm_submit_passes_the_metrics_flags_to_the_jobs_launcher(tmp_path):
+    """`slurm submit --metrics_port ...`: the batch script's `psworker slurm launch` gets them (and nothing when not
+    given)."""
+    import shlex
+
+    from psworker.cli import main
+
+    spec = REPO / "cluster_specs" / "local.yaml"
+    for name, flags in (("on", ["--metrics_port", "9400", "--metrics_host", "10.1.2.3", "--metrics_stall_secs", "60",
+                                "--metrics_allow_public_bind"]), ("off", [])):
+        assert main(["slurm", "submit", str(spec), "--run_dir", str(tmp_path / name), *flags, "--dry_run"]) == 0
+        exec_line = [ln for ln in (tmp_path / name / "psworker.sbatch").read_text().splitlines()
+                     if ln.startswith("exec ")]
+        argv = shlex.split(exec_line[0])
+        passed = [a for a in argv if a.startswith("--metrics")]
+        assert passed == ([] if name == "off" else ["--metrics_port", "--metrics_host", "--metrics_stall_secs",
+                                                     "--metrics_allow_public_bind"])
+        if name == "on":
+            assert argv[argv.index("--metrics_port") + 1] == "9400" and argv[argv.index("--metrics_host") + 1] == \
+                "10.1.2.3"
