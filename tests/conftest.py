@@ -16,7 +16,8 @@ from tests.fake_tasks.fakes import HERE, stop_supervisors
 # Synthetic CIFAR-10 examples per class (train, test) when a test module does not set CIFAR_PER_CLASS.
 DEFAULT_CIFAR_PER_CLASS = (100, 20)
 
-# `PSWORKER_REQUIRE=slurm,sshd,chromium,netns,memcg,prometheus`: a test that would skip for want of one of these fails instead.
+# `PSWORKER_REQUIRE=slurm,sshd,chromium,netns,memcg,prometheus`: a test that would skip for want of one of these
+# fails instead.
 REQUIRE_ENV = "PSWORKER_REQUIRE"
 # component -> (fixtures whose skip is that component's, words in a skip reason that name it)
 COMPONENTS = {

@@ -241,7 +241,7 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
 
 def add_metrics_flags(p: Any) -> None:
     """`--metrics_port` and its companions: the launcher's /metrics for Prometheus (`launcher/metrics.py`)."""
-    g = p.add_argument_group("Prometheus metrics (README: Metrics for Prometheus)")
+    g = p                      # `slurm submit` passes a group already (argparse deprecates nested groups)
     g.add_argument("--metrics_port", type=port_type(free_ok=True), default=None, metavar="PORT",
                    help="serve the run's metrics for Prometheus at http://HOST:PORT/metrics while the run lasts "
                         "(0: a free port, printed at the start; default: off)")
