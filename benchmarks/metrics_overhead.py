@@ -10,7 +10,9 @@
    step lines as the launcher feeds it, 2 restarts, 3 checkpoints on disk, served on loopback by `psworker.exporter`;
    median and worst of `--scrapes` GETs, the body's size and its series.
 
-`--quick`: 1 ps + 1 worker, 200 steps, one pair, 20 scrapes (for the test that runs it). Prints a table, a figure
+`--quick` (for the test that runs it): one pair, 20 scrapes, and `psworker run` of a script that prints 80 step
+lines in 4 s instead of TensorFlow tasks (1 ps + 2 workers): the launcher's work per line and per scrape is the same,
+the run's CPU is not, so its percentage is no figure to quote. Prints a table, a figure
 line (`metrics: launcher CPU ...`), then as its LAST line one JSON object (keys: overhead_pct, launcher_cpu_off_s,
 launcher_cpu_on_s, run_cpu_s, scrapes_during_runs, scrape_ms_median, scrape_ms_max, scrape_bytes, scrape_series,
 workers, repeat, goal_ok).
@@ -55,15 +57,25 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def one_run(workdir: Path, workers: int, max_steps: int, metrics: bool, scrape_every: float) -> dict:
-    """One `psworker local` run; returns the launcher's CPU, the run's, its wall time and the scrapes made."""
+STEPS_SCRIPT = ("import sys, time\n"
+                "for i in range(80 if sys.argv[1] != 'ps' else 0):\n"       # a ps serves until stopped
+                "    print(f'step {i * 10}, loss = 0.5 (100.0 examples/sec)', flush=True)\n"
+                "    time.sleep(0.05)\n"
+                "time.sleep(0 if sys.argv[1] != 'ps' else 60)\n")
+
+
+def one_run(workdir: Path, workers: int, max_steps: int, metrics: bool, scrape_every: float, quick: bool) -> dict:
+    """One `psworker local` run (`quick`: `psworker run` of `STEPS_SCRIPT`); returns the launcher's CPU, the run's,
+    its wall time and the scrapes made."""
     workdir.mkdir(parents=True)
     spec = write_spec(workdir / "c.yaml", num_workers=workers, max_steps=max_steps, batch_size=32,
                       log_every_steps=100, train_dir=str(workdir / "train"))
-    argv = [sys.executable, "-c", RUNNER, "local", str(spec), "--network", "host", "--no_live"]
+    argv = [sys.executable, "-c", RUNNER, "run" if quick else "local", str(spec), "--network", "host", "--no_live"]
+    after = ["--", sys.executable, "-c", STEPS_SCRIPT, "{job_name}"] if quick else []
     port = pick_free_ports(1)[0]
     if metrics:
         argv += ["--metrics_port", str(port), "--metrics_linger_secs", "0"]
+    argv += after
     before, began = _children_cpu(), time.monotonic()
     proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -142,15 +154,16 @@ def main() -> None:
     ap.add_argument("--max_steps", type=int, default=3000)
     ap.add_argument("--scrape_every", type=float, default=1.0, help="seconds between scrapes with metrics on")
     ap.add_argument("--scrapes", type=int, default=200, help="GETs of the 4 ps + 24 worker /metrics")
-    ap.add_argument("--quick", action="store_true", help="1 ps + 1 worker, 200 steps, 1 pair, 20 scrapes")
+    ap.add_argument("--quick", action="store_true", help="1 pair, 20 scrapes, a step-printing script for tasks")
     args = ap.parse_args()
     if args.quick:
-        args.repeat, args.workers, args.max_steps, args.scrapes = 1, 1, 200, 20
+        args.repeat, args.workers, args.scrapes = 1, 2, 20
     rows: dict[str, list[dict]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory(prefix="psworker-metrics-bench-") as tmp:
         for i in range(args.repeat):
             for mode in ("off", "on"):
-                r = one_run(Path(tmp) / f"{mode}-{i}", args.workers, args.max_steps, mode == "on", args.scrape_every)
+                r = one_run(Path(tmp) / f"{mode}-{i}", args.workers, args.max_steps, mode == "on", args.scrape_every,
+                            args.quick)
                 rows[mode].append(r)
                 print(f"{mode:>3} #{i}: launcher CPU {r['launcher_cpu_s']:7.2f} s, run CPU {r['run_cpu_s']:7.1f} s, "
                       f"wall {r['wall_s']:6.1f} s, scrapes {r['scrapes']}", flush=True)
@@ -161,13 +174,14 @@ def main() -> None:
     ok = overhead < GOAL_PCT
     print(f"metrics: launcher CPU {med['off']['launcher_cpu_s']:.2f} s off, {med['on']['launcher_cpu_s']:.2f} s on "
           f"(scraped every {args.scrape_every:g} s): {overhead:+.2f}% of the run's {run_cpu:.1f} CPU-s "
-          f"(1 ps + {args.workers} workers, medians of {args.repeat}; goal < {GOAL_PCT:g}%: "
+          f"(1 ps + {args.workers} {'step-printing scripts' if args.quick else 'MLP workers'}, medians of "
+          f"{args.repeat}; goal < {GOAL_PCT:g}%: "
           f"{'OK' if ok else 'OVER'}); scrape at 4 ps + 24 workers: {scrape['scrape_ms_median']:.1f} ms median, "
           f"{scrape['scrape_ms_max']:.1f} ms worst, {scrape['scrape_series']} series, {scrape['scrape_bytes']} bytes")
     print(json.dumps({"overhead_pct": round(overhead, 3), "launcher_cpu_off_s": med["off"]["launcher_cpu_s"],
                       "launcher_cpu_on_s": med["on"]["launcher_cpu_s"], "run_cpu_s": run_cpu,
                       "scrapes_during_runs": sum(r["scrapes"] for r in rows["on"]), **scrape,
-                      "workers": args.workers, "repeat": args.repeat, "goal_ok": ok}))
+                      "workers": args.workers, "repeat": args.repeat, "quick": args.quick, "goal_ok": ok}))
 
 
 if __name__ == "__main__":
