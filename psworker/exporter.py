@@ -109,13 +109,16 @@ class Endpoint:
 
     def __init__(self, sock: socket.socket, registry: CollectorRegistry) -> None:
         app = make_wsgi_app(registry)
-        self.scrapes = 0                # requests answered (the launcher waits for one after the run ends)
-        self._answered = threading.Condition()
+        self.scrapes = 0                # requests begun, numbered in order
+        self._answered, self._newest = threading.Condition(), 0   # the newest number answered
 
         def counted(environ: dict, start_response: Callable) -> Iterable[bytes]:
-            body = app(environ, start_response)
             with self._answered:
                 self.scrapes += 1
+                number = self.scrapes
+            body = app(environ, start_response)
+            with self._answered:
+                self._newest = max(self._newest, number)
                 self._answered.notify_all()
             return body
 
@@ -144,9 +147,9 @@ class Endpoint:
         return f"http://{host}:{self.port}/metrics"
 
     def wait_scrape(self, after: int, timeout: float) -> bool:
-        """Whether a request beyond the first `after` was answered within `timeout` seconds."""
+        """Whether a request begun after the first `after` was answered within `timeout` seconds."""
         with self._answered:
-            return self._answered.wait_for(lambda: self.scrapes > after, timeout)
+            return self._answered.wait_for(lambda: self._newest > after, timeout)
 
     def close(self) -> None:
         """Stops serving and closes the socket (nothing left listening)."""

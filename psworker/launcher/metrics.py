@@ -246,13 +246,16 @@ def _gauge(name: str, value: float) -> Any:
 
 
 class Endpoint:
-    """The launcher's endpoint: its socket bound before the backend's session (`bind`: on this host's network,
-    before a re-exec into a namespace), served once the run is set up (`serve`)."""
+    """The launcher's endpoint: its socket bound when made (before the backend's session: on this host's network,
+    before any re-exec into a namespace, which `inherit` lets it keep), served once the run is set up (`serve`)."""
 
     def __init__(self, host: str, port: int) -> None:
         self._sock = exporter.inherited() or exporter.listen(host, port)
         self.collector: Optional[RunCollector] = None
         self._endpoint: Optional[exporter.Endpoint] = None
+
+    def inherit(self) -> None:
+        exporter.inherit(self._sock)
 
     def serve(self, facts: RunFacts) -> str:
         """Starts serving the run's metrics; returns the banner line."""
@@ -269,10 +272,11 @@ class Endpoint:
         `linger_secs`), so that the end and the last checkpoint reach Prometheus."""
         if self.collector is not None:
             self.collector.ended(state)
-        if self._endpoint is not None and self._endpoint.scrapes and linger_secs > 0:
+        begun = self._endpoint.scrapes if self._endpoint is not None else 0     # a scrape in flight may predate the end
+        if begun and linger_secs > 0:
             print(f"psworker: metrics: serving the run's end until the next scrape (at most {linger_secs:g} s, "
                   "--metrics_linger_secs)", file=console, flush=True)
-            self._endpoint.wait_scrape(self._endpoint.scrapes, linger_secs)
+            self._endpoint.wait_scrape(begun, linger_secs)
 
     def close(self) -> None:
         if self._endpoint is not None:
@@ -290,7 +294,7 @@ def serving(options: Optional[MetricsOptions]) -> Iterator[Optional[Endpoint]]:
         return
     exporter.check_host(options.host, allow_public=options.allow_public, flag="--metrics_allow_public_bind")
     endpoint = Endpoint(options.host, options.port)
-    exporter.inherit(endpoint._sock)
+    endpoint.inherit()
     try:
         yield endpoint
     finally:
