@@ -56,8 +56,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "psworker_task_last_exit_code": ("gauge", ("job", "task"), "the exit status of the task's last ended attempt "
                                                                "(128+N: killed by signal N)"),
     "psworker_task_step": ("gauge", ("job", "task"), "the last global step the task reported"),
-    "psworker_task_examples_per_second": ("gauge", ("job", "task"), "the task's examples/s, from its last step "
-                                                                    "line"),
+    "psworker_task_examples_per_second": ("gauge", ("job", "task"), "a training task's examples/s, from its last "
+                                                                    "step line"),
     "psworker_task_seconds_since_step": ("gauge", ("job", "task"), "a live worker's seconds since its step last "
                                                                    "moved (since its start before its first step)"),
     "psworker_task_stalled": ("gauge", ("job", "task"), "1 while a live worker's step has not moved for the stall "
@@ -223,7 +223,7 @@ def _tasks(tasks: dict[str, TaskProgress], ended: dict[str, tuple[Sequence[Exit]
             families["psworker_task_last_exit_code"].add_metric(labels, 128 - code if code < 0 else code)
         if t.step is not None:
             families["psworker_task_step"].add_metric(labels, t.step)
-        if t.examples_per_sec is not None:
+        if t.examples_per_sec is not None and t.state == TaskState.TRAINING:     # not a rate from before a restart
             families["psworker_task_examples_per_second"].add_metric(labels, t.examples_per_sec)
         if job in STALL_JOBS and t.state in live:
             quiet = max(0.0, now - t.step_moved_at)
