@@ -184,8 +184,8 @@ def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec],
 
     policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
     metrics = None if args.metrics_port is None else MetricsOptions(
-        args.metrics_port, args.metrics_host, args.metrics_allow_public_bind, args.metrics_stall_secs,
-        args.metrics_linger_secs)
+        port=args.metrics_port, host=args.metrics_host, allow_public=args.metrics_allow_public_bind,
+        stall_secs=args.metrics_stall_secs, linger_secs=args.metrics_linger_secs)
     return LaunchConfig(spec=spec, backend=backend, run_dir=run_dir, command=tuple(command), policy=policy,
                         metrics=metrics,
                         faults=tuple(args.inject), stall_timeout_secs=args.stall_timeout_secs, verbose=args.verbose,
@@ -241,19 +241,18 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
 
 def add_metrics_flags(p: Any) -> None:
     """`--metrics_port` and its companions: the launcher's /metrics for Prometheus (`launcher/metrics.py`)."""
-    g = p                      # `slurm submit` passes a group already (argparse deprecates nested groups)
-    g.add_argument("--metrics_port", type=port_type(free_ok=True), default=None, metavar="PORT",
+    p.add_argument("--metrics_port", type=port_type(free_ok=True), default=None, metavar="PORT",
                    help="serve the run's metrics for Prometheus at http://HOST:PORT/metrics while the run lasts "
                         "(0: a free port, printed at the start; default: off)")
-    g.add_argument("--metrics_host", default="127.0.0.1", metavar="HOST",
+    p.add_argument("--metrics_host", default="127.0.0.1", metavar="HOST",
                    help="the address /metrics listens on (default 127.0.0.1; a public one or 0.0.0.0 is refused "
                         "without --metrics_allow_public_bind: the endpoint is unauthenticated)")
-    g.add_argument("--metrics_allow_public_bind", action="store_true",
+    p.add_argument("--metrics_allow_public_bind", action="store_true",
                    help="serve /metrics on a public address or every interface (firewall it)")
-    g.add_argument("--metrics_stall_secs", type=positive_float, default=None, metavar="SECS",
+    p.add_argument("--metrics_stall_secs", type=positive_float, default=None, metavar="SECS",
                    help="psworker_task_stalled is 1 for a worker whose step has not moved this long (default: "
                         "--stall_timeout_secs, else 300)")
-    g.add_argument("--metrics_linger_secs", type=non_negative_float, default=30.0, metavar="SECS",
+    p.add_argument("--metrics_linger_secs", type=non_negative_float, default=30.0, metavar="SECS",
                    help="once the run has ended by itself, serve its last metrics until the next scrape, at most "
                         "this long, when anything has scraped them (default 30; 0: stop at once; never after Ctrl-C "
                         "or SIGTERM)")
