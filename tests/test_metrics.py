@@ -4,6 +4,7 @@ alert rules checked and unit-tested with promtool."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -12,11 +13,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
 
-from psworker.launcher import cgroups
+from psworker.launcher import cgroups, netns, shaping
 from psworker.launcher import metrics as launcher_metrics
 from psworker.launcher.ports import pick_free_ports
 from psworker.task import metrics as task_metrics
@@ -26,6 +28,12 @@ from tests.conftest import skip_or_fail
 from tests.prometheus_fixture import why_no_prometheus
 
 README = REPO / "README.md"
+
+
+@functools.lru_cache(maxsize=None)
+def why_no_shaping() -> Optional[str]:
+    """None where `--ps_link_rate` can shape links here, else why not."""
+    return shaping.missing_tool() or (None if netns.available() else "no network namespace here")
 ALERTS = REPO / "docs" / "alerts.yml"
 WINDOW = "[15m]"          # every query's range: longer than the test's runs
 MAX_STEPS = 3000
@@ -157,8 +165,9 @@ def launcher_run(prometheus, tmp_path_factory):
             return True
         return False
 
+    shaped = ["--ps_link_rate", "10gbit"] if why_no_shaping() is None else []     # psworker_ps_link_bytes_total
     run = run_launcher([str(spec), "--metrics_port", "0", "--metrics_stall_secs", "3", "--max_restarts", "1",
-                        "--no_live", *INJECT], work, timeout=400, on_line=on_line)
+                        "--no_live", *INJECT, *shaped], work, timeout=400, on_line=on_line)
     assert run.returncode == 0, run.output[-3000:]
     assert "raw" in seen, run.output[-3000:]
     return {**seen, "run": run, "train_dir": work / "train", "ended": time.time()}
@@ -185,6 +194,21 @@ def test_prometheus_scrapes_a_local_run(prometheus, launcher_run):
     assert p.value(f'last_over_time(psworker_run_state{{state="succeeded"}}{WINDOW})') == 1
     assert _closed(r["port"]), "the launcher's metrics port is still open"
     assert_processes_gone(r["run"].pids)
+
+
+@pytest.mark.slow
+def test_the_ps_link_bytes_under_ps_link_rate(prometheus, launcher_run):
+    """With --ps_link_rate, each ps link's bytes (tc's counters) rise, up to what the run's last lines report."""
+    if why_no_shaping() is not None:
+        skip_or_fail("netns", f"--ps_link_rate needs a network namespace and tc: {why_no_shaping()}")
+    p, r = prometheus, launcher_run
+    report = re.search(r"ps:0 link \(10gbit each way\): ([0-9.]+) MB to it, ([0-9.]+) MB from it", r["run"].output)
+    assert report, r["run"].output[-2000:]
+    for direction, reported_mb in zip(("to_ps", "from_ps"), map(float, report.groups())):
+        series = p.query_range(f'psworker_ps_link_bytes_total{{task="0",direction="{direction}"}}', r["started"],
+                               r["ended"])
+        values = [float(v) for _, v in series[0]["values"]]
+        assert values == sorted(values) and 0 < values[-1] <= reported_mb * 1e6 + 0.05e6, (direction, values)
 
 
 @pytest.mark.slow
