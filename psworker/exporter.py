@@ -58,19 +58,21 @@ def check_host(host: str, *, allow_public: bool, flag: str) -> None:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A TCP socket listening on `host:port` (0: a free port).
+    """A TCP socket listening on `host:port` (0: a free port), on its IPv4 address where it has one (`localhost`
+    may resolve to ::1 first, where a scraper of 127.0.0.1 would not find it).
 
     Raises:
         UsageError: the port is taken, or the address is not this host's or cannot be resolved.
     """
     try:
-        family = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][0]
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as err:
         raise UsageError(f"cannot serve metrics on {host}:{port}: {err}") from None
+    family, address = min((info[0] != socket.AF_INET, info[0], info[4]) for info in infos)[1:]   # IPv4 first
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        sock.bind(address)
         sock.listen(16)
     except OSError as err:
         sock.close()

@@ -86,7 +86,7 @@ def test_exit_classes():
     assert set(launcher_metrics.EXIT_CLASSES) >= {c(n, None) for n in range(-64, 256)}
 
 
-def test_a_public_metrics_host_is_refused(tmp_path):
+def test_a_public_metrics_host_or_a_taken_port_is_refused(tmp_path):
     spec = write_spec(tmp_path / "c.yaml", max_steps=10)
     done = subprocess.run([sys.executable, "-m", "psworker", "local", str(spec), "--metrics_port", "0",
                            "--metrics_host", "0.0.0.0"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -94,6 +94,14 @@ def test_a_public_metrics_host_is_refused(tmp_path):
     assert ("refusing to serve metrics on 0.0.0.0: it names every interface of this host. The /metrics endpoint is "
             "unauthenticated; serve it on a private network only, or pass --metrics_allow_public_bind") in done.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.log"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "psworker", "worker", "--spec", str(spec), "--task_index", "1",
+                               "--metrics_port", str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"psworker: error: cannot serve metrics on 127.0.0.1:{port}: Address already in use" in done.stderr
 
 
 def test_alert_rules_check_and_fire(tmp_path):
