@@ -315,3 +315,61 @@ def test_slurm_submit_passes_the_metrics_flags_to_the_jobs_launcher(tmp_path):
         if name == "on":
             assert argv[argv.index("--metrics_port") + 1] == "9400" and argv[argv.index("--metrics_host") + 1] == \
                 "10.1.2.3"
+
+
+def _scraped(registry) -> dict[str, set[str]]:
+    """name -> label names of a registry's exposition, parsed back as Prometheus reads it."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def test_every_metric_renders_with_the_readme_labels(tmp_path):
+    """Each metric the live runs above do not show (an elastic job's counts, the epochs to train, a ps's members
+    and done tokens, a leaving worker): the launcher's collector over a real `Progress` fed as the launcher feeds it,
+    and a task's `Watcher` fed its own lines, expose every metric of the README's table with its labels."""
+    from prometheus_client import CollectorRegistry
+
+    from psworker import events
+    from psworker.launcher.progress import Progress
+    from psworker.launcher.shaping import PortBytes
+
+    class Run:        # what the collector reads of a `Supervisor`
+        progress = Progress(["ps:0", "worker:0", "worker:1"])
+
+        def ended_attempts(self):
+            return {"worker:1": (((-9, None),), None), "ps:0": ((), (0, None))}
+
+    run = Run()
+    run.progress.set_workers(2, 3)
+    run.progress.feed("worker:0", events.Step(40, 0.5, 800.0, 0.04, 1.25, 3).render())
+    (tmp_path / "model.ckpt-40.index").write_bytes(b"")
+    collector = launcher_metrics.RunCollector(launcher_metrics.RunFacts(
+        300.0, tmp_path, 100, lambda: [PortBytes(10, 20)]))
+    collector.attach(run)
+    table = _readme_table()
+    registries = [CollectorRegistry(auto_describe=False) for _ in range(3)]
+    registries[0].register(collector)
+    for registry, (job, lines) in zip(registries[1:], (
+            ("worker", [events.Step(40, 0.5, 800.0, 0.04).render(), "worker:1: got SIGUSR2: scaled away; leaving "
+                        "the job (told every ps)", events.WorkerDone("worker:1", 50, 20, 3.0).render()]),
+            ("ps", ["ps:0: worker:1 joined the job (members now: worker:0, worker:1)",
+                    "ps:0: worker:1 is done (1 of 2)"]))):
+        watcher = task_metrics.Watcher(job, 1 if job == "worker" else 0, 1)
+        for line in lines:
+            watcher.line(line)
+        registry.register(watcher)
+    exposed = {name: labels for registry in registries for name, labels in _scraped(registry).items()}
+    capped = {"psworker_task_memory_limit_bytes"}      # only in a capped cgroup (its own test above)
+    assert set(table) - capped <= set(exposed) <= set(table), set(table) ^ set(exposed)
+    for name, labels in exposed.items():
+        assert labels == set(table[name][1]), (name, labels)
+    watcher_values = {s.name: s.value for s in registries[1].collect() for s in s.samples}
+    assert watcher_values["psworker_worker_leaving"] == 1 and watcher_values["psworker_worker_done"] == 1
+    ps_values = {s.name: s.value for s in registries[2].collect() for s in s.samples}
+    assert ps_values["psworker_ps_members"] == 2 and ps_values["psworker_ps_done_tokens_total"] == 1
