@@ -16,7 +16,8 @@ from tests.fake_tasks.fakes import HERE, stop_supervisors
 # Synthetic CIFAR-10 examples per class (train, test) when a test module does not set CIFAR_PER_CLASS.
 DEFAULT_CIFAR_PER_CLASS = (100, 20)
 
-# `PSWORKER_REQUIRE=slurm,sshd,chromium,netns,memcg`: a test that would skip for want of one of these fails instead.
+# `PSWORKER_REQUIRE=slurm,sshd,chromium,netns,memcg,prometheus`: a test that would skip for want of one of these
+# fails instead.
 REQUIRE_ENV = "PSWORKER_REQUIRE"
 # component -> (fixtures whose skip is that component's, words in a skip reason that name it)
 COMPONENTS = {
@@ -25,6 +26,7 @@ COMPONENTS = {
     "chromium": ((), ("chromium",)),
     "netns": ((), ("network namespace", "netns")),
     "memcg": ((), ("memory cgroup",)),
+    "prometheus": (("prometheus",), ("prometheus", "promtool")),
 }
 
 
@@ -153,6 +155,23 @@ def sshd(tmp_path_factory):
         pytest.skip(reason)
     with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def prometheus(tmp_path_factory):
+    """A real Prometheus for the session, scraping every second the targets a test adds
+    (tests/prometheus_fixture.py); skips where it is not installed."""
+    from tests.prometheus_fixture import Prometheus, why_no_prometheus
+
+    reason = why_no_prometheus()
+    if reason:
+        pytest.skip(reason)
+    server = Prometheus(tmp_path_factory.mktemp("prometheus"))
+    try:
+        yield server
+    finally:
+        server.close()
+    assert server.proc.returncode is not None
 
 
 @pytest.fixture

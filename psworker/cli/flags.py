@@ -163,6 +163,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow_public_bind", action="store_true",
                    help="serve even when this task's host resolves to a public IP address (TensorFlow's servers are "
                         "unauthenticated; the default refuses)")
+    p.add_argument("--metrics_port", type=port_type(free_ok=True), default=None, metavar="PORT",
+                   help="serve this task's metrics for Prometheus at http://HOST:PORT/metrics, HOST being its own "
+                        "address's (0: a free port, named in its log; default: off)")
 
 
 def train_config(spec: ClusterSpec, args: argparse.Namespace) -> TrainConfig:
@@ -176,10 +179,15 @@ def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec],
     """The one `LaunchConfig` of a launcher command: its launch flags (`add_launch_flags`), `backend` (the
     backend's typed options) and, for `psworker run`, the user's command."""
     from psworker.launcher.config import LaunchConfig
+    from psworker.launcher.metrics import MetricsOptions
     from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 
     policy = RestartPolicy(max_restarts=args.max_restarts, backoff_secs=args.restart_backoff_secs)
+    metrics = None if args.metrics_port is None else MetricsOptions(
+        port=args.metrics_port, host=args.metrics_host, allow_public=args.metrics_allow_public_bind,
+        stall_secs=args.metrics_stall_secs, linger_secs=args.metrics_linger_secs)
     return LaunchConfig(spec=spec, backend=backend, run_dir=run_dir, command=tuple(command), policy=policy,
+                        metrics=metrics,
                         faults=tuple(args.inject), stall_timeout_secs=args.stall_timeout_secs, verbose=args.verbose,
                         live=False if args.no_live else None, grace_period_secs=args.grace_period_secs,
                         success=SuccessPolicy(args.success_policy, args.worker_exit_grace_secs), python=python)
@@ -228,6 +236,26 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
                         "errors; the full output is always in <train_dir>/logs/)")
     p.add_argument("--no_live", action="store_true",
                    help="plain periodic status lines even on a terminal (no live view)")
+    add_metrics_flags(p)
+
+
+def add_metrics_flags(p: Any) -> None:
+    """`--metrics_port` and its companions: the launcher's /metrics for Prometheus (`launcher/metrics.py`)."""
+    p.add_argument("--metrics_port", type=port_type(free_ok=True), default=None, metavar="PORT",
+                   help="serve the run's metrics for Prometheus at http://HOST:PORT/metrics while the run lasts "
+                        "(0: a free port, printed at the start; default: off)")
+    p.add_argument("--metrics_host", default="127.0.0.1", metavar="HOST",
+                   help="the address /metrics listens on (default 127.0.0.1; a public one or 0.0.0.0 is refused "
+                        "without --metrics_allow_public_bind: the endpoint is unauthenticated)")
+    p.add_argument("--metrics_allow_public_bind", action="store_true",
+                   help="serve /metrics on a public address or every interface (firewall it)")
+    p.add_argument("--metrics_stall_secs", type=positive_float, default=None, metavar="SECS",
+                   help="psworker_task_stalled is 1 for a worker whose step has not moved this long (default: "
+                        "--stall_timeout_secs, else 300)")
+    p.add_argument("--metrics_linger_secs", type=non_negative_float, default=30.0, metavar="SECS",
+                   help="once the run has ended by itself, serve its last metrics until the next scrape, at most "
+                        "this long, when anything has scraped them (default 30; 0: stop at once; never after Ctrl-C "
+                        "or SIGTERM)")
 
 
 COMMAND_EPILOG = ("after '--' (optional): your own program and its arguments, run once per task instead of "
@@ -248,4 +276,4 @@ def add_status_flags(p: argparse.ArgumentParser) -> None:
 
 __all__ = ["value_type", "port_type", "int_type", "positive_float", "non_negative_float", "add_train_flags",
            "add_model_flag", "train_overrides", "with_train_flags", "add_cluster_flags", "train_config",
-           "launch_config", "add_launch_flags", "add_status_flags"]
+           "launch_config", "add_launch_flags", "add_metrics_flags", "add_status_flags"]

@@ -19,7 +19,7 @@ __all__ = ["cmd_slurm_launch", "cmd_slurm_status", "cmd_slurm_submit", "launch_f
 
 # `slurm submit` takes these launch flags (default None there) and the job's `slurm launch` gets the ones given.
 FORWARDED = ("grace_period_secs", "max_restarts", "restart_backoff_secs", "stall_timeout_secs", "success_policy",
-             "worker_exit_grace_secs")
+             "worker_exit_grace_secs", "metrics_port", "metrics_host", "metrics_stall_secs", "metrics_linger_secs")
 
 
 def cmd_slurm_submit(args: argparse.Namespace) -> int:
@@ -29,7 +29,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     sbatch = sched.SbatchOptions(job_name=args.job_name, nodes=args.nodes, time=args.time, partition=args.partition,
                                  account=args.account, output=args.output, overcommit=args.overcommit)
     launch = JobLaunch(**{name: getattr(args, name) for name in FORWARDED}, faults=tuple(args.inject),
-                       verbose=args.verbose, command=tuple(args.command))
+                       verbose=args.verbose, metrics_allow_public_bind=args.metrics_allow_public_bind,
+                       command=tuple(args.command))
     if not args.command:     # refused here rather than once the job has waited in the queue
         check_training(with_train_flags(load_spec(args.spec, allow_counts=True), args), data_here=False)
     train = tuple((name, value) for name, value in train_overrides(args).items() if value is not None)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from typing import ContextManager
 
 from psworker.cli.flags import train_config
 from psworker.errors import UsageError
@@ -27,10 +29,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.rejoin_grace_secs is not None and args.rejoin_grace_secs < 0:
         raise UsageError(f"--rejoin_grace_secs must be >= 0, got {args.rejoin_grace_secs:g}")
     from psworker.task import main
-    return main.run_ps(spec, index, keep_running=args.keep_ps_running,
-                       workers_gone_timeout_secs=args.workers_gone_timeout_secs,
-                       rejoin_grace_secs=args.rejoin_grace_secs,
-                       allow_public_bind=args.allow_public_bind)
+    with _metrics(spec, "ps", index, args):
+        return main.run_ps(spec, index, keep_running=args.keep_ps_running,
+                           workers_gone_timeout_secs=args.workers_gone_timeout_secs,
+                           rejoin_grace_secs=args.rejoin_grace_secs,
+                           allow_public_bind=args.allow_public_bind)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -38,7 +41,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     spec, index = _resolve("worker", args)
     config = train_config(spec, args)
     from psworker.task import main
-    return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
+    with _metrics(spec, "worker", index, args):
+        return main.run_worker(spec, index, config, allow_public_bind=args.allow_public_bind)
+
+
+def _metrics(spec: ClusterSpec, job: str, index: int, args: argparse.Namespace) -> ContextManager[None]:
+    """`--metrics_port`: the task's /metrics while it runs, on its own address's host (vetted as its server's)."""
+    from psworker.task import metrics, server
+
+    if args.metrics_port is None:
+        return contextlib.nullcontext()
+    address = spec.addresses(job)[index]
+    server.check_bind_safety(address, allow_public=args.allow_public_bind)
+    members = 1 if spec.elastic is not None else len(spec.worker)    # an elastic job's ps waits for the chief first
+    return metrics.serving(job, index, address.host, args.metrics_port, members)
 
 
 def ps_flags(p: argparse.ArgumentParser) -> None:

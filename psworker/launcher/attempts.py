@@ -77,6 +77,7 @@ class Attempts:
             slot.reader.join(READER_JOIN_SECS)
         slot.restarts += 1
         slot.causes.append(cause)
+        slot.exits.append((slot.returncode, slot.cause))
         logger.warning("restarting %s (restart %d: %s)", slot.name, slot.restarts, cause)
         self.spawn(slot, marker=events.Restart.now(slot.restarts, cause))
 

@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 from psworker.errors import UsageError
 from psworker.launcher.backends.local import LocalOptions
 from psworker.launcher.inject import Fault
+from psworker.launcher.metrics import MetricsOptions
 from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 from psworker.spec import ClusterSpec, CountSpec
 
@@ -38,6 +39,7 @@ class LaunchConfig:
     ps_exit_grace_secs: Optional[float] = None     # None: PS_EXIT_GRACE_SECS, COMMAND_PS_EXIT_GRACE_SECS for a command
     success: SuccessPolicy = field(default_factory=SuccessPolicy)     # TFJob's default: the chief, else worker 0
     python: str = sys.executable             # the interpreter of psworker's own tasks, where they run
+    metrics: Optional[MetricsOptions] = None     # `--metrics_port`: the launcher's /metrics; None: off
 
     def __post_init__(self) -> None:
         """Checks the settings and the rules of a launch (an elastic job runs psworker's trainer only); resolves

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 
 from psworker import diskspace, events, traindir_lock
 from psworker.launcher import backends
+from psworker.launcher import metrics as metrics_
 from psworker.launcher.backends.base import Backend
 from psworker.launcher.command import command_tasks, names_train_dir, worker_warnings
 from psworker.launcher.config import LaunchConfig
@@ -76,8 +77,9 @@ def plan_tasks(spec: ClusterSpec, config: LaunchConfig, python: str, spec_path: 
 
 
 def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, log_dir: Path, *,
-              console: TextIO, install_signal_handlers: bool = True) -> tuple[RunResult, Optional[int]]:
-    """Runs `tasks` under one `Supervisor` until the run ends.
+              console: TextIO, install_signal_handlers: bool = True,
+              metrics: Optional[metrics_.RunCollector] = None) -> tuple[RunResult, Optional[int]]:
+    """Runs `tasks` under one `Supervisor` until the run ends (`metrics`: the /metrics collector to attach it to).
 
     Returns:
         The result, and the signal that stopped the launcher (None if none did).
@@ -102,6 +104,8 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
                          stacks=stacks.for_run(own_tasks=not config.command, local=processes.LOCAL_PIDS),
                          elastic=elastic, scale_inbox=ScaleInbox(log_dir.parent) if elastic else None)
         attach(sup.progress)
+        if metrics is not None:
+            metrics.attach(sup)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
         with signals as caught, sup:
             result = sup.wait()
@@ -197,9 +201,9 @@ def _placed(config: LaunchConfig, backend: Backend, run_dir: Path) -> tuple[Laun
 
 
 def _run(config: LaunchConfig, planned: list[Task], backend: Backend, run_dir: Path, console: TextIO,
-         install_signal_handlers: bool, lock_holder: str) -> int:
+         install_signal_handlers: bool, lock_holder: str, endpoint: Optional[metrics_.Endpoint] = None) -> int:
     """Inside the backend's session, holding the run dir's lock (its tasks learn who holds it: `lock_holder`):
-    write, supervise, report."""
+    write, supervise (with `endpoint`: /metrics served), report."""
     spec = config.spec
     tasks = [dataclasses.replace(t, env=(*t.env, (traindir_lock.HOLDER_ENV, lock_holder))) for t in planned]
     write_end(run_dir, None)        # an earlier run's record, in a run dir that goes on
@@ -216,15 +220,19 @@ def _run(config: LaunchConfig, planned: list[Task], backend: Backend, run_dir: P
         e = spec.elastic
         print(f"psworker: elastic workers ({e.describe()}): worker:0-{e.start - 1} start now, the others are reserved; "
               f"psworker scale {run_dir} --workers N changes the count", file=console, flush=True)
+    collector = _serve_metrics(endpoint, config, backend, outputs, console)
     started = time.monotonic()
     result, signum = supervise(tasks, backend, config, log_dir, console=console,
-                               install_signal_handlers=install_signal_handlers)
+                               install_signal_handlers=install_signal_handlers, metrics=collector)
     seconds = time.monotonic() - started
     code = None
     try:
         code = _report(config, result, signum, seconds, outputs, log_dir, console)
     finally:    # also when the console went away (`| tee` ended by the same Ctrl-C): status reads how the run ended
-        write_end(run_dir, run_end(result, signum, _exit_code(result, signum) if code is None else code, seconds))
+        end = run_end(result, signum, _exit_code(result, signum) if code is None else code, seconds)
+        write_end(run_dir, end)
+    if endpoint is not None:
+        endpoint.finish(end.outcome, 0.0 if signum is not None else config.metrics.linger_secs, console)
     return code
 
 
@@ -235,6 +243,19 @@ def _exit_code(result: RunResult, signum: Optional[int]) -> int:
     if result.ok:
         return 0
     return exit_status(result.failure.returncode) if result.failure is not None else 1
+
+
+def _serve_metrics(endpoint: Optional[metrics_.Endpoint], config: LaunchConfig, backend: Backend, outputs: Path,
+                   console: TextIO) -> Optional[metrics_.RunCollector]:
+    """`--metrics_port`: serves the run's /metrics and says where; returns the collector (None: metrics off)."""
+    if endpoint is None:
+        return None
+    options = config.metrics
+    stall = options.stall_secs or config.stall_timeout_secs or metrics_.DEFAULT_STALL_SECS
+    facts = metrics_.RunFacts(stall, outputs, None if config.command else config.spec.train.max_steps,
+                              getattr(backend, "link_bytes", None))
+    print(f"psworker: {endpoint.serve(facts)}", file=console, flush=True)
+    return endpoint.collector
 
 
 def run_end(result: RunResult, signum: Optional[int], code: int, seconds: float) -> RunEnd:
@@ -262,10 +283,12 @@ def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_si
     if not config.command:
         check_earlier_run(config.run_dir or config.spec.train.train_dir, config.spec.train)
     run_dir = choose_run_dir(config.run_dir, config.spec, console)
-    with backend.session(run_dir, console):    # after a re-exec, if any
+    # the metrics socket before the session: bound on this host's network, kept across a re-exec into a namespace
+    with metrics_.serving(config.metrics) as endpoint, backend.session(run_dir, console):    # after a re-exec, if any
         config, tasks = _placed(config, backend, run_dir)
         with traindir_lock.hold(run_dir) as lock:
-            return _run(config, tasks, backend, run_dir, console, install_signal_handlers, lock.holder.token)
+            return _run(config, tasks, backend, run_dir, console, install_signal_handlers, lock.holder.token,
+                        endpoint)
 
 
 def run_local(spec: ClusterSpec, *, console: Optional[TextIO] = None, python: str = sys.executable,

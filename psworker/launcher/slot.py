@@ -57,6 +57,7 @@ class Slot:
     stopped: bool = False
     restarts: int = 0
     causes: list = dataclasses.field(default_factory=list)
+    exits: list = dataclasses.field(default_factory=list)   # (code, cause) of each attempt restarted (/metrics)
     cause: Optional[str] = None     # why this attempt ended, beyond its code: the launcher ended it (injection,
                                     # stall), or the backend knows (`exit_cause`: the kernel's memory cap)
     forced_code: Optional[int] = None   # an injected `exit` fault: the code to judge instead of the real one

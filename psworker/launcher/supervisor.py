@@ -144,6 +144,12 @@ class Supervisor:
     def restarts(self, name: str) -> int:
         return self._slot(name).restarts
 
+    def ended_attempts(self) -> dict[str, tuple[tuple, Optional[tuple]]]:
+        """Per task, the (exit code, cause) of each attempt restarted, and of the current one once ended (else None);
+        read without the lock, for /metrics (`launcher/metrics.py`)."""
+        return {n: (tuple(s.exits), None if s.returncode is None else (s.returncode, s.cause))
+                for n, s in list(self._slots.items())}
+
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -269,6 +269,12 @@ class LocalBackend(Backend):
             raise UsageError(f"--ps_link_rate: cannot shape the ps links: {e}") from None
         self._shaping = link
 
+    def link_bytes(self) -> Optional[list]:
+        """`--ps_link_rate`: per ps, the bytes its link has carried so far (`shaping.PortBytes`); None unshaped."""
+        from psworker.launcher import shaping
+
+        return None if self._shaping is None else shaping.class_bytes(self._shaping)
+
     def _report_link_bytes(self, console: TextIO) -> None:
         """The bytes each ps link carried, from the tc class counters (after the run's report)."""
         from psworker.launcher import shaping

@@ -43,17 +43,23 @@ class JobLaunch:
     stall_timeout_secs: Optional[float] = None
     success_policy: Optional[str] = None
     worker_exit_grace_secs: Optional[float] = None
+    metrics_port: Optional[int] = None     # the launcher's /metrics, on the job's first node
+    metrics_host: Optional[str] = None
+    metrics_stall_secs: Optional[float] = None
+    metrics_linger_secs: Optional[float] = None
     faults: tuple[Fault, ...] = ()
     verbose: bool = False
+    metrics_allow_public_bind: bool = False
     command: tuple[str, ...] = ()        # the user's program, run once per task instead of psworker's trainer
 
     def argv(self) -> list[str]:
         """As `psworker slurm launch` arguments (those left at their default are left out)."""
         settings = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
-                    if f.name not in ("faults", "verbose", "command")]
+                    if f.name not in ("faults", "verbose", "metrics_allow_public_bind", "command")]
         flags = [part for name, value in settings if value is not None for part in (f"--{name}", str(value))]
         flags += [part for fault in self.faults for part in ("--inject", fault.text)]
         flags += ["--verbose"] if self.verbose else []
+        flags += ["--metrics_allow_public_bind"] if self.metrics_allow_public_bind else []
         return flags + (["--", *self.command] if self.command else [])
 
 
