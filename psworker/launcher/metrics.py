@@ -202,6 +202,10 @@ class RunCollector(Collector):
 Exit = tuple[int, Optional[str]]     # an ended attempt's (return code, cause)
 
 
+# GONE is `psworker status`'s word for a task whose launcher died: a live launcher never shows it
+LAUNCHER_STATES = tuple(s for s in TaskState if s is not TaskState.GONE)
+
+
 def _tasks(tasks: dict[str, TaskProgress], ended: dict[str, tuple[Sequence[Exit], Optional[Exit]]],
            stall_secs: float, now: float) -> Iterator[Any]:
     """The per-task families: every task in each, labelled `job` and `task` (its index). `ended`: per task, the
@@ -211,7 +215,7 @@ def _tasks(tasks: dict[str, TaskProgress], ended: dict[str, tuple[Sequence[Exit]
     for name, t in tasks.items():
         job, _, index = name.rpartition(":")
         labels = [job, index]
-        for s in TaskState:
+        for s in LAUNCHER_STATES:
             families["psworker_task_state"].add_metric([*labels, state_label(s)], 1.0 if s == t.state else 0.0)
         restarted, current = ended.get(name, ((), None))
         classes = [exit_class(code, cause) for code, cause in restarted]
