@@ -23,6 +23,7 @@ from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.report import RunResult, describe_returncode, exit_status, format_report, success_line
+from psworker.launcher.stopline import stop_line
 from psworker.launcher.rundir import LOG_SUBDIR, RunEnd, choose_run_dir, task_log_name, write_end, write_run_dir
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, chief_name, plan
@@ -40,7 +41,8 @@ class SignalCatcher:
 @contextlib.contextmanager
 def stop_on_signals(sup: Supervisor, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)
                     ) -> Iterator[SignalCatcher]:
-    """While inside, `signals` make `sup.wait()` stop every task and return; the old handlers return after.
+    """While inside, `signals` make `sup.wait()` stop every task and return (the workers first: the chief writes a
+    checkpoint, `Supervisor.request_stop`); a second signal stops them at once. The old handlers return after.
 
     Outside the main thread (where Python cannot install handlers) it installs nothing.
     """
@@ -50,9 +52,10 @@ def stop_on_signals(sup: Supervisor, signals: Sequence[int] = (signal.SIGINT, si
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if caught.signum is None:
+        again = caught.signum is not None
+        if not again:
             caught.signum = signum
-        sup.request_stop(f"launcher received {signal.Signals(signum).name}")
+        sup.request_stop(f"launcher received {signal.Signals(signum).name}", hard=again)
 
     previous = {}
     try:
@@ -96,7 +99,8 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
                          backend=processes, restart_policy=config.policy, faults=config.faults,
                          stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs, success=success,
                          stacks=stacks.for_run(own_tasks=not config.command, local=processes.LOCAL_PIDS),
-                         elastic=elastic, scale_inbox=ScaleInbox(log_dir.parent) if elastic else None)
+                         elastic=elastic, scale_inbox=ScaleInbox(log_dir.parent) if elastic else None,
+                         stop_save_secs=config.stop_save_secs)
         attach(sup.progress)
         signals = stop_on_signals(sup) if install_signal_handlers else contextlib.nullcontext(SignalCatcher())
         with signals as caught, sup:
@@ -165,8 +169,9 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
         print(f"psworker: {result.reason}; stopped {', '.join(stopped) or 'nothing (all had exited)'}",
               file=sys.stderr, flush=True)
         print(format_report(result), file=sys.stderr, flush=True)
-        again = "" if config.command else " (the same command goes on from the latest checkpoint)"
-        print(f"psworker: {_where(config, outputs, log_dir, logs_first=True)}{again}", file=sys.stderr, flush=True)
+        print(f"psworker: {_where(config, outputs, log_dir, logs_first=True)}", file=sys.stderr, flush=True)
+        if not config.command:
+            print(f"psworker: {stop_line(result, outputs)}", file=sys.stderr, flush=True)
         return 128 + signum
     if result.ok:
         report_success(config, result, seconds, outputs, log_dir, console)

@@ -75,6 +75,7 @@ class Supervisor:
         stacks: Optional[StackAsker] = None,
         elastic: Optional[Elastic] = None,
         scale_inbox: Optional[ScaleInbox] = None,
+        stop_save_secs: float = 0.0,
     ) -> None:
         """Args:
             tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
@@ -95,6 +96,8 @@ class Supervisor:
             elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
                 (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
             scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scale_inbox`).
+            stop_save_secs: a stop asked for by `request_stop` first stops every task but the ps and gives them this
+                long to exit (the chief writes its checkpoint) while the ps serve on; 0: one teardown for all.
         """
         names = distinct_names(tasks)
         self._log_dir = Path(log_dir)
@@ -107,6 +110,7 @@ class Supervisor:
         self.progress = Progress(names)
         self._lock = threading.RLock()
         self._started, self._started_time, self._stop_request = False, 0.0, None
+        self._stop_save_secs, self._hard_stop = stop_save_secs, False
         self._result, self._failure, self._ending = None, None, Ending()    # `_ending`: once succeeded, its drain
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
                                     self.progress, window_secs=console_window_secs)
@@ -168,7 +172,7 @@ class Supervisor:
             if not self._started:
                 raise RuntimeError("Supervisor.poll() before start()")
             if self._stop_request is not None:
-                return self.stop(self._stop_request)
+                return self.stop(self._stop_request, save=True)
             now = time.time()
             self._attempts.collect(now)
             self._watch(now)
@@ -197,12 +201,16 @@ class Supervisor:
                                    f"{', '.join(self.pids()) or 'none'}")
             time.sleep(POLL_INTERVAL_SECS)
 
-    def request_stop(self, reason: str) -> None:
-        """Asks the next `poll`/`wait` to stop the run. Takes no lock, so a signal handler may call it."""
-        self._stop_request = reason
+    def request_stop(self, reason: str, *, hard: bool = False) -> None:
+        """Asks the next `poll`/`wait` to stop the run, the workers first (`stop_save_secs`); `hard` (a second
+        Ctrl-C): at once, also while that stop waits for the workers. Takes no lock: a signal handler may call it."""
+        if self._stop_request is None:
+            self._stop_request = reason
+        self._hard_stop = self._hard_stop or hard
 
-    def stop(self, reason: str = "stopped") -> RunResult:
-        """Stops every task (SIGTERM, `grace_period_secs`, then SIGKILL, via the backend) and reaps all.
+    def stop(self, reason: str = "stopped", *, save: bool = False) -> RunResult:
+        """Stops every task (SIGTERM, `grace_period_secs`, then SIGKILL, via the backend) and reaps all; `save`:
+        the workers first, given `stop_save_secs` to exit (the chief writes a checkpoint) while the ps serve on.
 
         Returns the run's result: the one already reached, else a not-ok result with `reason`.
         """
@@ -210,7 +218,7 @@ class Supervisor:
             if self._result is not None:
                 return self._result
             self._attempts.collect(time.time())
-            return self._finish(False, reason)
+            return self._finish(False, reason, save=save)
 
     def close(self) -> None:
         """Stops the run if it has not ended, then raises the first error from a log reader thread, if any."""
@@ -383,8 +391,13 @@ class Supervisor:
         return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason,
                            error=said.message if said else "")
 
-    def _finish(self, ok: bool, reason: str) -> RunResult:
-        self._attempts.stop_all(reason, self._grace, self._stacks)
+    def _finish(self, ok: bool, reason: str, save: bool = False) -> RunResult:
+        if save and self._stop_save_secs > 0 and not self._hard_stop:
+            self._attempts.stop_workers_first(reason, self._stop_save_secs, lambda: self._hard_stop)
+        if self._hard_stop:
+            self._attempts.stop_all(reason, 0.0, None)
+        else:
+            self._attempts.stop_all(reason, self._grace, self._stacks)
         failed = self._failure.name if self._failure is not None else None
         exits = {s.name: TaskExit(s.name, s.returncode, s.started_at, s.ended_at, str(s.log_path), s.restarts,
                                   s.stopped, tuple(s.causes),

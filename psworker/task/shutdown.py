@@ -252,6 +252,7 @@ class _PsWait:
 
     def __call__(self, done: set[int]) -> bool:
         self.watch.update()
+        self._stopping()
         members = self.members()
         if not done:
             return self._all_gone(members)
@@ -262,6 +263,21 @@ class _PsWait:
                 done.add(i)
                 log.info("%s: worker:%d has gone away after training ended; counting it as done", self.name, i)
         return CHIEF not in done and self._chief_gone()
+
+    def _stopping(self) -> None:
+        """After a SIGINT or SIGTERM (`task.stop`): `StoppedBySignal` once the chief's port is closed (its
+        checkpoint written, or it never came) or the stop's wait has run out."""
+        from psworker.task import stop
+
+        stopper = stop.current()
+        if not stopper.stopping:
+            return
+        waited = time.monotonic() - stopper.at
+        limit = stop.ps_wait_secs(self.spec.train.step_timeout_secs)
+        if self.watch.gone_for(CHIEF) > 0:
+            raise stopper.stopped(f"worker:0 (the chief) has exited; exiting after {waited:.1f} s")
+        if waited >= limit:
+            raise stopper.stopped(f"worker:0 (the chief) still up after {limit:g} s; exiting without waiting longer")
 
     def _chief_gone(self) -> bool:
         gone = min(self.watch.gone_for(CHIEF), self.clock() - self.over_at)
