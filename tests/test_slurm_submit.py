@@ -37,7 +37,7 @@ def test_dry_run_writes_a_readable_resubmittable_script(tmp_path, capsys):
     sbatch_lines, exec_lines = _script_lines(script)
     assert sbatch_lines == ["#SBATCH --job-name=psworker", "#SBATCH --ntasks=3", "#SBATCH --time=0:10:00",
                             "#SBATCH --partition=debug", f"#SBATCH --output={run_dir}/slurm-%j.out",
-                            f"#SBATCH --chdir={run_dir}"]
+                            f"#SBATCH --chdir={run_dir}", "#SBATCH --signal=B:TERM@120"]
     assert len(exec_lines) == 1
     assert shlex.split(exec_lines[0]) == [
         "exec", sys.executable, "-m", "psworker", "slurm", "launch", str(run_dir / "submitted-spec.yaml"),

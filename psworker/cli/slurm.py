@@ -26,7 +26,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     from psworker.launcher.backends.slurm.job import JobLaunch, SubmitConfig, submit_job
 
     sbatch = sched.SbatchOptions(job_name=args.job_name, nodes=args.nodes, time=args.time, partition=args.partition,
-                                 account=args.account, output=args.output, overcommit=args.overcommit)
+                                 account=args.account, output=args.output, overcommit=args.overcommit,
+                                 stop_warning_secs=args.stop_warning_secs)
     launch = JobLaunch(**{name: getattr(args, name) for name in FORWARDED}, faults=tuple(args.inject),
                        verbose=args.verbose, command=tuple(args.command))
     train = tuple((name, value) for name, value in train_overrides(args).items() if value is not None)
@@ -84,6 +85,10 @@ def _sbatch_flags(p: argparse.ArgumentParser) -> None:
                    help="the job's name in squeue (default: psworker)")
     g.add_argument("--overcommit", action="store_true",
                    help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
+    g.add_argument("--stop_warning_secs", type=int, default=sched.DEFAULT_STOP_WARNING_SECS, metavar="SECS",
+                   help="#SBATCH --signal=B:TERM@SECS: this long before the time limit the launcher gets SIGTERM; "
+                        "the chief then writes a checkpoint and the job stops (default "
+                        f"{sched.DEFAULT_STOP_WARNING_SECS}; 0: no warning)")
 
 
 def submit_flags(p: argparse.ArgumentParser) -> None:
