@@ -87,6 +87,9 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
     assert len({" ".join(cmd[-5:]) for cmd in seen["remote"]}) == 3, seen   # the 3 remote tasks were running
     assert "launcher received SIGINT" in run.output
     assert "closing their connections" not in run.output, run.output[-3000:]   # the remote SIGTERM sufficed
+    saved = re.search(r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the same command goes on "
+                      r"from it$", run.output, re.MULTILINE)     # the chief saved before its ps went
+    assert saved and checkpoint_step(tmp_path / "train") == int(saved.group(1).replace(",", "")), run.output[-3000:]
     _wait_gone(marker)
 
 

@@ -90,9 +90,9 @@ class Attempts:
                          key=lambda s: s.name not in ("chief:0", "worker:0"))
         if not running:
             return
-        logger.warning("stopping (%s): %s stop after their running step, worker:0 (the chief) then writes a "
-                       "checkpoint; the ps tasks serve until then (at most %.0f s; a second Ctrl-C stops at once)",
-                       reason, ", ".join(s.name for s in running), bound_secs)
+        logger.warning("stopping (%s): SIGTERM to %s first: each ends after its running step, the chief then "
+                       "writes a checkpoint; the ps tasks serve until they have exited (at most %.0f s; a second "
+                       "Ctrl-C stops at once)", reason, ", ".join(s.name for s in running), bound_secs)
         for slot in running:
             slot.stopped = True
             self._progress.set_state(slot.name, TaskState.STOPPED)

@@ -119,6 +119,23 @@ class GoneWatch:
         return min(self.gone_for(i) for i in self._peers)
 
 
+def stop_when_gone(watch: GoneWatch, peer: int, who: str, step_timeout_secs: float) -> None:
+    """After a SIGINT or SIGTERM (`task.stop`), a task that serves `peer` (a ps its chief, an in-graph worker its
+    client): `StoppedBySignal` once the peer's port is closed (its checkpoint written, or it never came) or the
+    stop's wait (`stop.ps_wait_secs`) has run out; nothing before the signal."""
+    from psworker.task import stop
+
+    stopper = stop.current()
+    if not stopper.stopping:
+        return
+    waited = time.monotonic() - stopper.at
+    limit = stop.ps_wait_secs(step_timeout_secs)
+    if watch.gone_for(peer) > 0:
+        raise stopper.stopped(f"{who} has exited; exiting after {waited:.1f} s")
+    if waited >= limit:
+        raise stopper.stopped(f"{who} still up after {limit:g} s; exiting without waiting longer")
+
+
 # ---------------------------------------------------------------------------------------------- done tokens
 
 
@@ -265,19 +282,7 @@ class _PsWait:
         return CHIEF not in done and self._chief_gone()
 
     def _stopping(self) -> None:
-        """After a SIGINT or SIGTERM (`task.stop`): `StoppedBySignal` once the chief's port is closed (its
-        checkpoint written, or it never came) or the stop's wait has run out."""
-        from psworker.task import stop
-
-        stopper = stop.current()
-        if not stopper.stopping:
-            return
-        waited = time.monotonic() - stopper.at
-        limit = stop.ps_wait_secs(self.spec.train.step_timeout_secs)
-        if self.watch.gone_for(CHIEF) > 0:
-            raise stopper.stopped(f"worker:0 (the chief) has exited; exiting after {waited:.1f} s")
-        if waited >= limit:
-            raise stopper.stopped(f"worker:0 (the chief) still up after {limit:g} s; exiting without waiting longer")
+        stop_when_gone(self.watch, CHIEF, "worker:0 (the chief)", self.spec.train.step_timeout_secs)
 
     def _chief_gone(self) -> bool:
         gone = min(self.watch.gone_for(CHIEF), self.clock() - self.over_at)
@@ -377,6 +382,7 @@ def serve_until_client_done(target: str, spec: ClusterSpec, index: int, client: 
 
     def on_idle(done: set[int]) -> None:
         watch.update()
+        stop_when_gone(watch, client, f"the in-graph client worker:{client}", spec.train.step_timeout_secs)
         if watch.gone_for(client) >= client_gone_secs:
             raise PeerGone(f"worker:{index}: the in-graph client worker:{client} at {address} has been unreachable "
                            f"for {client_gone_secs:g} s (--startup_timeout_secs) without saying that training is "
@@ -402,6 +408,6 @@ def release_workers(target: str, spec: ClusterSpec, client: int, *, timeout_secs
         send_done(target, client, receivers, len(spec.worker), timeout_secs=timeout_secs)
 
 
-__all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "serve_until_done",
+__all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "stop_when_gone", "serve_until_done",
            "checkpoint_at_max_steps", "training_complete", "PS_DONE", "PS_COMPLETE", "serve_ps_until_workers_done",
            "serve_until_client_done", "release_workers"]
