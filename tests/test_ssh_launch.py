@@ -16,7 +16,7 @@ import yaml
 
 from psworker import stackdump
 from psworker.testing import checkpoint_step, processes_naming, wait_for
-from tests.cluster_utils import run_launcher
+from tests.cluster_utils import run_launcher, steps_lost
 
 pytestmark = pytest.mark.slow
 
@@ -74,8 +74,8 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
     marker = str(tmp_path / "train")
     seen: dict[str, list] = {}
 
-    def interrupt_when_training(lines, proc) -> bool:
-        if not any(re.match(r"\[worker:1\] step \d+", line) for line in lines):
+    def interrupt_when_training(lines, proc) -> bool:     # both: the chief's step lines make the stop save
+        if not all(any(re.match(rf"\[worker:{i}\] step \d+", line) for line in lines) for i in (0, 1)):
             return False
         seen["remote"] = [p.info["cmdline"] for p in processes_naming(marker) if p.info["cmdline"][0] != "ssh"]
         os.killpg(proc.pid, signal.SIGINT)          # what Ctrl-C in a terminal does
@@ -90,6 +90,9 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
     saved = re.search(r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the same command goes on "
                       r"from it$", run.output, re.MULTILINE)     # the chief saved before its ps went
     assert saved and checkpoint_step(tmp_path / "train") == int(saved.group(1).replace(",", "")), run.output[-3000:]
+    lost = steps_lost(tmp_path / "train" / "logs", int(saved.group(1).replace(",", "")))
+    print(f"stop/resume: SIGINT, ssh, async: checkpoint of step {saved.group(1)}, {lost} steps lost")
+    assert lost == 0
     _wait_gone(marker)
 
 

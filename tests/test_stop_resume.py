@@ -17,14 +17,13 @@ import pytest
 from psworker import events
 from psworker.launcher.stopline import newest_checkpoint_step
 from psworker.testing import STEP_LINE, assert_processes_gone
-from tests.cluster_utils import REPO, Launcher, launch_script
+from tests.cluster_utils import REPO, Launcher, launch_script, steps_lost
 
 pytestmark = pytest.mark.slow
 
 SPECS = {"async": REPO / "cluster_specs" / "local.yaml", "sync": REPO / "cluster_specs" / "local-sync.yaml"}
 ENDLESS = "1000000"
 STOP_LINE = r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the same command goes on from it$"
-WORKER_STOPPED = r"stopped on SIG[A-Z]+: after its running step \(global step (\d+)\)"
 
 
 @pytest.fixture
@@ -41,16 +40,6 @@ def launcher(tmp_path):
         run.close()
 
 
-def steps_lost(train_dir: Path, saved: int) -> int:
-    """The global steps applied beyond the checkpoint `saved`: each stopped worker logs the global step it read after
-    its last step; the chief's own last step line is in the checkpoint's step when it wrote it."""
-    logs = {p.name: events.current_attempt(p.read_text()) for p in (train_dir / "logs").glob("worker-*.log")}
-    finals = [int(m) for text in logs.values() for m in re.findall(WORKER_STOPPED, text)]
-    chief_steps = [e.step for e in events.Step.finditer(logs["worker-0.log"])]
-    assert len(finals) == len(logs) - 1 and chief_steps, logs   # every non-chief said where it stopped
-    return max(0, max(finals + chief_steps) - saved)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("sig, mode", [(signal.SIGINT, "async"), (signal.SIGTERM, "sync")],
                          ids=["SIGINT-async", "SIGTERM-sync"])
@@ -60,14 +49,18 @@ def test_a_stop_saves_and_the_same_command_goes_on_from_it(launcher, tmp_path, s
     run = launcher(*args, "--max_steps", ENDLESS)
     run.wait_for(r"^\[worker:1\] step [1-9]\d*, loss", "worker:1 training")
     run.wait_for(r"^\[worker:0\] step [1-9]\d*, loss", "worker:0 training")
+    asked = time.monotonic()
     assert run.end(sig) == 128 + sig, run.tail()
+    took = time.monotonic() - asked
     assert_processes_gone(run.pids, timeout=30)
     lines = run.snapshot()
     assert re.match(STOP_LINE, lines[-1]), run.tail()      # the launcher's last line
     saved = int(re.match(STOP_LINE, lines[-1]).group(1).replace(",", ""))
     assert Path(re.match(STOP_LINE, lines[-1]).group(2)) == train_dir
     assert newest_checkpoint_step(train_dir) == saved
-    lost = steps_lost(train_dir, saved)
+    lost = steps_lost(train_dir / "logs", saved)
+    print(f"stop/resume: {signal.Signals(sig).name}, local, {mode}: checkpoint of step {saved}, {lost} steps lost, "
+          f"the stop took {took:.1f} s")
     assert lost == 0 if mode == "async" else lost <= 1, (lost, saved)
     assert run.find(r"\[ps:0\] warning: stopped on SIG[A-Z]+: worker:0 \(the chief\) has exited"), run.tail()
     assert not run.find(r"sending SIGKILL"), run.tail()

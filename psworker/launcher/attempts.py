@@ -19,6 +19,7 @@ from psworker.launcher.report import describe_returncode
 from psworker.launcher.run_policy import SERVER_JOBS
 from psworker.launcher.slot import Slot
 from psworker.launcher.stacks import StackAsker
+from psworker.plan import chief_name
 
 __all__ = ["Attempts"]
 
@@ -82,24 +83,30 @@ class Attempts:
         logger.warning("restarting %s (restart %d: %s)", slot.name, slot.restarts, cause)
         self.spawn(slot, marker=events.Restart.now(slot.restarts, cause))
 
-    def stop_workers_first(self, reason: str, bound_secs: float, hard: Callable[[], bool]) -> None:
-        """A stop that saves: SIGTERM to every running task but the ps (the chief first), which then finish their
-        running step and exit (the chief after writing a checkpoint), while the ps tasks serve on; returns once they
-        have all exited, `bound_secs` have passed, or `hard()` (a second Ctrl-C). `stop_all` ends the rest."""
+    def stop_workers_first(self, reason: str, bound_secs: float, idle_bound_secs: float,
+                           hard: Callable[[], bool]) -> None:
+        """A stop that saves: SIGTERM to every running task but the ps (the chief first), which then end after their
+        running step (the chief after writing a checkpoint) while the ps tasks serve on; returns once the chief has
+        exited (without one: every such task), after `bound_secs` (`idle_bound_secs` while the chief has printed no
+        step line: a chief still starting, or waiting for a ps that does not answer, has nothing to save), or once
+        `hard()` (a second Ctrl-C). `stop_all` ends the rest."""
         running = sorted((s for s in self._slots.values() if s.running and s.task.job not in SERVER_JOBS),
                          key=lambda s: s.name not in ("chief:0", "worker:0"))
         if not running:
             return
+        chief = chief_name(self._slots)
+        training = chief is not None and self._progress.snapshot()[chief].state == TaskState.TRAINING
+        bound = bound_secs if training else min(bound_secs, idle_bound_secs)
         logger.warning("stopping (%s): SIGTERM to %s first: each ends after its running step, the chief then "
-                       "writes a checkpoint; the ps tasks serve until they have exited (at most %.0f s; a second "
-                       "Ctrl-C stops at once)", reason, ", ".join(s.name for s in running), bound_secs)
+                       "writes a checkpoint; the ps tasks serve until it has exited (at most %.0f s; a second "
+                       "Ctrl-C stops at once)", reason, ", ".join(s.name for s in running), bound)
         for slot in running:
             slot.stopped = True
             self._progress.set_state(slot.name, TaskState.STOPPED)
-        procs = [s.popen for s in running]
-        self._backend.terminate(procs)
-        deadline = time.monotonic() + bound_secs
-        while self._backend.alive(procs) and time.monotonic() < deadline and not hard():
+        self._backend.terminate([s.popen for s in running])
+        awaited = [s.popen for s in running if chief is None or s.name == chief]
+        deadline = time.monotonic() + bound
+        while self._backend.alive(awaited) and time.monotonic() < deadline and not hard():
             time.sleep(STOP_POLL_SECS)
         now = time.time()
         for slot in running:

@@ -393,7 +393,7 @@ class Supervisor:
 
     def _finish(self, ok: bool, reason: str, save: bool = False) -> RunResult:
         if save and self._stop_save_secs > 0 and not self._hard_stop:
-            self._attempts.stop_workers_first(reason, self._stop_save_secs, lambda: self._hard_stop)
+            self._attempts.stop_workers_first(reason, self._stop_save_secs, self._grace, lambda: self._hard_stop)
         if self._hard_stop:
             self._attempts.stop_all(reason, 0.0, None)
         else:
