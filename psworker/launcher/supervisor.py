@@ -96,8 +96,7 @@ class Supervisor:
             elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
                 (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
             scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scale_inbox`).
-            stop_save_secs: a stop asked for by `request_stop` first stops every task but the ps and gives them this
-                long to exit (the chief writes its checkpoint) while the ps serve on; 0: one teardown for all.
+            stop_save_secs: how long a stop by `request_stop` gives the chief to save before the ps go; 0: no wait.
         """
         names = distinct_names(tasks)
         self._log_dir = Path(log_dir)
@@ -109,8 +108,8 @@ class Supervisor:
                             restart_policy)
         self.progress = Progress(names)
         self._lock = threading.RLock()
-        self._started, self._started_time, self._stop_request = False, 0.0, None
-        self._stop_save_secs, self._hard_stop = stop_save_secs, False
+        self._started, self._started_time, self._stop_request, self._hard_stop = False, 0.0, None, False
+        self._stop_save_secs = stop_save_secs
         self._result, self._failure, self._ending = None, None, Ending()    # `_ending`: once succeeded, its drain
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
                                     self.progress, window_secs=console_window_secs)

@@ -162,9 +162,8 @@ def _epochs_as_steps(config: TrainConfig, model: Model, replication: Replication
 
 def _train(target: str, config: TrainConfig, model: Model, replication: Replication, index: int, name: str,
            emit, others: dict) -> TrainResult:
-    """The session and its step loop; the sessions are left open at the end (the process leaves soon after).
-    After a SIGINT or SIGTERM (`task.stop`) the loop ends after its running step and the chief's saver writes a
-    checkpoint as the session closes (`StoppedBySignal` says which); `others`: the other workers' addresses."""
+    """The session and its step loop; the sessions are left open at the end (the process leaves soon after). On a
+    stop (`task.stop`), `_saved_on_stop`; `others`: the other workers' addresses."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -174,14 +173,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             v1.set_random_seed(config.seed)
         dealing = replication.dealing(target, model, config) if replication.dealing is not None else None
         tg = replication.build(model, config, dealing)
-        # dealt shards: each new session starts the input again, from the data position on the ps; the
-        # collection's op (staged variables' fill, `transfer.register_fill`) includes the default one
-        registered = v1.get_collection(v1.GraphKeys.LOCAL_INIT_OP)
-        local_init = (None if tg.input_init is None
-                      else tf.group(registered[0] if registered else v1.train.Scaffold.default_local_init_op(),
-                                    tg.input_init))
-        scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
-                                                          save_relative_paths=True), local_init_op=local_init)
+        scaffold = _scaffold(tg)
         choice = first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
         extra = ExtraSteps(config.concurrent_steps - 1, tg.train_op, _step_options(config)[1], name,
                            join_secs=config.step_timeout_secs + GIVE_UP_GRACE_SECS, global_step=tg.global_step,
@@ -209,8 +201,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                 errorfile.note_step(progress.last_global_step)    # for a failure's record, if one follows
             log.info("%s: last step done (%d local steps%s)", name, progress.local_steps + extra.steps,
                      f", {extra.steps} of them by the helpers" if config.concurrent_steps > 1 else "")
-            if replication.is_chief and tg.sync_optimizer is None and stop.current().stopping:
-                _wait_for_others_to_stop(others, name)   # async: their last steps go into the checkpoint
+            _wait_for_others_to_stop(others if replication.is_chief and tg.sync_optimizer is None else {}, name)
     if replication.membership is not None and replication.membership.signals.reason is not None:
         if tg.dealer is not None:
             tg.dealer.give_back()
@@ -227,10 +218,25 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                        seconds=time.monotonic() - started)
 
 
+def _scaffold(tg: TrainGraph):
+    """The session's scaffold: the sharded saver, and with dealt shards an input that each new session starts again,
+    from the data position on the ps (the collection's op, e.g. staged variables' fill, `transfer.register_fill`,
+    includes the default one)."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    registered = v1.get_collection(v1.GraphKeys.LOCAL_INIT_OP)
+    local_init = (None if tg.input_init is None
+                  else tf.group(registered[0] if registered else v1.train.Scaffold.default_local_init_op(),
+                                tg.input_init))
+    return v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
+                                                  save_relative_paths=True), local_init_op=local_init)
+
+
 @contextlib.contextmanager
 def _saved_on_stop(replication: Replication, config: TrainConfig, name: str, progress):
-    """Around the session: once a SIGINT or SIGTERM has ended the step loop, `StoppedBySignal` naming the checkpoint
-    the chief's saver wrote as the session closed (or the error that kept it from writing one)."""
+    """Around the session: once a SIGINT or SIGTERM has ended the step loop after its running step, `StoppedBySignal`
+    naming the checkpoint the chief's saver wrote as the session closed (or the error that kept it from writing one)."""
     stopper = stop.current()
     try:
         yield
@@ -257,10 +263,12 @@ def _saved_on_stop(replication: Replication, config: TrainConfig, name: str, pro
 
 
 def _wait_for_others_to_stop(others: dict, name: str) -> None:
-    """The async chief, stopping: waits (at most `stop.PEERS_STOP_SECS`) for the other workers that are up to stop
-    too (their ports closed), so that their last steps are in its checkpoint."""
+    """The async chief, stopping (else nothing): waits (at most `stop.PEERS_STOP_SECS`) for the other workers that
+    are up to stop too (their ports closed), so that their last steps are in its checkpoint."""
     from psworker.task import shutdown
 
+    if not stop.current().stopping:
+        return
     up = {n: a for n, a in others.items() if shutdown.port_open(a)}
     if not up:
         return
