@@ -14,6 +14,7 @@ import yaml
 
 from psworker.cli import main
 from psworker.testing import checkpoint_step, processes_naming
+from tests.cluster_utils import steps_lost
 from tests.slurm_fixture import JOB_TIMEOUT_SECS, free_port_base, submit_counts, wait_done
 
 
@@ -86,7 +87,11 @@ def test_the_time_limits_warning_saves_a_checkpoint(slurm, monkeypatch, capsys, 
     saved = re.search(r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the same command goes on "
                       r"from it$", out, re.MULTILINE)
     assert saved and Path(saved.group(2)) == run_dir, out[-4000:]
-    assert checkpoint_step(run_dir) == int(saved.group(1).replace(",", ""))
+    step = int(saved.group(1).replace(",", ""))
+    assert checkpoint_step(run_dir) == step
+    lost = steps_lost(run_dir / "logs", step)
+    print(f"stop/resume: SIGTERM (Slurm's warning), slurm, async: checkpoint of step {step}, {lost} steps lost")
+    assert lost == 0
     assert "psworker: slurm launch exits with status 143" in out, out[-4000:]
     assert "worker:0 (the chief) has exited" in (run_dir / "logs" / "ps-0.log").read_text(), out[-4000:]
     assert "sending SIGKILL" not in out, out[-4000:]
