@@ -86,10 +86,10 @@ class Attempts:
     def stop_workers_first(self, reason: str, bound_secs: float, idle_bound_secs: float,
                            hard: Callable[[], bool]) -> None:
         """A stop that saves: SIGTERM to every running task but the ps (the chief first), which then end after their
-        running step (the chief after writing a checkpoint) while the ps tasks serve on; returns once the chief has
-        exited (without one: every such task), after `bound_secs` (`idle_bound_secs` while the chief has printed no
-        step line: a chief still starting, or waiting for a ps that does not answer, has nothing to save), or once
-        `hard()` (a second Ctrl-C). `stop_all` ends the rest."""
+        running step (the chief after writing a checkpoint) while the ps tasks serve on; returns once they have
+        exited (the others get `idle_bound_secs` more once the chief has), after `bound_secs` (`idle_bound_secs`
+        while the chief has printed no step line: a chief still starting, or waiting for a ps that does not answer,
+        has nothing to save), or once `hard()` (a second Ctrl-C). `stop_all` ends the rest."""
         running = sorted((s for s in self._slots.values() if s.running and s.task.job not in SERVER_JOBS),
                          key=lambda s: s.name not in ("chief:0", "worker:0"))
         if not running:
@@ -103,16 +103,20 @@ class Attempts:
         for slot in running:
             slot.stopped = True
             self._progress.set_state(slot.name, TaskState.STOPPED)
-        self._backend.terminate([s.popen for s in running])
-        awaited = [s.popen for s in running if chief is None or s.name == chief]
+        procs = [s.popen for s in running]
+        self._backend.terminate(procs)
         deadline = time.monotonic() + bound
-        while self._backend.alive(awaited) and time.monotonic() < deadline and not hard():
-            time.sleep(STOP_POLL_SECS)
+        self._wait_alive([s.popen for s in running if chief is None or s.name == chief], deadline, hard)
+        self._wait_alive(procs, min(deadline, time.monotonic() + idle_bound_secs), hard)   # the others, after it
         now = time.time()
         for slot in running:
             code = slot.popen.poll()
             if code is not None:
                 slot.returncode, slot.ended_at = code, now
+
+    def _wait_alive(self, procs: list, deadline: float, hard: Callable[[], bool]) -> None:
+        while self._backend.alive(procs) and time.monotonic() < deadline and not hard():
+            time.sleep(STOP_POLL_SECS)
 
     def stop_all(self, reason: str, grace_secs: float, stacks: Optional[StackAsker]) -> None:
         """Stops every running attempt (their stacks asked for first, with `stacks`; then the backend's SIGTERM,
