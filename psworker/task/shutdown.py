@@ -14,6 +14,7 @@ import time
 from typing import Callable, Optional, TypeVar
 
 from psworker.errors import PeerGone
+from psworker.task import stop
 from psworker.task.done_queue import DONE, JOINED, READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
 from psworker.spec import ClusterSpec
 
@@ -117,23 +118,6 @@ class GoneWatch:
         """Seconds since the last peer went away (0 while one is up). A peer never seen up counts as gone since
         the watch was made, so that peers which never come (or had finished before it was made) end a wait too."""
         return min(self.gone_for(i) for i in self._peers)
-
-
-def stop_when_gone(watch: GoneWatch, peer: int, who: str, step_timeout_secs: float) -> None:
-    """After a SIGINT or SIGTERM (`task.stop`), a task that serves `peer` (a ps its chief, an in-graph worker its
-    client): `StoppedBySignal` once the peer's port is closed (its checkpoint written, or it never came) or the
-    stop's wait (`stop.ps_wait_secs`) has run out; nothing before the signal."""
-    from psworker.task import stop
-
-    stopper = stop.current()
-    if not stopper.stopping:
-        return
-    waited = time.monotonic() - stopper.at
-    limit = stop.ps_wait_secs(step_timeout_secs)
-    if watch.gone_for(peer) > 0:
-        raise stopper.stopped(f"{who} has exited; exiting after {waited:.1f} s")
-    if waited >= limit:
-        raise stopper.stopped(f"{who} still up after {limit:g} s; exiting without waiting longer")
 
 
 # ---------------------------------------------------------------------------------------------- done tokens
@@ -269,7 +253,7 @@ class _PsWait:
 
     def __call__(self, done: set[int]) -> bool:
         self.watch.update()
-        self._stopping()
+        stop.stop_when_gone(self.watch.gone_for(CHIEF), "worker:0 (the chief)", self.spec.train.step_timeout_secs)
         members = self.members()
         if not done:
             return self._all_gone(members)
@@ -280,9 +264,6 @@ class _PsWait:
                 done.add(i)
                 log.info("%s: worker:%d has gone away after training ended; counting it as done", self.name, i)
         return CHIEF not in done and self._chief_gone()
-
-    def _stopping(self) -> None:
-        stop_when_gone(self.watch, CHIEF, "worker:0 (the chief)", self.spec.train.step_timeout_secs)
 
     def _chief_gone(self) -> bool:
         gone = min(self.watch.gone_for(CHIEF), self.clock() - self.over_at)
@@ -382,7 +363,8 @@ def serve_until_client_done(target: str, spec: ClusterSpec, index: int, client: 
 
     def on_idle(done: set[int]) -> None:
         watch.update()
-        stop_when_gone(watch, client, f"the in-graph client worker:{client}", spec.train.step_timeout_secs)
+        stop.stop_when_gone(watch.gone_for(client), f"the in-graph client worker:{client}",
+                            spec.train.step_timeout_secs)
         if watch.gone_for(client) >= client_gone_secs:
             raise PeerGone(f"worker:{index}: the in-graph client worker:{client} at {address} has been unreachable "
                            f"for {client_gone_secs:g} s (--startup_timeout_secs) without saying that training is "
@@ -408,6 +390,6 @@ def release_workers(target: str, spec: ClusterSpec, client: int, *, timeout_secs
         send_done(target, client, receivers, len(spec.worker), timeout_secs=timeout_secs)
 
 
-__all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "stop_when_gone", "serve_until_done",
+__all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "serve_until_done",
            "checkpoint_at_max_steps", "training_complete", "PS_DONE", "PS_COMPLETE", "serve_ps_until_workers_done",
            "serve_until_client_done", "release_workers"]

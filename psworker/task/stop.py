@@ -20,7 +20,8 @@ from typing import Optional
 from psworker import stackdump
 from psworker.errors import PsworkerError
 
-__all__ = ["PEERS_STOP_SECS", "SAVE_SECS", "SIGNALS", "StopOnSignal", "StoppedBySignal", "current", "ps_wait_secs"]
+__all__ = ["PEERS_STOP_SECS", "SAVE_SECS", "SIGNALS", "StopOnSignal", "StoppedBySignal", "current", "ps_wait_secs",
+           "stop_when_gone"]
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +113,18 @@ def current():
 def ps_wait_secs(step_timeout_secs: float) -> float:
     """How long a stopping ps serves on for the chief: its running step, the wait for its peers, its checkpoint."""
     return step_timeout_secs + PEERS_STOP_SECS + SAVE_SECS
+
+
+def stop_when_gone(gone_for: float, who: str, step_timeout_secs: float) -> None:
+    """After a SIGINT or SIGTERM, a task that serves a peer (a ps its chief, an in-graph worker its client), which
+    has been gone `gone_for` seconds (0: up): `StoppedBySignal` once it is gone (its checkpoint written, or it never
+    came) or the stop's wait (`ps_wait_secs`) has run out; nothing before the signal."""
+    stopper = current()
+    if not stopper.stopping:
+        return
+    waited = time.monotonic() - stopper.at
+    limit = ps_wait_secs(step_timeout_secs)
+    if gone_for > 0:
+        raise stopper.stopped(f"{who} has exited; exiting after {waited:.1f} s")
+    if waited >= limit:
+        raise stopper.stopped(f"{who} still up after {limit:g} s; exiting without waiting longer")

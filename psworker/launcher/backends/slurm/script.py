@@ -140,10 +140,11 @@ def sbatch_script(options: SbatchOptions, run_dir: Path, inner_argv: Sequence[st
         f"#   sbatch {shlex.quote(str(run_dir / SCRIPT_NAME))}",
         "# Inside the allocation, the line at the bottom starts one `srun` step per task (ps first, then",
         "# workers) on the nodes TensorFlow's SlurmClusterResolver would choose, and watches them.",
-        "# --signal=B:TERM@N: N s before the time limit Slurm sends SIGTERM to this script, which is the launcher:",
-        "# the workers stop after their running step, the chief writes a checkpoint, then the ps tasks stop;",
-        "# submitting the script again goes on from that checkpoint.",
     ]
+    if options.stop_warning_secs:
+        header += ["# --signal=B:TERM@N: N s before the time limit Slurm sends SIGTERM to this script, which is the",
+                   "# launcher: the workers stop after their running step, the chief writes a checkpoint, then the ps",
+                   "# tasks stop; submitting the script again goes on from that checkpoint."]
     body = ["", "set -euo pipefail", "", "exec " + " ".join(shlex.quote(str(a)) for a in inner_argv)]
     return "\n".join(header + options.lines(run_dir) + body) + "\n"
 
