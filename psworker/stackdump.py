@@ -28,7 +28,7 @@ from typing import Optional, Sequence, TextIO
 
 from psworker.events import StacksReady
 
-__all__ = ["SIGNAL", "dump_on_signal", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump",
+__all__ = ["SIGNAL", "dump_on_signal", "on_wakeup", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump",
            "from_py_spy"]
 
 SIGNAL = signal.SIGUSR1          # psworker's tasks dump every thread's stack on it (faulthandler), and go on
@@ -69,14 +69,35 @@ def dump_on_signal(stream: TextIO) -> None:
     signal.signal(SIGNAL, lambda signum, frame: None)
     signal.siginterrupt(SIGNAL, False)       # SA_RESTART: system calls in C++ go on as under faulthandler's
     threading.Thread(target=_dump_when_woken, args=(read_end, fd), name="psworker-stacks", daemon=True).start()
+    _woken_running.set()
+
+
+_woken: dict[int, object] = {}      # signal number -> callable(signum), run by the woken thread (`on_wakeup`)
+_woken_running = threading.Event()
+
+
+def on_wakeup(signum: int, fn) -> bool:
+    """Has the thread that `dump_on_signal` started call `fn(signum)` each time `signum` arrives, also while the
+    main thread waits in C++ (where a Python handler runs only once it returns). Returns False, registering nothing,
+    where that thread does not run (`dump_on_signal` was not called or failed); the caller then acts in a Python
+    handler. The signal still needs a handler of its own (its default action would end the process)."""
+    if not _woken_running.is_set():
+        return False
+    _woken[int(signum)] = fn
+    return True
 
 
 def _dump_when_woken(read_end: int, fd: int) -> None:
-    """Dumps every thread's stack into `fd` each time `SIGNAL`'s number comes through the wakeup pipe (the other
-    signals' numbers come too; their handlers run in the main thread as ever)."""
+    """Dumps every thread's stack into `fd` each time `SIGNAL`'s number comes through the wakeup pipe; the other
+    signals' numbers go to their `on_wakeup` callbacks, if any (their Python handlers run in the main thread as
+    ever)."""
     while True:
-        if int(SIGNAL) in os.read(read_end, 256):
+        data = os.read(read_end, 256)
+        if int(SIGNAL) in data:
             faulthandler.dump_traceback(file=fd, all_threads=True)
+        for signum in data:
+            if signum in _woken:
+                _woken[signum](signum)
 
 
 @dataclass(frozen=True)

@@ -355,3 +355,18 @@ class Background:
             except ProcessLookupError:
                 pass
             self.proc.wait(30)
+
+
+WORKER_STOPPED = re.compile(r"stopped on SIG[A-Z]+: after its running step \(global step (\d+)\)")
+
+
+def steps_lost(log_dir: Path, saved: int) -> int:
+    """After a stop whose checkpoint holds global step `saved`: the global steps applied beyond it. Each stopped
+    non-chief logs the global step it read after its last step (`task.stop`); the chief's step lines are in it."""
+    from psworker import events
+
+    logs = {p.name: events.current_attempt(p.read_text()) for p in log_dir.glob("worker-*.log")}
+    finals = [int(m) for name, text in logs.items() if name != "worker-0.log" for m in WORKER_STOPPED.findall(text)]
+    chief_steps = [e.step for e in events.Step.finditer(logs["worker-0.log"])]
+    assert len(finals) == len(logs) - 1 and chief_steps, logs   # every non-chief said where it stopped
+    return max(0, max(finals + chief_steps) - saved)

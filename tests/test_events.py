@@ -41,6 +41,8 @@ SAMPLES = [
     events.AucResult(0.5, 0.6931),
     events.Exported("r3/model.ckpt-401", 401, "/data/r 3/export/401", "worker:0"),
     events.Exported("train/model.ckpt-20", 20, "out/20"),
+    events.StopSaved("worker:0", "SIGTERM", 4042, "/data/r 3"),
+    events.StopSaved(None, "SIGINT", 0, "train"),
     events.Restart(2, "exit code 170 (a peer went away) after injected kill:worker:0@step=30", "2026-12-01T12:00:00.123"),
     events.NewRun("worker:0", "2026-12-01T12:00:00.123"),
     events.RemotePid(4242),

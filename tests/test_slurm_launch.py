@@ -14,6 +14,7 @@ import yaml
 
 from psworker.cli import main
 from psworker.testing import checkpoint_step, processes_naming
+from tests.cluster_utils import steps_lost
 from tests.slurm_fixture import JOB_TIMEOUT_SECS, free_port_base, submit_counts, wait_done
 
 
@@ -67,6 +68,34 @@ def test_scancel_mid_run_leaves_no_process(slurm, monkeypatch, capsys, tmp_path)
     while processes_naming(run_dir) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not processes_naming(run_dir), processes_naming(run_dir)
+    assert not slurm.job_processes(), slurm.job_processes()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_time_limits_warning_saves_a_checkpoint(slurm, monkeypatch, capsys, tmp_path):
+    """The sbatch script has Slurm send SIGTERM to the batch shell, the launcher, before the time limit
+    (`--signal=B:TERM@120`); `scancel --batch --signal=TERM` sends the same now: the workers stop after their step,
+    the chief writes a checkpoint, the ps stop after it, and the job's output ends with the step saved."""
+    job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, max_steps=1_000_000)
+    assert "#SBATCH --signal=B:TERM@120" in (run_dir / "psworker.sbatch").read_text().splitlines()
+    log = run_dir / "logs" / "worker-0.log"
+    slurm.wait_until(lambda: log.exists() and re.search(r"^step [1-9]\d*", log.read_text(errors="replace"),
+                                                        re.MULTILINE), JOB_TIMEOUT_SECS, f"job {job_id} training")
+    slurm.run(["scancel", "--batch", "--signal=TERM", job_id])
+    out = wait_done(slurm, job_id, run_dir)
+    saved = re.search(r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the same command goes on "
+                      r"from it$", out, re.MULTILINE)
+    assert saved and Path(saved.group(2)) == run_dir, out[-4000:]
+    step = int(saved.group(1).replace(",", ""))
+    assert checkpoint_step(run_dir) == step
+    lost = steps_lost(run_dir / "logs", step)
+    print(f"stop/resume: SIGTERM (Slurm's warning), slurm, async: checkpoint of step {step}, {lost} steps lost")
+    assert lost == 0
+    assert "psworker: slurm launch exits with status 143" in out, out[-4000:]
+    assert "worker:0 (the chief) has exited" in (run_dir / "logs" / "ps-0.log").read_text(), out[-4000:]
+    assert "sending SIGKILL" not in out, out[-4000:]
+    assert not processes_naming(run_dir)
     assert not slurm.job_processes(), slurm.job_processes()
 
 

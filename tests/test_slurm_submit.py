@@ -37,7 +37,7 @@ def test_dry_run_writes_a_readable_resubmittable_script(tmp_path, capsys):
     sbatch_lines, exec_lines = _script_lines(script)
     assert sbatch_lines == ["#SBATCH --job-name=psworker", "#SBATCH --ntasks=3", "#SBATCH --time=0:10:00",
                             "#SBATCH --partition=debug", f"#SBATCH --output={run_dir}/slurm-%j.out",
-                            f"#SBATCH --chdir={run_dir}"]
+                            f"#SBATCH --chdir={run_dir}", "#SBATCH --signal=B:TERM@120"]
     assert len(exec_lines) == 1
     assert shlex.split(exec_lines[0]) == [
         "exec", sys.executable, "-m", "psworker", "slurm", "launch", str(run_dir / "submitted-spec.yaml"),
@@ -70,6 +70,11 @@ def test_sbatch_options_check_their_values_as_the_flags_do(tmp_path):
         sbatch_script(SbatchOptions(ntasks=3, time="1h"), tmp_path, ["true"])
     assert "#SBATCH --time=2-00:30:00" in sbatch_script(SbatchOptions(ntasks=3, time="2-00:30:00"), tmp_path,
                                                         ["true"])
+    with pytest.raises(UsageError, match=r"--stop_warning_secs: 70000 is not in 0\.\.65535"):
+        sbatch_script(SbatchOptions(ntasks=3, stop_warning_secs=70000), tmp_path, ["true"])
+    assert "--signal" not in sbatch_script(SbatchOptions(ntasks=3, stop_warning_secs=0), tmp_path, ["true"])  # nor said
+    assert "#SBATCH --signal=B:TERM@300\n" in sbatch_script(SbatchOptions(ntasks=3, stop_warning_secs=300), tmp_path,
+                                                           ["true"])
 
 
 def test_sbatch_accepts_the_written_script(slurm, tmp_path):

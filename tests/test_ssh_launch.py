@@ -18,7 +18,7 @@ import yaml
 
 from psworker import stackdump
 from psworker.testing import checkpoint_step, processes_naming, wait_for
-from tests.cluster_utils import run_launcher, task_env
+from tests.cluster_utils import run_launcher, steps_lost, task_env
 
 pytestmark = pytest.mark.slow
 
@@ -81,8 +81,8 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
     marker = str(tmp_path / "train")
     seen: dict[str, list] = {}
 
-    def interrupt_when_training(lines, proc) -> bool:
-        if not any(re.match(r"\[worker:1\] step \d+", line) for line in lines):
+    def interrupt_when_training(lines, proc) -> bool:     # both: the chief's step lines make the stop save
+        if not all(any(re.match(rf"\[worker:{i}\] step \d+", line) for line in lines) for i in (0, 1)):
             return False
         seen["remote"] = [p.info["cmdline"] for p in processes_naming(marker) if p.info["cmdline"][0] != "ssh"]
         os.killpg(proc.pid, signal.SIGINT)          # what Ctrl-C in a terminal does
@@ -94,6 +94,12 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
     assert len({" ".join(cmd[-5:]) for cmd in seen["remote"]}) == 3, seen   # the 3 remote tasks were running
     assert "launcher received SIGINT" in run.output
     assert "closing their connections" not in run.output, run.output[-3000:]   # the remote SIGTERM sufficed
+    saved = re.search(r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the same command goes on "
+                      r"from it$", run.output, re.MULTILINE)     # the chief saved before its ps went
+    assert saved and checkpoint_step(tmp_path / "train") == int(saved.group(1).replace(",", "")), run.output[-3000:]
+    lost = steps_lost(tmp_path / "train" / "logs", int(saved.group(1).replace(",", "")))
+    print(f"stop/resume: SIGINT, ssh, async: checkpoint of step {saved.group(1)}, {lost} steps lost")
+    assert lost == 0
     _wait_gone(marker)
 
 

@@ -27,7 +27,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
     from psworker.launcher.backends.slurm.job import JobLaunch, SubmitConfig, submit_job
 
     sbatch = sched.SbatchOptions(job_name=args.job_name, nodes=args.nodes, time=args.time, partition=args.partition,
-                                 account=args.account, output=args.output, overcommit=args.overcommit)
+                                 account=args.account, output=args.output, overcommit=args.overcommit,
+                                 stop_warning_secs=args.stop_warning_secs)
     launch = JobLaunch(**{name: getattr(args, name) for name in FORWARDED}, faults=tuple(args.inject),
                        verbose=args.verbose, metrics_allow_public_bind=args.metrics_allow_public_bind,
                        command=tuple(args.command))
@@ -90,6 +91,10 @@ def _sbatch_flags(p: argparse.ArgumentParser) -> None:
                    help="the job's name in squeue (default: psworker)")
     g.add_argument("--overcommit", action="store_true",
                    help="allow more tasks than allocated CPUs (one CPU per task otherwise)")
+    g.add_argument("--stop_warning_secs", type=int, default=sched.DEFAULT_STOP_WARNING_SECS, metavar="SECS",
+                   help="#SBATCH --signal=B:TERM@SECS: this long before the time limit the launcher gets SIGTERM; "
+                        "the chief then writes a checkpoint and the job stops (default "
+                        f"{sched.DEFAULT_STOP_WARNING_SECS}; 0: no warning)")
 
 
 def submit_flags(p: argparse.ArgumentParser) -> None:

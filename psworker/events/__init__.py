@@ -20,18 +20,18 @@ from psworker.events.base import E, LOG_FORMAT, Event, LogRecord, log_time
 from psworker.events.process import (NewRun, RemotePid, Restart, StacksReady, StacksRequested, TaskError, Traceback,
                                      current_attempt)
 from psworker.events.training import (AucResult, CheckpointSaved, DataDealt, Exported, FirstStep, FoundComplete,
-                                      ModelStart, PsDone, Precision, Step, TfImported, WorkerDone)
+                                      ModelStart, PsDone, Precision, Step, StopSaved, TfImported, WorkerDone)
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
-           "Precision", "AucResult", "Exported", "Restart", "DataDealt", "NewRun", "RemotePid", "TaskError",
-           "Traceback", "KINDS", "CheckpointSaved", "ModelStart",
+           "Precision", "AucResult", "Exported", "StopSaved", "Restart", "DataDealt", "NewRun", "RemotePid",
+           "TaskError", "Traceback", "KINDS", "CheckpointSaved", "ModelStart",
            "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested"]
 
 KINDS: tuple[type[Event], ...] = (Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision,
                                   AucResult, Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt,
-                                  CheckpointSaved, ModelStart)
+                                  CheckpointSaved, ModelStart, StopSaved)
 AnyEvent = Union[Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision, AucResult, Exported,
-                 Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt, CheckpointSaved, ModelStart]
+                 Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt, CheckpointSaved, ModelStart, StopSaved]
 
 
 def parse_line(line: str) -> Optional[AnyEvent]:

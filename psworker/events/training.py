@@ -11,7 +11,7 @@ from typing import ClassVar, Optional
 from psworker.events.base import NUMBER, TASK, Event, line_pattern, named, task_of, to_float, to_int
 
 __all__ = ["CheckpointSaved", "DataDealt", "Exported", "ModelStart", "FirstStep", "FoundComplete", "PsDone",
-           "Precision", "AucResult", "Step", "TfImported", "WorkerDone"]
+           "Precision", "AucResult", "Step", "StopSaved", "TfImported", "WorkerDone"]
 
 
 @dataclass(frozen=True)
@@ -245,6 +245,28 @@ class Exported(Event):
     @classmethod
     def _from(cls, m: re.Match) -> "Exported":
         return cls(m.group("ckpt"), int(m.group("step")), m.group("path"), task_of(m))
+
+
+@dataclass(frozen=True)
+class StopSaved(Event):
+    """The chief stopped on a signal (`task.stop`) and wrote the checkpoint of global step `step` into `train_dir`
+    first: the launcher's last line after a stop names it."""
+
+    task: Optional[str]
+    signal: str
+    step: int
+    train_dir: str
+
+    regex: ClassVar[re.Pattern] = line_pattern(
+        rf"{TASK}stopping on (?P<sig>SIG[A-Z]+): checkpoint of global step (?P<step>\d+) saved in (?P<dir>.+?)[ \t]*$")
+
+    def render(self) -> str:
+        return named(self.task, f"stopping on {self.signal}: checkpoint of global step {self.step} saved in "
+                                f"{self.train_dir}")
+
+    @classmethod
+    def _from(cls, m: re.Match) -> "StopSaved":
+        return cls(task_of(m), m.group("sig"), int(m.group("step")), m.group("dir"))
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,17 @@ import os
 import signal
 import threading
 import time
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from psworker import events
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.output import OutputCopier
 from psworker.launcher.progress import Progress, TaskState
 from psworker.launcher.report import describe_returncode
+from psworker.launcher.run_policy import SERVER_JOBS
 from psworker.launcher.slot import Slot
 from psworker.launcher.stacks import StackAsker
+from psworker.plan import chief_name
 
 __all__ = ["Attempts"]
 
@@ -25,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 READER_JOIN_SECS = 5.0
 EXIT_READER_WAIT_SECS = 0.5     # for a task's reader to reach the end of its output once the task has exited
+STOP_POLL_SECS = 0.1            # how often a stop that saves looks whether the workers have exited
 
 
 class Attempts:
@@ -80,6 +83,41 @@ class Attempts:
         slot.exits.append((slot.returncode, slot.cause))
         logger.warning("restarting %s (restart %d: %s)", slot.name, slot.restarts, cause)
         self.spawn(slot, marker=events.Restart.now(slot.restarts, cause))
+
+    def stop_workers_first(self, reason: str, bound_secs: float, idle_bound_secs: float,
+                           hard: Callable[[], bool]) -> None:
+        """A stop that saves: SIGTERM to every running task but the ps (the chief first), which then end after their
+        running step (the chief after writing a checkpoint) while the ps tasks serve on; returns once they have
+        exited (the others get `idle_bound_secs` more once the chief has), after `bound_secs` (`idle_bound_secs`
+        while the chief has printed no step line: a chief still starting, or waiting for a ps that does not answer,
+        has nothing to save), or once `hard()` (a second Ctrl-C). `stop_all` ends the rest."""
+        running = sorted((s for s in self._slots.values() if s.running and s.task.job not in SERVER_JOBS),
+                         key=lambda s: s.name not in ("chief:0", "worker:0"))
+        if not running:
+            return
+        chief = chief_name(self._slots)
+        training = chief is not None and self._progress.snapshot()[chief].state == TaskState.TRAINING
+        bound = bound_secs if training else min(bound_secs, idle_bound_secs)
+        logger.warning("stopping (%s): SIGTERM to %s first: each ends after its running step, the chief then "
+                       "writes a checkpoint; the ps tasks serve until it has exited (at most %.0f s; a second "
+                       "Ctrl-C stops at once)", reason, ", ".join(s.name for s in running), bound)
+        for slot in running:
+            slot.stopped = True
+            self._progress.set_state(slot.name, TaskState.STOPPED)
+        procs = [s.popen for s in running]
+        self._backend.terminate(procs)
+        deadline = time.monotonic() + bound
+        self._wait_alive([s.popen for s in running if chief is None or s.name == chief], deadline, hard)
+        self._wait_alive(procs, min(deadline, time.monotonic() + idle_bound_secs), hard)   # the others, after it
+        now = time.time()
+        for slot in running:
+            code = slot.popen.poll()
+            if code is not None:
+                slot.returncode, slot.ended_at = code, now
+
+    def _wait_alive(self, procs: list, deadline: float, hard: Callable[[], bool]) -> None:
+        while self._backend.alive(procs) and time.monotonic() < deadline and not hard():
+            time.sleep(STOP_POLL_SECS)
 
     def stop_all(self, reason: str, grace_secs: float, stacks: Optional[StackAsker]) -> None:
         """Stops every running attempt (their stacks asked for first, with `stacks`; then the backend's SIGTERM,

@@ -13,7 +13,7 @@ from psworker.launcher.metrics import MetricsOptions
 from psworker.launcher.policy import RestartPolicy, SuccessPolicy
 from psworker.spec import ClusterSpec, CountSpec
 
-__all__ = ["LaunchConfig", "COMMAND_PS_EXIT_GRACE_SECS", "PS_EXIT_GRACE_SECS"]
+__all__ = ["LaunchConfig", "COMMAND_PS_EXIT_GRACE_SECS", "PS_EXIT_GRACE_SECS", "default_stop_save_secs"]
 
 PS_EXIT_GRACE_SECS = 15.0           # psworker's ps tasks: they end by themselves once the workers are done
 COMMAND_PS_EXIT_GRACE_SECS = 1.0    # a user's ps serves until stopped (server.join())
@@ -37,6 +37,8 @@ class LaunchConfig:
     status_every_secs: float = 15.0          # ... plain status lines this often; False: neither
     grace_period_secs: float = 10.0
     ps_exit_grace_secs: Optional[float] = None     # None: PS_EXIT_GRACE_SECS, COMMAND_PS_EXIT_GRACE_SECS for a command
+    stop_save_secs: Optional[float] = None   # on SIGINT/SIGTERM, how long the workers get to stop (the chief to save)
+                                             # before the ps go; None: `default_stop_save_secs`
     success: SuccessPolicy = field(default_factory=SuccessPolicy)     # TFJob's default: the chief, else worker 0
     python: str = sys.executable             # the interpreter of psworker's own tasks, where they run
     metrics: Optional[MetricsOptions] = None     # `--metrics_port`: the launcher's /metrics; None: off
@@ -57,8 +59,13 @@ class LaunchConfig:
         if self.ps_exit_grace_secs is None:
             grace = COMMAND_PS_EXIT_GRACE_SECS if self.command else PS_EXIT_GRACE_SECS
             object.__setattr__(self, "ps_exit_grace_secs", grace)
+        if self.stop_save_secs is None:
+            object.__setattr__(self, "stop_save_secs", default_stop_save_secs(self.spec, self.command,
+                                                                              self.grace_period_secs))
         if self.stall_timeout_secs is not None and self.stall_timeout_secs <= 0:
             raise ValueError(f"stall_timeout_secs must be > 0, got {self.stall_timeout_secs}")
+        if self.stop_save_secs < 0:
+            raise ValueError(f"stop_save_secs must be >= 0, got {self.stop_save_secs}")
         if self.grace_period_secs < 0:
             raise ValueError(f"grace_period_secs must be >= 0, got {self.grace_period_secs}")
         bad = [f for f in self.faults if not isinstance(f, Fault)]
@@ -73,3 +80,14 @@ class LaunchConfig:
         if not self.command:
             return frozenset(jobs - {"ps"})
         return frozenset({"chief"} if "chief" in jobs else {"worker"})
+
+
+def default_stop_save_secs(spec: Any, command: tuple[str, ...], grace_period_secs: float) -> float:
+    """How long a stop by SIGINT/SIGTERM gives the workers before the ps tasks go: psworker's trainer, its running
+    step (`step_timeout_secs`), the chief's wait for the others and its checkpoint (`task.stop.ps_wait_secs`, what
+    a stopping ps waits for the chief); a user's command, `grace_period_secs`."""
+    if command:
+        return grace_period_secs
+    from psworker.task.stop import ps_wait_secs
+
+    return ps_wait_secs(spec.train.step_timeout_secs)

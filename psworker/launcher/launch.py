@@ -28,6 +28,7 @@ from psworker.launcher.report import (RunResult, describe_returncode, exit_statu
                                       success_line)
 from psworker.launcher.rundir import (LOG_SUBDIR, RunEnd, check_earlier_run, choose_run_dir, task_log_name, write_end,
                                       write_run_dir)
+from psworker.launcher.stopline import stop_line
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, chief_name, plan
 from psworker.spec import ClusterSpec
@@ -44,7 +45,8 @@ class SignalCatcher:
 @contextlib.contextmanager
 def stop_on_signals(sup: Supervisor, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)
                     ) -> Iterator[SignalCatcher]:
-    """While inside, `signals` make `sup.wait()` stop every task and return; the old handlers return after.
+    """While inside, `signals` make `sup.wait()` stop every task and return (the workers first: the chief writes a
+    checkpoint, `Supervisor.request_stop`); a second signal stops them at once. The old handlers return after.
 
     Outside the main thread (where Python cannot install handlers) it installs nothing.
     """
@@ -54,9 +56,10 @@ def stop_on_signals(sup: Supervisor, signals: Sequence[int] = (signal.SIGINT, si
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if caught.signum is None:
+        again = caught.signum is not None
+        if not again:
             caught.signum = signum
-        sup.request_stop(f"launcher received {signal.Signals(signum).name}")
+        sup.request_stop(f"launcher received {signal.Signals(signum).name}", hard=again)
 
     previous = {}
     try:
@@ -102,7 +105,8 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
                          backend=processes, restart_policy=config.policy, faults=config.faults,
                          stall_timeout_secs=config.stall_timeout_secs, done_jobs=config.done_jobs, success=success,
                          stacks=stacks.for_run(own_tasks=not config.command, local=processes.LOCAL_PIDS),
-                         elastic=elastic, scale_inbox=ScaleInbox(log_dir.parent) if elastic else None)
+                         elastic=elastic, scale_inbox=ScaleInbox(log_dir.parent) if elastic else None,
+                         stop_save_secs=config.stop_save_secs)
         attach(sup.progress)
         if metrics is not None:
             metrics.attach(sup)
@@ -173,8 +177,9 @@ def _report(config: LaunchConfig, result: RunResult, signum: Optional[int], seco
         print(f"psworker: {result.reason}; stopped {', '.join(stopped) or 'nothing (all had exited)'}",
               file=sys.stderr, flush=True)
         print(format_report(result), file=sys.stderr, flush=True)
-        again = "" if config.command else " (the same command goes on from the latest checkpoint)"
-        print(f"psworker: {_where(config, outputs, log_dir, logs_first=True)}{again}", file=sys.stderr, flush=True)
+        print(f"psworker: {_where(config, outputs, log_dir, logs_first=True)}", file=sys.stderr, flush=True)
+        if not config.command:
+            print(f"psworker: {stop_line(result, outputs)}", file=sys.stderr, flush=True)
         return 128 + signum
     if result.ok:
         report_success(config, result, seconds, outputs, log_dir, console)

@@ -77,6 +77,7 @@ class Supervisor:
         elastic: Optional[Elastic] = None,
         scale_inbox: Optional[ScaleInbox] = None,
         run_dir: Optional[str | os.PathLike] = None,
+        stop_save_secs: float = 0.0,
     ) -> None:
         """Args:
             tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
@@ -98,6 +99,7 @@ class Supervisor:
                 (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
             scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scale_inbox`).
             run_dir: where to keep `tasks.json`, each task's pid, host, state and exit (`launcher.runstate`).
+            stop_save_secs: how long a stop by `request_stop` gives the chief to save before the ps go; 0: no wait.
         """
         names = distinct_names(tasks)
         self._log_dir = Path(log_dir)
@@ -109,7 +111,8 @@ class Supervisor:
                             restart_policy)
         self.progress = Progress(names)
         self._lock = threading.RLock()
-        self._started, self._started_time, self._stop_request = False, 0.0, None
+        self._started, self._started_time, self._stop_request, self._hard_stop = False, 0.0, None, False
+        self._stop_save_secs = stop_save_secs
         self._result, self._failure, self._ending = None, None, Ending()    # `_ending`: once succeeded, its drain
         self._rollbacks = Rollbacks()
         self._taskfile = None if run_dir is None else runstate.TaskFile(Path(run_dir))
@@ -179,7 +182,7 @@ class Supervisor:
             if not self._started:
                 raise RuntimeError("Supervisor.poll() before start()")
             if self._stop_request is not None:
-                return self.stop(self._stop_request)
+                return self.stop(self._stop_request, save=True)
             now = time.time()
             self._attempts.collect(now)
             self._watch(now)
@@ -210,12 +213,16 @@ class Supervisor:
                                    f"{', '.join(self.pids()) or 'none'}")
             time.sleep(POLL_INTERVAL_SECS)
 
-    def request_stop(self, reason: str) -> None:
-        """Asks the next `poll`/`wait` to stop the run. Takes no lock, so a signal handler may call it."""
-        self._stop_request = reason
+    def request_stop(self, reason: str, *, hard: bool = False) -> None:
+        """Asks the next `poll`/`wait` to stop the run, the workers first (`stop_save_secs`); `hard` (a second
+        Ctrl-C): at once, also while that stop waits for the workers. Takes no lock: a signal handler may call it."""
+        if self._stop_request is None:
+            self._stop_request = reason
+        self._hard_stop = self._hard_stop or hard
 
-    def stop(self, reason: str = "stopped") -> RunResult:
-        """Stops every task (SIGTERM, `grace_period_secs`, then SIGKILL, via the backend) and reaps all.
+    def stop(self, reason: str = "stopped", *, save: bool = False) -> RunResult:
+        """Stops every task (SIGTERM, `grace_period_secs`, then SIGKILL, via the backend) and reaps all; `save`:
+        the workers first, given `stop_save_secs` to exit (the chief writes a checkpoint) while the ps serve on.
 
         Returns the run's result: the one already reached, else a not-ok result with `reason`.
         """
@@ -223,7 +230,7 @@ class Supervisor:
             if self._result is not None:
                 return self._result
             self._attempts.collect(time.time())
-            return self._finish(False, reason)
+            return self._finish(False, reason, save=save)
 
     def close(self) -> None:
         """Stops the run if it has not ended, then raises the first error from a log reader thread, if any."""
@@ -406,8 +413,11 @@ class Supervisor:
         return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason,
                            error=said.message if said else "")
 
-    def _finish(self, ok: bool, reason: str) -> RunResult:
-        self._attempts.stop_all(reason, self._grace, self._stacks)
+    def _finish(self, ok: bool, reason: str, save: bool = False) -> RunResult:
+        if save and self._stop_save_secs > 0 and not self._hard_stop:
+            self._attempts.stop_workers_first(reason, self._stop_save_secs, self._grace, lambda: self._hard_stop)
+        hard = self._hard_stop   # a second Ctrl-C: no grace, no stacks asked for
+        self._attempts.stop_all(reason, 0.0 if hard else self._grace, None if hard else self._stacks)
         failed = self._failure.name if self._failure is not None else None
         exits = {s.name: TaskExit(s.name, s.returncode, s.started_at, s.ended_at, str(s.log_path), s.restarts,
                                   s.stopped, tuple(s.causes),

@@ -63,7 +63,8 @@ def _import_tensorflow(name: str):
 
 def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers_gone_timeout_secs: float = 300.0,
            rejoin_grace_secs: Optional[float] = None, allow_public_bind: bool = False) -> int:
-    """Starts ps `index` and serves until every worker is done (forever with `keep_running`).
+    """Starts ps `index` and serves until every worker is done (forever with `keep_running`), or until a SIGINT or
+    SIGTERM and then the chief's exit (`task.stop`: 128 + the signal's number).
 
     Returns:
         EXIT_OK: every worker said it was done, or none has been up for `workers_gone_timeout_secs` and the
@@ -73,11 +74,24 @@ def run_ps(spec: ClusterSpec, index: int, *, keep_running: bool = False, workers
         PeerGone: every worker has been down (gone, or never seen) for `workers_gone_timeout_secs` without saying
             it was done, and training is not known to be complete.
     """
-    from psworker.task import server as srv
-    from psworker.task import done_queue, shutdown
+    from psworker.task.stop import StopOnSignal, StoppedBySignal, ps_wait_secs
 
     dump_stacks_on_signal()
     name = f"ps:{index}"
+    StopOnSignal(name, f"serving until worker:0 (the chief) has exited, its checkpoint written (at most "
+                       f"{ps_wait_secs(spec.train.step_timeout_secs):g} s)").install()
+    try:
+        return _ps(spec, index, name, keep_running, workers_gone_timeout_secs, rejoin_grace_secs, allow_public_bind)
+    except StoppedBySignal as stopped:
+        log.warning("%s", stopped)
+        return stopped.exit_code
+
+
+def _ps(spec: ClusterSpec, index: int, name: str, keep_running: bool, workers_gone_timeout_secs: float,
+        rejoin_grace_secs: Optional[float], allow_public_bind: bool) -> int:
+    from psworker.task import server as srv
+    from psworker.task import done_queue, shutdown
+
     srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
     _import_tensorflow(name)
     from psworker.train.devices import ps_server_config
@@ -112,18 +126,26 @@ def run_worker(spec: ClusterSpec, index: int, config: TrainConfig, *, allow_publ
         EXIT_OK once training (and, for the chief, the final evaluation) is done and the ps tasks were told; an
         elastic job's worker that left on a signal: `LeftJob`'s code (0 scaled away, `EXIT_PREEMPTED` preempted).
     """
+    from psworker.task.stop import StopOnSignal, StoppedBySignal
+
     dump_stacks_on_signal()
     membership = None
     if spec.elastic is not None and index != 0:   # from the start: a leave signal must never kill it
         from psworker.task.leave import Member
         membership = Member(spec, index)
         membership.signals.install()
+    else:    # SIGINT, SIGTERM: after the running step (the chief then writes a checkpoint)
+        StopOnSignal(f"worker:{index}", "stopping after the running step" + (
+            "; then writing a checkpoint" if index == 0 else "")).install()
     try:
         with _chief_lock(index, config):
             return _worker(spec, index, config, allow_public_bind, membership)
     except LeftJob as left:   # an elastic job's worker, scaled away or preempted: not an error
         log.info("%s", left)
         return left.exit_code
+    except StoppedBySignal as stopped:
+        log.warning("%s", stopped)
+        return stopped.exit_code
 
 
 def _chief_lock(index: int, config: TrainConfig):

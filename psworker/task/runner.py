@@ -25,7 +25,7 @@ from psworker.errors import (AlreadyComplete, LeftJob, StartupTimeout, StepTimeo
 from psworker.models.base import Model
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
-from psworker.task import done_queue, probe
+from psworker.task import done_queue, probe, stop
 from psworker.task.peers import SyncPeerWatch
 from psworker.task.extra_steps import ExtraSteps
 from psworker.task.replication import Replication
@@ -69,8 +69,9 @@ def run(server, spec: ClusterSpec, index: int, config: TrainConfig, replication:
     config = _epochs_as_steps(config, model, replication, name)
     if replication.is_chief:
         os.makedirs(config.train_dir, exist_ok=True)
+    others = {n: a for n, a in srv.task_addresses(spec, ("worker",)).items() if n != name}
     try:
-        result = _train(server.target, config, model, replication, index, name, emit)
+        result = _train(server.target, config, model, replication, index, name, emit, others)
     except LeftJob:
         replication.membership.tell_left(server.target)
         raise
@@ -160,8 +161,9 @@ def _epochs_as_steps(config: TrainConfig, model: Model, replication: Replication
 
 
 def _train(target: str, config: TrainConfig, model: Model, replication: Replication, index: int, name: str,
-           emit) -> TrainResult:
-    """The session and its step loop; the sessions are left open at the end (the process leaves soon after)."""
+           emit, others: dict) -> TrainResult:
+    """The session and its step loop; the sessions are left open at the end (the process leaves soon after). On a
+    stop (`task.stop`), `_saved_on_stop`; `others`: the other workers' addresses."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -171,14 +173,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             v1.set_random_seed(config.seed)
         dealing = replication.dealing(target, model, config) if replication.dealing is not None else None
         tg = replication.build(model, config, dealing)
-        # dealt shards: each new session starts the input again, from the data position on the ps; the
-        # collection's op (staged variables' fill, `transfer.register_fill`) includes the default one
-        registered = v1.get_collection(v1.GraphKeys.LOCAL_INIT_OP)
-        local_init = (None if tg.input_init is None
-                      else tf.group(registered[0] if registered else v1.train.Scaffold.default_local_init_op(),
-                                    tg.input_init))
-        scaffold = v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
-                                                          save_relative_paths=True), local_init_op=local_init)
+        scaffold = _scaffold(tg)
         choice = first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
         extra = ExtraSteps(config.concurrent_steps - 1, tg.train_op, _step_options(config)[1], name,
                            join_secs=config.step_timeout_secs + GIVE_UP_GRACE_SECS, global_step=tg.global_step,
@@ -190,7 +185,8 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
-        with v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
+        with _saved_on_stop(replication, config, name, progress), \
+                v1.train.MonitoredSession(session_creator=creator, hooks=hooks, stop_grace_period_secs=0) as sess:
             if replication.membership is not None and not sess.should_stop():   # stopping: training is complete
                 replication.membership.join(target)
             try:
@@ -205,6 +201,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                 errorfile.note_step(progress.last_global_step)    # for a failure's record, if one follows
             log.info("%s: last step done (%d local steps%s)", name, progress.local_steps + extra.steps,
                      f", {extra.steps} of them by the helpers" if config.concurrent_steps > 1 else "")
+            _wait_for_others_to_stop(others if replication.is_chief and tg.sync_optimizer is None else {}, name)
     if replication.membership is not None and replication.membership.signals.reason is not None:
         if tg.dealer is not None:
             tg.dealer.give_back()
@@ -219,6 +216,76 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                            f"{why}")
     return TrainResult(global_step=final, local_steps=progress.local_steps + extra.steps,
                        seconds=time.monotonic() - started)
+
+
+def _scaffold(tg: TrainGraph):
+    """The session's scaffold: the sharded saver, and with dealt shards an input that each new session starts again,
+    from the data position on the ps (the collection's op, e.g. staged variables' fill, `transfer.register_fill`,
+    includes the default one)."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    registered = v1.get_collection(v1.GraphKeys.LOCAL_INIT_OP)
+    local_init = (None if tg.input_init is None
+                  else tf.group(registered[0] if registered else v1.train.Scaffold.default_local_init_op(),
+                                tg.input_init))
+    return v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
+                                                  save_relative_paths=True), local_init_op=local_init)
+
+
+@contextlib.contextmanager
+def _saved_on_stop(replication: Replication, config: TrainConfig, name: str, progress):
+    """Around the session: once a SIGINT or SIGTERM has ended the step loop after its running step, `StoppedBySignal`
+    naming the checkpoint the chief's saver wrote as the session closed (or the error that kept it from writing one)."""
+    stopper = stop.current()
+    try:
+        yield
+    except stop.StoppedBySignal:
+        raise
+    except Exception as exc:   # noqa: BLE001 - the stop's line says why nothing was saved; the task exits anyway
+        if not stopper.stopping:
+            raise
+        what = "no checkpoint written" if replication.is_chief else "its step was not finished"
+        raise stopper.stopped(f"{what}: {op_error_line(exc)}") from exc
+    if not stopper.stopping:
+        return
+    step = progress.final_global_step if progress.final_global_step is not None else progress.last_global_step
+    if not replication.is_chief:
+        raise stopper.stopped(f"after its running step (global step {step})")
+    from psworker.train import checkpoints
+
+    saved = next((f for f in checkpoints.find(config.train_dir) if f"{f.name}.index" in f.files), None)
+    if saved is None or saved.step < step:
+        newest = f"the newest is of step {saved.step}" if saved else "there is none"
+        raise stopper.stopped(f"no checkpoint of step {step} written ({newest} in {config.train_dir})")
+    log.info("%s", events.StopSaved(name, stopper.signal_name, saved.step, config.train_dir).render())
+    raise stopper.stopped(f"checkpoint of global step {saved.step} written")
+
+
+def _wait_for_others_to_stop(others: dict, name: str) -> None:
+    """The async chief, stopping (else nothing): waits (at most `stop.PEERS_STOP_SECS`) for the other workers that
+    are up to stop too (their ports closed), so that their last steps are in its checkpoint."""
+    from psworker.task import shutdown
+
+    if not stop.current().stopping:
+        return
+    up = {n: a for n, a in others.items() if shutdown.port_open(a)}
+    if not up:
+        return
+    log.info("%s: waiting up to %g s for %s to stop before writing the checkpoint", name, stop.PEERS_STOP_SECS,
+             ", ".join(up))
+    started = time.monotonic()
+
+    def all_closed() -> bool:
+        for n in [n for n, a in up.items() if not shutdown.port_open(a)]:
+            up.pop(n)
+        return not up
+
+    if shutdown.poll_until(all_closed, started + stop.PEERS_STOP_SECS, interval=0.1):
+        log.info("%s: the other workers stopped in %.1f s", name, time.monotonic() - started)
+    else:
+        log.warning("%s: %s still up after %g s; writing the checkpoint now (their later steps are not in it)", name,
+                    ", ".join(up), stop.PEERS_STOP_SECS)
 
 
 def _report_data(client, name: str) -> None:
@@ -290,7 +357,8 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
 
     first, steady = _step_options(config)
     seen_session = -1
-    while not sess.should_stop() and (leave is None or leave.reason is None):
+    stopper = stop.current()
+    while not sess.should_stop() and (leave is None or leave.reason is None) and not stopper.stopping:
         options = first if creator.sessions_created != seen_session else steady
         watchdog.step_started(limit_secs=options.timeout_in_ms / 1000)
         try:

@@ -115,7 +115,8 @@ def first_choice(config: TrainConfig):
 
 class _CompleteOnDisk:
     """While a worker waits for its ps tasks: raises `AlreadyComplete` once the train_dir's newest checkpoint is at
-    `--max_steps` (the ps tasks left after training ended). Reads the train_dir at most every `every_secs`."""
+    `--max_steps` (the ps tasks left after training ended), `task.stop.StoppedBySignal` once a SIGINT or SIGTERM
+    came. Reads the train_dir at most every `every_secs`."""
 
     def __init__(self, config: TrainConfig, name: str, *, every_secs: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -123,6 +124,11 @@ class _CompleteOnDisk:
         self._next = clock()
 
     def __call__(self) -> None:
+        from psworker.task import stop
+
+        stopper = stop.current()
+        if stopper.stopping:   # a SIGINT or SIGTERM while the peers are down: no model to save
+            raise stopper.stopped("while waiting for its peers (no session: nothing to save)")
         if self._clock() < self._next:
             return
         self._next = self._clock() + self._every

@@ -14,6 +14,7 @@ import time
 from typing import Callable, Optional, TypeVar
 
 from psworker.errors import PeerGone
+from psworker.task import stop
 from psworker.task.done_queue import DONE, JOINED, READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
 from psworker.spec import ClusterSpec
 
@@ -252,6 +253,7 @@ class _PsWait:
 
     def __call__(self, done: set[int]) -> bool:
         self.watch.update()
+        stop.stop_when_gone(self.watch.gone_for(CHIEF), "worker:0 (the chief)", self.spec.train.step_timeout_secs)
         members = self.members()
         if not done:
             return self._all_gone(members)
@@ -361,6 +363,8 @@ def serve_until_client_done(target: str, spec: ClusterSpec, index: int, client: 
 
     def on_idle(done: set[int]) -> None:
         watch.update()
+        stop.stop_when_gone(watch.gone_for(client), f"the in-graph client worker:{client}",
+                            spec.train.step_timeout_secs)
         if watch.gone_for(client) >= client_gone_secs:
             raise PeerGone(f"worker:{index}: the in-graph client worker:{client} at {address} has been unreachable "
                            f"for {client_gone_secs:g} s (--startup_timeout_secs) without saying that training is "

@@ -16,7 +16,8 @@ from typing import Optional, Union
 from psworker.errors import UsageError
 from psworker.spec import DEFAULT_PORT_BASE
 
-__all__ = ["SCRIPT_NAME", "SUBMITTED_SPEC", "SbatchOptions", "check_nodes", "check_sbatch_value", "check_time",
+__all__ = ["DEFAULT_STOP_WARNING_SECS", "SCRIPT_NAME", "SUBMITTED_SPEC", "SbatchOptions", "check_nodes",
+           "check_sbatch_value", "check_stop_warning", "check_time",
            "launch_argv", "sbatch_script", "write_sbatch_script"]
 
 SCRIPT_NAME = "psworker.sbatch"
@@ -25,6 +26,7 @@ _SBATCH_VALUE = re.compile(r"[^\s'\"\\#]+\Z")
 _NODES = re.compile(r"([1-9]\d*)(?:-([1-9]\d*))?\Z")
 _TIME = re.compile(r"(?:\d+-)?\d+(?::\d+){0,2}\Z")
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+DEFAULT_STOP_WARNING_SECS = 120   # a step and a checkpoint; Slurm may send the signal up to 60 s early
 _NO_TIME_LIMIT = ("-1", "INFINITE", "UNLIMITED")
 
 
@@ -81,6 +83,7 @@ class SbatchOptions:
     account: Optional[str] = None
     output: Optional[str] = None         # default: <run_dir>/slurm-%j.out
     overcommit: bool = False             # more tasks than CPUs (the ps tasks are mostly idle)
+    stop_warning_secs: int = DEFAULT_STOP_WARNING_SECS   # SIGTERM to the launcher this long before the time limit
 
     def lines(self, run_dir: Path) -> list[str]:
         """The `#SBATCH --opt=value` lines (values checked: sbatch does not shell-parse them)."""
@@ -100,10 +103,23 @@ class SbatchOptions:
             out.append(f"#SBATCH --{name}={value}")
         if self.overcommit:
             out.insert(2, "#SBATCH --overcommit")
+        if self.stop_warning_secs:   # B: the batch shell only, which is the launcher (exec): it stops the workers first
+            out.append(f"#SBATCH --signal=B:TERM@{check_stop_warning(self.stop_warning_secs)}")
         return out
 
 
 _SBATCH_CHECKS = {"nodes": check_nodes, "time": check_time}
+
+
+def check_stop_warning(secs: int) -> int:
+    """`--signal`'s warning time: 0 (none) to 65535 s, Slurm's limit.
+
+    Raises:
+        UsageError: out of range.
+    """
+    if not 0 <= secs <= 65535:
+        raise UsageError(f"--stop_warning_secs: {secs} is not in 0..65535 (Slurm's --signal limit)")
+    return secs
 
 
 def launch_argv(spec_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], *, python: str,
@@ -125,6 +141,10 @@ def sbatch_script(options: SbatchOptions, run_dir: Path, inner_argv: Sequence[st
         "# Inside the allocation, the line at the bottom starts one `srun` step per task (ps first, then",
         "# workers) on the nodes TensorFlow's SlurmClusterResolver would choose, and watches them.",
     ]
+    if options.stop_warning_secs:
+        header += ["# --signal=B:TERM@N: N s before the time limit Slurm sends SIGTERM to this script, which is the",
+                   "# launcher: the workers stop after their running step, the chief writes a checkpoint, then the ps",
+                   "# tasks stop; submitting the script again goes on from that checkpoint."]
     body = ["", "set -euo pipefail", "", "exec " + " ".join(shlex.quote(str(a)) for a in inner_argv)]
     return "\n".join(header + options.lines(run_dir) + body) + "\n"
 
