@@ -190,8 +190,6 @@ class DiskFull(PsworkerError):
 
     exit_code = EXIT_DISK_FULL
 
-    exit_code = EXIT_USAGE
-
     def __init__(self, message: str, *, path: "str | None" = None) -> None:
         super().__init__(message)
         self.path = path
