@@ -22,7 +22,8 @@ def rollback_line(ps: list[str], before: int, start: events.ModelStart) -> str:
     up)`."""
     to = (f"the checkpoint of step {start.step:,}" if start.checkpoint is not None
           else "step 0 (no checkpoint had been saved)")
-    lost = max(before - start.step, 0)
+    before = max(before, start.step)    # the launcher's last step line can lag a checkpoint saved after it
+    lost = before - start.step
     return (f"{format_tasks(ps)} restarted: the model goes back from step {before:,} to {to} "
             f"({lost:,} step{'' if lost == 1 else 's'} given up)")
 
