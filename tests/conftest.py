@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from psworker.testing import LocalCluster
+from tests.cluster_utils import Launcher
 from tests.fake_tasks.fakes import HERE, stop_supervisors
 
 # Synthetic CIFAR-10 examples per class (train, test) when a test module does not set CIFAR_PER_CLASS.
@@ -185,3 +186,18 @@ def fake_python(tmp_path):
                    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
     exe.chmod(0o755)
     return str(exe)
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    """`launcher(*args, command="local", tty=False)`: a real `psworker` launcher (`tests.cluster_utils.Launcher`) in
+    `tmp_path`, killed if the test leaves it."""
+    made: list[Launcher] = []
+
+    def start(*args: str, **kwargs) -> Launcher:
+        made.append(Launcher(args, tmp_path, **kwargs))
+        return made[-1]
+
+    yield start
+    for run in made:
+        run.close()

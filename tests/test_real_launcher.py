@@ -29,20 +29,6 @@ ENDLESS = "1000000"          # max_steps: these runs end by a signal from the te
 STEP = re.compile(r"\[(worker:\d)\] step (\d+), loss = ")
 
 
-@pytest.fixture
-def launcher(tmp_path):
-    """`launcher(*args, tty=False)`: a `Launcher` of `psworker local` in `tmp_path`, killed if the test leaves it."""
-    made: list[Launcher] = []
-
-    def start(*args: str, **kwargs) -> Launcher:
-        made.append(Launcher(args, tmp_path, **kwargs))
-        return made[-1]
-
-    yield start
-    for run in made:
-        run.close()
-
-
 def _status(pid: int) -> Optional[str]:
     try:
         return psutil.Process(pid).status()

@@ -17,27 +17,13 @@ import pytest
 from psworker import events
 from psworker.launcher.stopline import newest_checkpoint_step
 from psworker.testing import STEP_LINE, assert_processes_gone
-from tests.cluster_utils import REPO, Launcher, launch_script, steps_lost
+from tests.cluster_utils import REPO, launch_script, steps_lost
 
 pytestmark = pytest.mark.slow
 
 SPECS = {"async": REPO / "cluster_specs" / "local.yaml", "sync": REPO / "cluster_specs" / "local-sync.yaml"}
 ENDLESS = "1000000"
 STOP_LINE = r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the same command goes on from it$"
-
-
-@pytest.fixture
-def launcher(tmp_path):
-    """`launcher(*args, command="local")`: a `Launcher` in `tmp_path`, killed if the test leaves it."""
-    made: list[Launcher] = []
-
-    def start(*args: str, **kwargs) -> Launcher:
-        made.append(Launcher(args, tmp_path, **kwargs))
-        return made[-1]
-
-    yield start
-    for run in made:
-        run.close()
 
 
 @pytest.mark.timeout(600)
