@@ -23,6 +23,7 @@ from psworker.launcher.backends.base import Backend
 from psworker.launcher.command import command_tasks, names_train_dir, worker_warnings
 from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
+from psworker.launcher.pipe_safe import PipeSafe
 from psworker.launcher.policy import with_rejoin_grace
 from psworker.launcher.report import (RunResult, describe_returncode, exit_status, format_report, restart_hint,
                                       success_line)
@@ -283,7 +284,7 @@ def launch(config: LaunchConfig, *, console: Optional[TextIO] = None, install_si
             the run dir (`traindir_lock`), or it holds another model's run (`rundir.check_earlier_run`); each before
             anything is written into the run dir.
     """
-    console = console if console is not None else sys.stdout
+    console = console if console is not None else PipeSafe(sys.stdout)
     backend = backends.create(config.backend, config.python)
     if not config.command:
         check_earlier_run(config.run_dir or config.spec.train.train_dir, config.spec.train)
