@@ -267,6 +267,7 @@ def test_a_launcher_whose_pid_is_dead_is_gone_and_its_tasks_with_it(tmp_path):
     assert {n: t.state for n, t in s.tasks.items()} == {"ps:0": "running", "worker:0": "gone", "worker:1": "done",
                                                         "worker:2": "not started"}
     assert s.tasks["worker:1"].exit == "exit code 0" and s.tasks["ps:0"].pid == os.getpid()
+    assert s.global_step == 5060, "the step lines stop at 500; the checkpoint saved after them is the step"
     out = _status(run)
     assert (f"is gone; the run did not end cleanly; the last checkpoint is step 5,060; still running without it: "
             f"ps:0 (pid {os.getpid()})") in out, out

@@ -315,8 +315,8 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
     tasks = runread.settle_tasks(progress.snapshot(), records, end is not None, launcher)
     rate = runread.steps_per_sec(texts[n] for n in names if n.partition(":")[0] in ("worker", "chief") and n in texts)
     checkpoint = runstate.checkpoint_step(Path(spec.train.train_dir or run_dir), texts.get(chief, ("",))[0])
-    return RunStatus(tasks, progress.global_step(), spec.train.max_steps, rate, now, workers, end, precision,
-                     launcher, checkpoint)
+    step = max(progress.global_step(), checkpoint or 0)    # step lines come every N steps; a save can be newer
+    return RunStatus(tasks, step, spec.train.max_steps, rate, now, workers, end, precision, launcher, checkpoint)
 
 
 def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:
