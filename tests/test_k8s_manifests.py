@@ -32,7 +32,7 @@ from psworker.errors import EXIT_PEER_GONE, UsageError
 from psworker.interop import resolve_cluster
 from psworker.k8s.manifests import (FLAVORS, LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, manifests, run_name,
                                     to_yaml)
-from psworker.k8s.options import DEFAULT_GRACE_SECS, DEFAULT_METRICS_PORT
+from psworker.k8s.options import DEFAULT_METRICS_PORT
 from psworker.spec import load_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -354,8 +354,9 @@ def test_every_pod_has_the_grace_period_and_a_metrics_port_open_to_scrapers(stem
     templates = [t for o in objs for _, _, t in _pod_templates(o)]
     assert len(templates) == 2   # ps and worker
     for template in templates:
-        # SIGTERM to SIGKILL: the chief writes its checkpoint, the ps tasks serve it meanwhile
-        assert template["spec"]["terminationGracePeriodSeconds"] == options.get("grace_secs", DEFAULT_GRACE_SECS)
+        # SIGTERM to SIGKILL: the chief finishes its step and writes its checkpoint, the ps tasks serve it meanwhile
+        # for at most step_timeout_secs (300 s in these specs) + 70 s: the default grace covers that bound
+        assert template["spec"]["terminationGracePeriodSeconds"] == options.get("grace_secs", 370)
         (container,) = template["spec"]["containers"]
         assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
     (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]

@@ -128,11 +128,12 @@ def manifest_flags(p: argparse.ArgumentParser) -> None:
 
 def monitoring_flags(p: argparse.ArgumentParser) -> None:
     """Stops, metrics and queueing of `k8s manifest`."""
-    from psworker.k8s.options import DEFAULT_GRACE_SECS, DEFAULT_METRICS_PORT
-    p.add_argument("--grace_secs", type=int_type(0), default=DEFAULT_GRACE_SECS, metavar="SECS",
+    from psworker.k8s.options import DEFAULT_METRICS_PORT
+    p.add_argument("--grace_secs", type=int_type(0), default=None, metavar="SECS",
                    help="every pod's terminationGracePeriodSeconds: from SIGTERM (a deletion, preemption or "
-                        "eviction) to SIGKILL, time for the chief to write a checkpoint "
-                        f"(default {DEFAULT_GRACE_SECS})")
+                        "eviction) to SIGKILL, time for the chief to finish its step and write a checkpoint "
+                        "(default: as long as a stopping ps serves its chief, step_timeout_secs + 70; 370 with "
+                        "the default step timeout)")
     p.add_argument("--metrics_port", type=port_type(free_ok=True), default=DEFAULT_METRICS_PORT, metavar="PORT",
                    help="each task serves Prometheus /metrics on this port, named `metrics` in every pod "
                         f"(default {DEFAULT_METRICS_PORT}; 0: none)")

@@ -30,7 +30,7 @@ from psworker.errors import EXIT_PEER_GONE, UsageError
 from psworker.interop import command_env, command_values, fill_command
 from psworker.k8s import monitoring
 from psworker.k8s import options as k8s_options
-from psworker.k8s.options import LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, run_name
+from psworker.k8s.options import LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, grace_secs_for, run_name
 from psworker.plan import task_counts
 from psworker.spec import DEFAULT_PORT_BASE, ClusterSpec, CountSpec, TrainConfig, build_cluster
 
@@ -140,7 +140,7 @@ def _pod_spec(spec: Spec, job: str, options: K8sOptions, env: list[Obj], restart
                 "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
                                     "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
                 # SIGTERM to SIGKILL: the chief's checkpoint on a stop, and the ps tasks serving it meanwhile
-                "terminationGracePeriodSeconds": options.grace_secs}
+                "terminationGracePeriodSeconds": grace_secs_for(options, train.step_timeout_secs)}
     if restart_policy:
         pod["restartPolicy"] = restart_policy
     if subdomain:

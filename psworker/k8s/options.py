@@ -3,12 +3,14 @@ period, the metrics port and a Kueue queue; and their checks, each naming its fl
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from psworker.errors import UsageError
+from psworker.task.stop import ps_wait_secs
 
 LABEL_RUN = "psworker.dev/run"
 LABEL_JOB = "psworker.dev/job"
@@ -17,8 +19,6 @@ _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # a Kueue LocalQueue: an object name that is also a label value (at most 63 characters)
 _QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 MAX_NAME = 40   # leaves room for `-<job>-<jobIndex>-<podIndex>` in a 63-character pod hostname
-# SIGTERM to SIGKILL: the chief writes its checkpoint on SIGTERM and the ps tasks serve it until written
-DEFAULT_GRACE_SECS = 120
 DEFAULT_METRICS_PORT = 9400       # each task's Prometheus /metrics (`psworker ps|worker --metrics_port`)
 METRICS_PATH = "/metrics"
 
@@ -38,7 +38,7 @@ class K8sOptions:
     retries: int = 3                        # per task (backoffLimitPerIndex, TFJob backoffLimit, JobSet maxRestarts)
     cluster_domain: str = "cluster.local"   # kubelet's clusterDomain: pod FQDNs are in each pod's /etc/hosts
     command: tuple[str, ...] = ()           # a user's program run in every pod instead of psworker's tasks
-    grace_secs: int = DEFAULT_GRACE_SECS    # every pod's terminationGracePeriodSeconds
+    grace_secs: Optional[int] = None        # every pod's terminationGracePeriodSeconds; None: `grace_secs_for`
     metrics_port: Optional[int] = DEFAULT_METRICS_PORT   # named `metrics` in every pod; None: no metrics
     metrics: bool = False                   # prometheus.io/* annotations and a PodMonitor
     queue: Optional[str] = None             # a Kueue LocalQueue: the workload is labelled with it and suspended
@@ -66,7 +66,7 @@ def check_options(options: K8sOptions, flavors: tuple[str, ...]) -> None:
         raise UsageError(f"--cluster_domain {options.cluster_domain!r} is not a DNS name")
     if options.retries < 0:
         raise UsageError(f"--retries must be >= 0, got {options.retries}")
-    if options.grace_secs < 0:
+    if options.grace_secs is not None and options.grace_secs < 0:
         raise UsageError(f"--grace_secs must be >= 0, got {options.grace_secs}")
     _check_metrics_and_queue(options)
 
@@ -101,5 +101,13 @@ def run_name(spec_path: str) -> str:
     return name if name[:1].isalpha() else f"run-{name}"[:MAX_NAME].rstrip("-")
 
 
-__all__ = ["DEFAULT_GRACE_SECS", "DEFAULT_METRICS_PORT", "K8sOptions", "LABEL_JOB", "LABEL_QUEUE", "LABEL_RUN",
-           "MAX_NAME", "METRICS_PATH", "check_options", "labels", "metadata", "run_name"]
+__all__ = ["DEFAULT_METRICS_PORT", "K8sOptions", "LABEL_JOB", "LABEL_QUEUE", "LABEL_RUN",
+           "MAX_NAME", "METRICS_PATH", "check_options", "grace_secs_for", "labels", "metadata", "run_name"]
+
+
+def grace_secs_for(options: K8sOptions, step_timeout_secs: float) -> int:
+    """The pods' grace period: `--grace_secs`, else as long as a stopping ps serves its chief (`ps_wait_secs`: the
+    running step, the peers' stop, the checkpoint), so that SIGKILL never cuts a checkpoint the tasks would write."""
+    if options.grace_secs is not None:
+        return options.grace_secs
+    return math.ceil(ps_wait_secs(step_timeout_secs))
