@@ -50,6 +50,8 @@ def test_a_stop_saves_and_the_same_command_goes_on_from_it(launcher, tmp_path, s
     assert lost == 0 if mode == "async" else lost <= 1, (lost, saved)
     assert run.find(r"\[ps:0\] warning: stopped on SIG[A-Z]+: worker:0 \(the chief\) has exited"), run.tail()
     assert not run.find(r"sending SIGKILL"), run.tail()
+    for log in (train_dir / "logs").glob("*.log"):      # a person's stop is no failure: no stacks asked for
+        assert "--- stacks of" not in log.read_text(), log
 
     again = launcher(*args, "--max_steps", str(saved + 30))
     assert again.wait_exit() == 0, again.tail()
@@ -118,5 +120,31 @@ def test_start_scripts_a_ps_serves_until_the_chief_saved_and_a_second_sigterm_en
     cluster.send_signal("ps:0", signal.SIGTERM)
     assert cluster.wait_exit("ps:0", 30) == 143, cluster.tail("ps:0")
     assert "got SIGTERM again: exiting at once" in cluster.log("ps:0", current=True)
+    cluster.close()
+    assert_processes_gone(cluster.pids)
+
+
+@pytest.mark.timeout(600)
+def test_a_stopping_sync_chief_whose_step_waits_for_a_stopped_worker_saves_within_seconds(make_cluster):
+    """The race of a sync stop: worker:1 stops after its step, and the chief's running step needed its next
+    gradient. The stopping chief closes the token queue after `PEERS_STOP_SECS`, writes the checkpoint of the last
+    applied step and exits 143, instead of waiting out --step_timeout_secs."""
+    cluster = make_cluster(num_workers=2, argv=launch_script,
+                           train=dict(mode="sync", batch_size=32, log_every_steps=5, max_steps=int(ENDLESS),
+                                      step_timeout_secs=300.0))
+    cluster.wait_for_log("worker:0", STEP_LINE, 180, count=1)
+    cluster.send_signal("worker:1", signal.SIGTERM)
+    assert cluster.wait_exit("worker:1", 60) == 143, cluster.tail("worker:1")
+    cluster.wait_for_log("worker:0", "a training step has been running for", 60)    # blocked: 1 of 2 gradients
+    asked = time.monotonic()
+    cluster.send_signal("worker:0", signal.SIGTERM)
+    code = cluster.wait_exit("worker:0", 120)    # the ps serves on: a stop is not the end of training
+    took = time.monotonic() - asked
+    assert code == 143, cluster.tails()
+    assert "closing the sync token queue" in cluster.log("worker:0"), cluster.tail("worker:0")
+    saved = events.last(events.StopSaved, cluster.log("worker:0"))
+    assert saved is not None and newest_checkpoint_step(cluster.train_dir) == saved.step, cluster.tail("worker:0")
+    assert saved.step >= cluster.steps("worker:0")[-1]
+    assert took < 120, f"the chief's stop took {took:.0f} s"
     cluster.close()
     assert_processes_gone(cluster.pids)

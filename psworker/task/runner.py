@@ -27,6 +27,7 @@ from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
 from psworker.task import done_queue, probe, stop
 from psworker.task.peers import SyncPeerWatch
+from psworker.task.sync_stop import token_release
 from psworker.task.extra_steps import ExtraSteps
 from psworker.task.replication import Replication
 from psworker.task.session_setup import MAX_CHECKPOINTS, first_choice, hooks_of, session_creator
@@ -182,6 +183,8 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
                                    extra_steps=lambda: extra.steps)
         watchdog = _watchdog(config, replication, name)
         creator = session_creator(target, config, tg, scaffold, replication, name, watchdog, choice)
+        release = token_release(name, replication.is_chief, tg.sync_optimizer, lambda: creator.current,
+                                watchdog.running_for)
         gc.freeze()   # the graph lives as long as the process (see task.main._import_tensorflow)
         started = time.monotonic()
         # stop_grace_period_secs=0: TF waits 120 s for the sync queue-runner thread otherwise.
@@ -190,7 +193,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
             if replication.membership is not None and not sess.should_stop():   # stopping: training is complete
                 replication.membership.join(target)
             try:
-                with watchdog, _peer_watch(replication, config, name) as peers, extra:
+                with watchdog, _peer_watch(replication, config, name) as peers, extra, release:
                     _run_steps(sess, tg, config, creator, watchdog, name, replication.timeout_message, peers,
                                leave=replication.membership.signals if replication.membership else None,
                                tasks=replication.wait_for, extra=extra)
