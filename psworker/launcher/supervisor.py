@@ -416,9 +416,8 @@ class Supervisor:
     def _finish(self, ok: bool, reason: str, save: bool = False) -> RunResult:
         if save and self._stop_save_secs > 0 and not self._hard_stop:
             self._attempts.stop_workers_first(reason, self._stop_save_secs, self._grace, lambda: self._hard_stop)
-        hard = self._hard_stop   # a second Ctrl-C: no grace, no stacks asked for
-        asked = hard or self._stop_request is not None      # a person's stop: nothing went wrong, no stacks
-        self._attempts.stop_all(reason, 0.0 if hard else self._grace, None if asked else self._stacks)
+        quiet = self._hard_stop or self._stop_request is not None   # a person's stop: nothing went wrong, no stacks
+        self._attempts.stop_all(reason, 0.0 if self._hard_stop else self._grace, None if quiet else self._stacks)
         failed = self._failure.name if self._failure is not None else None
         exits = {s.name: TaskExit(s.name, s.returncode, s.started_at, s.ended_at, str(s.log_path), s.restarts,
                                   s.stopped, tuple(s.causes),

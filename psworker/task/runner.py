@@ -27,10 +27,10 @@ from psworker.spec import ClusterSpec, TrainConfig
 from psworker.task import server as srv
 from psworker.task import done_queue, probe, stop
 from psworker.task.peers import SyncPeerWatch
-from psworker.task.sync_stop import token_release
 from psworker.task.extra_steps import ExtraSteps
 from psworker.task.replication import Replication
 from psworker.task.session_setup import MAX_CHECKPOINTS, first_choice, hooks_of, session_creator
+from psworker.task.sync_stop import token_release
 from psworker.train.graph import TrainGraph
 
 log = logging.getLogger(__name__)

@@ -6,6 +6,7 @@ close writes the checkpoint of the last applied step: the stop loses at most tha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -28,7 +29,6 @@ class TokenRelease:
         self._running_for, self._after, self._every = running_for, after_secs, every_secs
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="psworker-sync-stop", daemon=True)
-        self.released = False
 
     def __enter__(self) -> "TokenRelease":
         self._thread.start()
@@ -43,15 +43,13 @@ class TokenRelease:
             stopper = stop.current()
             if not stopper.stopping or time.monotonic() - stopper.at < self._after:
                 continue
-            running = self._running_for()
-            if running is None:
+            if self._running_for() is None:
                 continue
             log.warning("%s: stopping: the running sync step still waits for gradients %g s after %s (the other "
                         "workers stopped after their own steps): closing the sync token queue, so the checkpoint "
                         "holds the last applied step", self._name, self._after, stopper.signal_name)
             try:
                 self._session_of().run(self._close_op)
-                self.released = True
             except Exception as e:  # noqa: BLE001 - the step then ends at --step_timeout_secs, as before
                 log.warning("%s: closing the sync token queue failed: %s", self._name, e)
             return
@@ -61,8 +59,6 @@ def token_release(name: str, is_chief: bool, sync_optimizer: Any, session_of: Ca
                   running_for: Callable[[], Optional[float]]):
     """A `TokenRelease` for a sync chief; a no-op context elsewhere. Builds its op: call before the graph is
     finalized."""
-    import contextlib
-
     if not is_chief or sync_optimizer is None:
         return contextlib.nullcontext()
     queue = sync_optimizer._sync_token_queue                  # pylint: disable=protected-access
