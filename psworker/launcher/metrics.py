@@ -38,7 +38,7 @@ _CHECKPOINT = re.compile(r"-(\d+)\.index$")     # TF's `<prefix>-<step>.index`, 
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "psworker_run_state": ("gauge", ("state",), "1 for the run's state (starting, running, succeeded, failed, "
                                                 "stopped), 0 for the others"),
-    "psworker_global_step": ("gauge", (), "the largest global step any task reported"),
+    "psworker_global_step": ("gauge", (), "the largest global step any task reported or the newest checkpoint holds"),
     "psworker_max_steps": ("gauge", (), "the run's max_steps (psworker's trainer)"),
     "psworker_examples_per_second": ("gauge", (), "the training workers' examples/s, summed"),
     "psworker_elastic_workers": ("gauge", ("kind",), "an elastic job's workers: `running` and `target`"),
@@ -160,7 +160,9 @@ class RunCollector(Collector):
         yield from _tasks(tasks, sup.ended_attempts(), self._facts.stall_secs, now)
 
     def _run(self, sup: Any, tasks: dict[str, TaskProgress], now: float) -> Iterator[Any]:
-        yield _gauge("psworker_global_step", sup.progress.global_step())
+        newest = newest_checkpoint(self._facts.train_dir)
+        step = max(sup.progress.global_step(), newest[0] if newest is not None else 0)  # a save can be newer
+        yield _gauge("psworker_global_step", step)
         if self._facts.max_steps:
             yield _gauge("psworker_max_steps", self._facts.max_steps)
         rates = [t.examples_per_sec for t in tasks.values() if t.examples_per_sec and t.state == TaskState.TRAINING]
@@ -171,7 +173,6 @@ class RunCollector(Collector):
             family.add_metric(["running"], workers[0])
             family.add_metric(["target"], workers[1])
             yield family
-        newest = newest_checkpoint(self._facts.train_dir)
         if newest is not None:
             yield _gauge("psworker_checkpoint_step", newest[0])
             yield _gauge("psworker_checkpoint_age_seconds", max(0.0, now - newest[1]))
