@@ -62,7 +62,7 @@ def _cpu_seconds(launcher: psutil.Process) -> dict[str, float]:
 def steps_per_sec(spec: Path, train_dir: Path, dealing: str, timeout: float) -> tuple[float, dict[str, float]]:
     """Runs `psworker local` with `--data_dealing dealing`: global steps per second between the step lines, and
     each task's CPU milliseconds per global step over the same stretch."""
-    argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--no_live",
+    argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--console", "plain",
             "--data_dealing", dealing]
     proc = subprocess.Popen(argv, env=_task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -70,7 +70,7 @@ def one_run(workdir: Path, workers: int, max_steps: int, metrics: bool, scrape_e
     workdir.mkdir(parents=True)
     spec = write_spec(workdir / "c.yaml", num_workers=workers, max_steps=max_steps, batch_size=32,
                       log_every_steps=100, train_dir=str(workdir / "train"))
-    argv = [sys.executable, "-c", RUNNER, "run" if quick else "local", str(spec), "--network", "host", "--no_live"]
+    argv = [sys.executable, "-c", RUNNER, "run" if quick else "local", str(spec), "--network", "host", "--console", "plain"]
     after = ["--", sys.executable, "-c", STEPS_SCRIPT, "{job_name}"] if quick else []
     port = pick_free_ports(1)[0]
     if metrics:

@@ -138,7 +138,7 @@ def launch_refused(ssh_config: Path, workdir: Path) -> float:
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     began = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "psworker", "ssh", str(spec), "--ssh_config", str(ssh_config),
-                          "--no_live"], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+                          "--console", "plain"], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
     took = time.monotonic() - began
     if out.returncode == 0 or "127.0.0.4" not in out.stderr + out.stdout:
         raise AssertionError(f"psworker ssh did not refuse 127.0.0.4 (exit {out.returncode}):\n{out.stderr[-2000:]}")

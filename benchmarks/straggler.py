@@ -39,7 +39,7 @@ def _task_env() -> dict[str, str]:
 
 def training_secs(spec: Path, train_dir: Path, inject: list[str], timeout: float) -> tuple[float, int]:
     """Runs `psworker local` and returns (seconds from the first step line to the last, last step seen)."""
-    argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--no_live",
+    argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--console", "plain",
             *[a for fault in inject for a in ("--inject", fault)]]
     proc = subprocess.Popen(argv, env=_task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -33,6 +33,7 @@ class SettingDoc:
     default: str                                          # in words: "the model's", "every worker", "2000"
     choices: Optional[Callable[[], tuple[str, ...]]] = None   # read when needed: the model registry is live
     metavar: Optional[str] = None                         # None: from the type (INT, FLOAT, ...) or the choices
+    flag: bool = True                                     # False: a spec setting (`--set NAME=VALUE` on a command)
 
 
 def _setting(default: Any, meaning: str, words: Optional[str] = None, **doc: Any) -> Any:
@@ -71,56 +72,57 @@ class TrainConfig:
     data_dir: Optional[str] = _setting(None, "where the model's data set lies", "none; the digits come with "
                                              "scikit-learn, cifar10 needs one", metavar="DIR")
     save_checkpoint_steps: Optional[int] = _setting(None, "write a checkpoint every this many global steps",
-                                                    "off, time-based")
+                                                    "off, time-based", flag=False)
     save_checkpoint_secs: Optional[float] = _setting(None, "write a checkpoint every this many seconds; not with "
                                                            "save_checkpoint_steps",
-                                                     f"every {DEFAULT_SAVE_CHECKPOINT_SECS:g} s")
-    log_every_steps: int = _setting(100, "print a step line every this many global steps")
+                                                     f"every {DEFAULT_SAVE_CHECKPOINT_SECS:g} s", flag=False)
+    log_every_steps: int = _setting(100, "print a step line every this many global steps", flag=False)
     replicas_to_aggregate: Optional[int] = _setting(None, "sync: gradients averaged per global step; fewer than "
                                                           "the workers makes the others backup workers",
                                                     "every worker")
     startup_timeout_secs: float = _setting(120.0, "how long a worker waits for its ps tasks and the chief's model, "
-                                                  "in seconds")
+                                                  "in seconds", flag=False)
     step_timeout_secs: float = _setting(300.0, "longest training step (sync: waiting for the other workers; a ps "
                                                "that does not answer) before the worker fails with exit 170, "
-                                               "naming who did not answer, in seconds")
+                                               "naming who did not answer, in seconds", flag=False)
     num_devices: Union[int, str] = _setting(1, "towers per worker, or auto: one per visible GPU, one CPU tower "
                                                "when there is none", metavar="{N,auto}")
     replication: str = _setting("between-graph", "between-graph: every worker builds its own graph; in-graph: "
-                                                  "one client drives every worker", choices=lambda: REPLICATIONS)
+                                                  "one client drives every worker",
+                                choices=lambda: REPLICATIONS, flag=False)
     seed: Optional[int] = _setting(None, "random seed of the initial weights and the data order",
                                    "off, different each run")
     scale_learning_rate: bool = _setting(True, "scale the learning rate linearly with the global batch, for "
-                                               "models with a reference batch", metavar="{true,false}")
+                                               "models with a reference batch", metavar="{true,false}", flag=False)
     staged_vars: bool = _setting(False, "async: pull the next step's variables while this step computes (a "
                                         "StagingArea per variable on the worker); under plain gradient descent "
                                         "the worker adds its own last update to them, so only the other workers' "
                                         "updates come a step later; other optimizers compute one update stale "
                                         "(then halve learning_rate); not in sync mode",
-                                 metavar="{true,false}")
+                                 metavar="{true,false}", flag=False)
     data_dealing: str = _setting("dealt", "dealt: shards of the training split dealt on demand from a cursor on the "
                                           "ps, kept in the checkpoint (fast workers read more, nothing is lost on "
                                           "restarts or scaling); static: each worker reads its own fixed slice, "
                                           "forever (in-graph: the client reads every worker's batch, dealt, or each worker its own slice)",
-                                 choices=lambda: DATA_DEALINGS)
+                                 choices=lambda: DATA_DEALINGS, flag=False)
     num_epochs: Optional[int] = _setting(None, "dealt: end training once every example was dealt this many times "
                                                "and trained (or at max_steps, whichever comes first; sync mode: at "
                                                "the global step that covers them)", "none: until max_steps")
     shard_examples: Optional[int] = _setting(None, "dealt: examples per shard (a worker takes its next shard when it "
                                                    "runs out); at least a worker's batch (less is refused)",
-                                             "the smaller of 2048 and an eighth of the training split")
+                                             "the smaller of 2048 and an eighth of the training split", flag=False)
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
-                                   choices=lambda: TRANSFER_DTYPES)
+                                   choices=lambda: TRANSFER_DTYPES, flag=False)
     concurrent_steps: int = _setting(1, "async: steps a worker runs at once, each on its own batch (threads beside "
                                         "the step loop): more hide the round trips to the ps as more workers "
-                                        "would, with their staleness; not in sync mode")
+                                        "would, with their staleness; not in sync mode", flag=False)
     pack_transfers: bool = _setting(False, "each ps's small variables (up to 1 MiB each) pulled as one tensor and "
                                            "their gradients pushed as one, and a sparse table's row ids sent once "
                                            "a step: fewer RPCs per step, for models of many small variables; "
                                            "variables from 16 KiB (not 256 KiB) are split over the ps tasks, "
                                            "evening out what each ps link carries",
-                                    metavar="{true,false}")
+                                    metavar="{true,false}", flag=False)
     allow_fresh_start: bool = _setting(False, "the chief starts from scratch when train_dir holds checkpoint files "
                                               "but none is usable (by default it refuses: exit 3)",
                                        metavar="{true,false}")
@@ -152,6 +154,11 @@ def _train_types() -> dict[str, tuple[type, bool]]:
 
 
 TRAIN_TYPES = _train_types()
+
+
+def setting_argv(name: str, value: Any) -> list[str]:
+    """One setting as a command's arguments: its flag, or `--set NAME=VALUE` for a spec setting."""
+    return [f"--{name}", str(value)] if setting_doc(name).flag else ["--set", f"{name}={value}"]
 
 
 def setting_doc(name: str) -> SettingDoc:
@@ -311,6 +318,6 @@ def merge_train(base: TrainConfig, overrides: Mapping[str, Any], source: str = "
     return train_from(base, given, source, path_prefix, True, num_workers)
 
 
-__all__ = ["MODES", "REPLICATIONS", "TRANSFER_DTYPES", "DATA_DEALINGS", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "parse_setting",
+__all__ = ["MODES", "REPLICATIONS", "TRANSFER_DTYPES", "DATA_DEALINGS", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "setting_argv", "parse_setting",
            "TrainConfig", "TRAIN_FIELDS", "TRAIN_TYPES", "merge_train", "check_train_rules",
            "train_from"]

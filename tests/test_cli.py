@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -227,17 +228,39 @@ def test_local_help_explains_every_training_setting():
     # the subprocess imports no plugin model; this process may have (another test imported one)
     assert "--model {" + ",".join(registry.BUILTIN) + "}" in help_text
     for fragment in ("--mode {async,sync} async: each worker applies its own gradients",
-                     "--replication {between-graph,in-graph} between-graph: every worker builds its own graph",
-                     "--num_devices {N,auto}", "--scale_learning_rate {true,false}",
+                     "--num_devices {N,auto}", "--allow_fresh_start {true,false}",
                      "--learning_rate FLOAT the base learning rate, before scale_learning_rate (default: the model's)",
                      "(default: every worker)", "(default: every 60 s)", "(default: off, different each run)",
                      "--max_steps INT train until the global step reaches this (default: 2000)",
-                     "--tensorboard [PORT]"):
+                     "--tensorboard [PORT]", "--checkpoint_every {Nsteps,Ns,Nm}", "--set NAME=VALUE"):
         assert fragment in help_text, fragment
     for name in TRAIN_FIELDS:
         doc = setting_doc(name)
-        assert f"--{name} " in help_text and f"{doc.meaning} (default: {doc.default})" in help_text, name
+        shown = f"--{name} " in help_text and f"{doc.meaning} (default: {doc.default})" in help_text
+        assert shown == doc.flag, name          # a spec setting is `--set NAME=VALUE`, not a flag of its own
     assert "built-in default" not in help_text
+
+
+def test_local_has_at_most_25_flags_and_the_old_spellings_still_work_with_a_hint():
+    """The flags of `local` are what people change; a spec setting's old flag still parses, saying once how to
+    write it now, and `--set`/`--checkpoint_every` reach the same settings (the spec `plan` prints shows them)."""
+    flags = set(re.findall(r"(?<![\w-])--[a-z_]+", _help("local").split("options:", 1)[1]))
+    assert len(flags) <= 25, sorted(flags)
+    spec = ROOT / "cluster_specs" / "local.yaml"
+    manifest = [sys.executable, "-m", "psworker", "k8s", "manifest", str(spec), "--image", "i"]
+    old = subprocess.run([*manifest, "--step_timeout_secs", "30", "--save_checkpoint_steps", "40"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=_env())
+    new = subprocess.run([*manifest, "--set", "step_timeout_secs=30", "--checkpoint_every", "40steps"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=_env())
+    assert old.returncode == new.returncode == 0, old.stderr + new.stderr
+    assert old.stdout == new.stdout and "- step_timeout_secs=30.0" in new.stdout, new.stdout
+    assert "- save_checkpoint_steps=40" in new.stdout, new.stdout
+    assert ("psworker: note: --step_timeout_secs is old spelling; write --set step_timeout_secs=30, or "
+            "step_timeout_secs: 30 in the spec's train section") in old.stderr, old.stderr
+    assert "--checkpoint_every NUMBERsteps" in old.stderr and "note" not in new.stderr, new.stderr
+    bad = subprocess.run([sys.executable, "-m", "psworker", "local", str(spec), "--set", "step_timout_secs=3"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, env=_env())
+    assert bad.returncode == 2 and "did you mean step_timeout_secs?" in bad.stderr, bad.stderr
 
 
 def test_every_command_with_training_settings_explains_them(monkeypatch, capsys):

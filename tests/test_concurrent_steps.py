@@ -87,7 +87,7 @@ def test_a_ps_killed_under_two_steps_in_flight_loses_nothing_past_the_newest_che
     spec = write_spec(tmp_path / "cluster.yaml", max_steps=300, batch_size=32, log_every_steps=10,
                       save_checkpoint_steps=100, train_dir=str(train_dir), step_timeout_secs=120.0)
     run = run_launcher([str(spec), "--max_restarts", "2", "--restart_backoff_secs", "0.5", "--inject",
-                        "kill:ps:0@step=150", "--no_live", "--concurrent_steps", "2"], cwd=tmp_path, timeout=360)
+                        "kill:ps:0@step=150", "--console", "plain", "--concurrent_steps", "2"], cwd=tmp_path, timeout=360)
     out = run.output
     assert run.returncode == 0, out[-4000:]
     assert "restart 1: injected kill:ps:0@step=150" in out

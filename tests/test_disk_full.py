@@ -76,7 +76,7 @@ def test_full_disk_fails_clearly_and_the_previous_checkpoint_restores(tmp_path):
     mnt.mkdir()
     after.mkdir()
     launcher = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(mnt), "--max_steps", "1000000",
-                "--network", "host", "--no_live", "--verbose"]
+                "--network", "host", "--console", "plain", "--verbose"]
     run = Background(["unshare", "-m", "--propagation", "private", "sh", "-c", _DRIVER, "driver", str(mnt),
                 str(TMPFS_BYTES), str(after), *launcher], tmp_path)
     try:
@@ -100,7 +100,7 @@ def test_full_disk_fails_clearly_and_the_previous_checkpoint_restores(tmp_path):
     kept = checkpoint_step(after)
     assert kept >= saved, (kept, saved)
     again = run_launcher([str(spec), "--train_dir", str(after), "--max_steps", str(kept + SAVE_EVERY),
-                          "--network", "host", "--no_live"], tmp_path, RUN_SECS)
+                          "--network", "host", "--console", "plain"], tmp_path, RUN_SECS)
     assert again.returncode == 0, again.output[-4000:]
     first_step = events.last(events.FirstStep, (after / "logs" / "worker-0.log").read_text(errors="replace"))
     assert first_step is not None and first_step.step >= kept, first_step

@@ -135,7 +135,7 @@ def test_the_report_takes_the_message_from_the_error_file_not_the_log(tmp_path):
     spec = tmp_path / "c.yaml"
     spec.write_text("cluster: {ps: ['localhost:auto'], worker: ['localhost:auto']}\n")
     run_dir = tmp_path / "run"
-    run = run_launcher([str(spec), "--train_dir", str(run_dir), "--no_live", "--", sys.executable, "-c", OWN_RECORD],
+    run = run_launcher([str(spec), "--train_dir", str(run_dir), "--console", "plain", "--", sys.executable, "-c", OWN_RECORD],
                        cwd=tmp_path, timeout=120, command="run")
     assert run.returncode == 3, run.output
     first = next(line for line in run.output.splitlines() if line.startswith("psworker: run failed"))
@@ -153,7 +153,7 @@ def test_a_real_run_that_diverges_reports_the_nan_from_the_error_file(tmp_path):
     its message, and every process is gone."""
     run_dir = tmp_path / "run"
     started = time.time()
-    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(run_dir), "--no_live",
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(run_dir), "--console", "plain",
                         "--learning_rate", "1e30"], cwd=tmp_path, timeout=300)
     assert run.returncode == EXIT_TRAINING_FAILED, run.output[-4000:]
     first = next(line for line in run.output.splitlines() if line.startswith("psworker: run failed"))

@@ -124,7 +124,7 @@ def test_a_failing_task_tears_the_cluster_down(tmp_path):
     spec = tmp_path / "c.yaml"
     spec.write_text("cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:auto']\n")
     started = time.monotonic()
-    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3", "--no_live",
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "t"), "--grace_period_secs", "3", "--console", "plain",
                         "--", sys.executable, "-c", FAILING_WORKER], cwd=tmp_path, timeout=180, command="run")
     assert run.returncode == 1, run.output[-3000:]
     assert re.search(r"psworker: run failed: worker:1 exited with exit code 1 \(first failure", run.output), \

@@ -75,7 +75,7 @@ def test_kill_matrix(tmp_path, target, mode, when, record_property):
     fault = f"kill:{TARGETS[target]}@step={KILL_AT[when]}"
     started = time.monotonic()
     run = run_launcher([str(spec), "--max_restarts", "2", "--restart_backoff_secs", "0.5", "--inject", fault,
-                        "--no_live"], cwd=tmp_path, timeout=360)
+                        "--console", "plain"], cwd=tmp_path, timeout=360)
     wall = time.monotonic() - started
     out = run.output
     (tmp_path / "console.txt").write_text(out)

@@ -174,7 +174,7 @@ def launcher_run(prometheus, tmp_path_factory):
 
     shaped = ["--ps_link_rate", "10gbit"] if why_no_shaping() is None else []     # psworker_ps_link_bytes_total
     run = run_launcher([str(spec), "--metrics_port", "0", "--metrics_stall_secs", "3", "--max_restarts", "1",
-                        "--no_live", *INJECT, *shaped], work, timeout=400, on_line=on_line)
+                        "--console", "plain", *INJECT, *shaped], work, timeout=400, on_line=on_line)
     assert run.returncode == 0, run.output[-3000:]
     assert "raw" in seen, run.output[-3000:]
     return {**seen, "run": run, "train_dir": work / "train", "ended": time.time()}

@@ -89,7 +89,7 @@ def test_a_fixed_port_in_use_is_named_before_any_task_starts(tmp_path):
     with socket.socket() as listener:   # another program holding the ps's port
         listener.bind(("127.0.0.1", ps_port))
         listener.listen()
-        run = run_launcher([str(spec), "--network", "host", "--train_dir", str(tmp_path / "train"), "--no_live"],
+        run = run_launcher([str(spec), "--network", "host", "--train_dir", str(tmp_path / "train"), "--console", "plain"],
                            tmp_path, timeout=120)
     assert run.returncode == 2, run.output
     assert (f"psworker: error: {spec}: port {ps_port} (ps:0) is in use on this machine: stop what listens there, "
@@ -262,14 +262,14 @@ def test_a_run_of_another_model_in_a_train_dir_is_refused_and_changes_nothing(cr
     """`psworker local local.yaml --train_dir <a criteo run's dir>`: refused, naming the model there and what to do;
     every file of the dir byte for byte and mtime as it was (cluster.yaml was rewritten as model mlp before)."""
     before = snapshot(criteo_run)
-    err = refused(["local", str(SPEC), "--train_dir", str(criteo_run), "--no_live"], capsys)
+    err = refused(["local", str(SPEC), "--train_dir", str(criteo_run), "--console", "plain"], capsys)
     assert err == (f"psworker: error: train dir {criteo_run} holds a run of model criteo (its cluster.yaml; "
                    "checkpoints up to global step 31), not mlp: pass --model criteo to go on with it, or give "
                    "another --train_dir (--allow_fresh_start true starts mlp there afresh, over its checkpoints)\n")
     assert snapshot(criteo_run) == before
     # the same model, refused later by the launcher (an injection naming no task): still nothing written
     err = refused(["local", str(SPEC), "--train_dir", str(criteo_run), "--model", "criteo", "--data_dir",
-                   str(criteo_dir), "--inject", "kill:worker:7@step=3", "--no_live", "--network", "host"], capsys)
+                   str(criteo_dir), "--inject", "kill:worker:7@step=3", "--console", "plain", "--network", "host"], capsys)
     assert err.splitlines()[-1].startswith("psworker: error: --inject 'kill:worker:7@step=3': no task worker:7")
     assert snapshot(criteo_run) == before
 

@@ -50,7 +50,7 @@ def test_a_launcher_piped_into_head_ends_with_its_run_s_exit_and_no_traceback(tm
     spec.write_text("cluster: {ps: ['localhost:auto'], worker: ['localhost:auto']}\n")
     go = tmp_path / "go"
     launcher = subprocess.Popen([sys.executable, "-m", "psworker", "run", str(spec), "--train_dir",
-                                 str(tmp_path / "run"), "--no_live", "--", sys.executable, "-c", WORKER, str(go)],
+                                 str(tmp_path / "run"), "--console", "plain", "--", sys.executable, "-c", WORKER, str(go)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=task_env(), cwd=tmp_path)
     try:
         first = launcher.stdout.readline()

@@ -53,7 +53,7 @@ def test_the_readme_model_trains_in_a_local_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("PSWORKER_MODELS", "iris_model")
     train_dir = tmp_path / "train"
-    run = run_launcher([*example_argv(), "--train_dir", str(train_dir), "--no_live"], REPO, timeout=420)
+    run = run_launcher([*example_argv(), "--train_dir", str(train_dir), "--console", "plain"], REPO, timeout=420)
     assert run.returncode == 0, run.output[-3000:]
     precision = events.last(events.Precision, run.output)
     assert precision is not None, run.output[-3000:]

@@ -51,7 +51,7 @@ def test_run_without_a_command_is_a_usage_error(tmp_path):
 
 def test_a_permanent_failure_fails_the_run(tmp_path):
     spec = write(tmp_path / "c.yaml", "cluster: {ps: ['localhost:auto'], worker: ['localhost:auto']}\n")
-    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--max_restarts", "2", "--",
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--max_restarts", "2", "--",
                         sys.executable, "-c", "import os, sys, time\n"
                         "if os.environ['PSWORKER_JOB_NAME'] == 'ps': time.sleep(60)\n"
                         "sys.exit(3)"], cwd=tmp_path, timeout=60, command="run")
@@ -95,7 +95,7 @@ def test_the_report_names_workers_without_steps_or_stopped_and_knows_the_train_d
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv("MARKS", str(tmp_path / "marks"))
     run_dir = tmp_path / "run"
-    run = run_launcher([str(spec), "--train_dir", str(run_dir), "--no_live", "--worker_exit_grace_secs", "0.5", "--",
+    run = run_launcher([str(spec), "--train_dir", str(run_dir), "--console", "plain", "--worker_exit_grace_secs", "0.5", "--",
                         sys.executable, "-c", WORKERS_SCRIPT, "{train_dir}" if given_train_dir else "-"],
                        cwd=tmp_path, timeout=120, command="run")
     assert run.returncode == 0, run.output
@@ -122,7 +122,7 @@ def test_a_classic_tf1_script_runs_unchanged(tmp_path):
     spec = write(tmp_path / "cluster.yaml",
                  "cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:auto']\n")
     train_dir = tmp_path / "ckpt"
-    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--",
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--",
                         sys.executable, str(SCRIPTS / "classic_tf1.py"), "--ps_hosts={ps_hosts}",
                         "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
                         "--train_dir", str(train_dir), "--max_steps", "200"], cwd=tmp_path, timeout=240,
@@ -140,7 +140,7 @@ def test_a_tf2_parameter_server_strategy_script_runs_from_tf_config(tmp_path):
     spec = write(tmp_path / "cluster.yaml",
                  "cluster:\n  chief: ['localhost:auto']\n  ps: ['localhost:auto']\n"
                  "  worker: ['localhost:auto', 'localhost:auto']\n")
-    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--",
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--",
                         sys.executable, str(SCRIPTS / "tf2_ps_strategy.py")], cwd=tmp_path, timeout=240,
                        command="run")
     assert run.returncode == 0, run.output[-4000:]
@@ -194,7 +194,7 @@ def test_the_success_report_reads_the_chief_job_s_log(tmp_path):
     """With a chief job the chief is chief:0, not worker:0 (`plan.chief_name`): its evaluation line is repeated."""
     spec = write(tmp_path / "c.yaml", "cluster: {chief: ['localhost:auto'], ps: ['localhost:auto'], "
                                       "worker: ['localhost:auto']}\n")
-    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--", sys.executable, "-c",
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--", sys.executable, "-c",
                         CHIEF_EVALUATES], cwd=tmp_path, timeout=120, command="run")
     assert run.returncode == 0, run.output
     assert "psworker: precision @ 1 = 0.875 (64 examples, global step 9)" in run.output, run.output
@@ -213,7 +213,7 @@ def test_a_tf1_script_reads_dealt_shards_through_script_dealing(tmp_path):
                  "cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:auto']\n")
     positions = tmp_path / "positions"
     positions.mkdir()
-    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--",
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--",
                         sys.executable, str(SCRIPTS / "dealt_tf1.py"), "--ps_hosts={ps_hosts}",
                         "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
                         "--train_dir", str(tmp_path / "ckpt"), "--positions_dir", str(positions)],

@@ -56,7 +56,7 @@ def _wait_gone(marker: str, timeout: float = 20.0) -> None:
 @pytest.mark.timeout(600)
 def test_default_job_end_to_end_over_ssh(sshd, tmp_path):
     spec = _spec(tmp_path, max_steps=200)
-    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live"], cwd=tmp_path,
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain"], cwd=tmp_path,
                        timeout=420, command="ssh")
     out = run.output
     assert run.returncode == 0, out[-4000:] + sshd.log_tail()
@@ -88,7 +88,7 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
         os.killpg(proc.pid, signal.SIGINT)          # what Ctrl-C in a terminal does
         return True
 
-    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--grace_period_secs", "5"],
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain", "--grace_period_secs", "5"],
                        cwd=tmp_path, timeout=420, on_line=interrupt_when_training, command="ssh")
     assert run.returncode == 130, run.output[-4000:]
     assert len({" ".join(cmd[-5:]) for cmd in seen["remote"]}) == 3, seen   # the 3 remote tasks were running
@@ -106,7 +106,7 @@ def test_ctrl_c_mid_run_leaves_nothing_on_any_host(sshd, tmp_path):
 @pytest.mark.timeout(120)
 def test_refused_host_is_named_and_nothing_starts(sshd, tmp_path):
     spec = _spec(tmp_path, hosts=("127.0.0.1", "127.0.0.4", "127.0.0.2"), max_steps=200)
-    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live"], cwd=tmp_path,
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain"], cwd=tmp_path,
                        timeout=60, command="ssh")     # how soon it gives up: benchmarks/response_times.py
     assert run.returncode != 0
     assert "127.0.0.4" in run.output and "Connection refused" in run.output and "nothing was started" in run.output
@@ -117,7 +117,7 @@ def test_refused_host_is_named_and_nothing_starts(sshd, tmp_path):
 @pytest.mark.timeout(600)
 def test_injected_kill_restarts_the_task_over_a_new_connection(sshd, tmp_path):
     spec = _spec(tmp_path, mode="sync", max_steps=200)
-    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--max_restarts", "1",
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain", "--max_restarts", "1",
                         "--restart_backoff_secs", "0.5", "--inject", "kill:worker:1@step=60"], cwd=tmp_path,
                        timeout=420, command="ssh")
     out = run.output
@@ -130,7 +130,7 @@ def test_injected_kill_restarts_the_task_over_a_new_connection(sshd, tmp_path):
 @pytest.mark.timeout(600)
 def test_a_failed_task_stops_the_others_on_every_host(sshd, tmp_path):
     spec = _spec(tmp_path, max_steps=1_000_000)
-    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--max_restarts", "1",
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain", "--max_restarts", "1",
                         "--inject", "exit:worker:1@step=50,code=3"], cwd=tmp_path, timeout=420, command="ssh")
     assert run.returncode == 3, run.output[-4000:]
     assert "psworker: run failed: worker:1 " in run.output, run.output[-3000:]
@@ -158,7 +158,7 @@ def test_a_classic_tf1_script_runs_over_ssh_with_its_flags_filled_in(sshd, tmp_p
     """The tutorial's flags per task, on the task's host; the chief's exit ends the run; nothing left anywhere."""
     spec = _spec(tmp_path)
     checkpoints = tmp_path / "ckpt"
-    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--",
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain", "--",
                         sys.executable, str(SCRIPTS / "classic_tf1.py"), "--ps_hosts={ps_hosts}",
                         "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
                         "--train_dir", str(checkpoints), "--max_steps", "200"],
@@ -184,7 +184,7 @@ def test_a_tf2_parameter_server_strategy_script_runs_over_ssh_from_tf_config(ssh
                                     "train": {"train_dir": str(tmp_path / "train")}}))
     script = tmp_path / "tf2_ps_strategy.py"    # a copy: the tasks' command lines name this run's directory
     shutil.copyfile(SCRIPTS / "tf2_ps_strategy.py", script)
-    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--no_live", "--", sys.executable,
+    run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain", "--", sys.executable,
                         str(script)], cwd=tmp_path, timeout=420, command="ssh")
     out = run.output
     assert run.returncode == 0, out[-4000:] + sshd.log_tail()

@@ -306,7 +306,7 @@ def test_psworker_run_reports_where_a_stalled_users_program_was(tmp_path):
     _py_spy()
     spec = tmp_path / "c.yaml"
     spec.write_text("cluster: {ps: ['localhost:auto'], worker: ['localhost:auto']}\n")
-    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--no_live", "--max_restarts", "0",
+    run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--max_restarts", "0",
                         "--stall_timeout_secs", "3", "--", sys.executable, STUCK, "--no-handler", "--steps", "2"],
                        cwd=tmp_path, timeout=120, command="run")
     assert run.returncode == 128 + signal.SIGKILL, run.output
@@ -356,7 +356,7 @@ def _check_stalled_worker_report(output: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_real_stalled_worker_reports_where_it_was(tmp_path):
-    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / "t"), "--no_live",
+    run = run_launcher([str(REPO / "cluster_specs" / "local.yaml"), "--train_dir", str(tmp_path / "t"), "--console", "plain",
                         *STALL], cwd=tmp_path, timeout=300)
     assert run.returncode == 128 + signal.SIGKILL, run.output[-4000:]
     _check_stalled_worker_report(run.output)

@@ -65,7 +65,7 @@ def test_a_ps_killed_and_restored_is_one_rollback_line_and_status_shows_each_tas
 
     try:
         run = run_launcher([str(spec(tmp_path)), "--max_restarts", "2", "--restart_backoff_secs", "0.5",
-                            "--inject", "kill:ps:0@step=150", "--no_live"], cwd=tmp_path, timeout=360,
+                            "--inject", "kill:ps:0@step=150", "--console", "plain"], cwd=tmp_path, timeout=360,
                            on_line=watch_once_training)
         out = run.output
         assert run.returncode == 0, out[-4000:]
@@ -114,7 +114,7 @@ def test_a_failed_run_shows_each_tasks_end_and_names_max_restarts(tmp_path):
     """A non-chief killed without --max_restarts ends the run: the report says how to survive it (with the flag)
     and quotes no TensorFlow line; status shows the failed worker's end and the others stopped by the launcher."""
     train = tmp_path / "train"
-    run = run_launcher([str(spec(tmp_path)), "--inject", "kill:worker:1@step=30", "--no_live"], cwd=tmp_path,
+    run = run_launcher([str(spec(tmp_path)), "--inject", "kill:worker:1@step=30", "--console", "plain"], cwd=tmp_path,
                        timeout=240)
     out = run.output
     assert run.returncode == 137, out[-4000:]
@@ -141,7 +141,7 @@ def test_a_launcher_killed_leaves_a_run_that_status_calls_abandoned(tmp_path):
     SIGKILL to the launcher: its tasks die with it (PR_SET_PDEATHSIG), and status says the launcher is gone, the
     run did not end cleanly, and the last checkpoint's step; `--watch` on it ends at once."""
     train = tmp_path / "train"
-    launcher = Launcher([str(spec(tmp_path, max_steps=1_000_000, save_checkpoint_steps=50)), "--no_live"], tmp_path)
+    launcher = Launcher([str(spec(tmp_path, max_steps=1_000_000, save_checkpoint_steps=50)), "--console", "plain"], tmp_path)
     try:
         launcher.wait_for(r"^\[worker:0\] checkpoint of global step [1-9]\d{2,} saved", "a checkpoint after step 100")
         launcher.wait_for(r"^\[worker:\d\] step \d+", "a step line")

@@ -31,7 +31,7 @@ STOP_LINE = r"^psworker: stopped; checkpoint of step ([\d,]+) saved in (.+); the
                          ids=["SIGINT-async", "SIGTERM-sync"])
 def test_a_stop_saves_and_the_same_command_goes_on_from_it(launcher, tmp_path, sig, mode):
     train_dir = tmp_path / "t"
-    args = [str(SPECS[mode]), "--train_dir", str(train_dir), "--log_every_steps", "20", "--no_live"]
+    args = [str(SPECS[mode]), "--train_dir", str(train_dir), "--log_every_steps", "20", "--console", "plain"]
     run = launcher(*args, "--max_steps", ENDLESS)
     run.wait_for(r"^\[worker:1\] step [1-9]\d*, loss", "worker:1 training")
     run.wait_for(r"^\[worker:0\] step [1-9]\d*, loss", "worker:0 training")
@@ -72,7 +72,7 @@ def test_a_second_sigint_stops_at_once(launcher, tmp_path):
     every task at once."""
     spec = tmp_path / "spec.yaml"
     spec.write_text("cluster:\n  ps: ['localhost:auto']\n  worker: ['localhost:auto', 'localhost:auto']\n")
-    run = launcher(str(spec), "--grace_period_secs", "300", "--no_live", "--", sys.executable, "-c", SLOW_TO_STOP,
+    run = launcher(str(spec), "--grace_period_secs", "300", "--console", "plain", "--", sys.executable, "-c", SLOW_TO_STOP,
                    command="run")
     run.wait_until(lambda: len([line for line in run.snapshot() if line.endswith("] ready")]) >= 2
                    or run.find(r"^\[ps:0, worker:0-1\] ready") is not None, "every task ready")

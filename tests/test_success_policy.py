@@ -38,7 +38,7 @@ def roles_run(tmp_path: Path, flags: list[str], on_line=None, wait_for: Path | N
     """`psworker run` of the fake roles: ps:0 serves until stopped, worker:0 exits 0, worker:1 never ends (or, with
     `wait_for`, exits 0 once that file exists)."""
     extra = ["--others-wait-for", str(wait_for)] if wait_for else []
-    return run_launcher([str(spec_file(tmp_path)), "--train_dir", str(tmp_path / "run"), "--no_live", *flags, "--",
+    return run_launcher([str(spec_file(tmp_path)), "--train_dir", str(tmp_path / "run"), "--console", "plain", *flags, "--",
                          sys.executable, str(ROLES), "{job_name}", "{task_index}", *extra],
                         cwd=tmp_path, timeout=120, on_line=on_line, command="run")
 
@@ -142,7 +142,7 @@ def test_a_classic_script_whose_non_chief_cannot_start_ends_with_exit_0(tmp_path
     non-chief still creating its session then waits forever for it, and the ps serves forever: both are stopped
     after the grace, listed as stopped, and the launcher exits 0 with nothing left."""
     train_dir = tmp_path / "ckpt"
-    run = run_launcher([str(spec_file(tmp_path)), "--train_dir", str(tmp_path / "run"), "--no_live",
+    run = run_launcher([str(spec_file(tmp_path)), "--train_dir", str(tmp_path / "run"), "--console", "plain",
                         "--worker_exit_grace_secs", "5", "--",
                         sys.executable, str(CLASSIC), "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}",
                         "--job_name={job_name}", "--task_index={task_index}", "--train_dir", str(train_dir),

@@ -107,7 +107,7 @@ def _spec(path):
 
 def test_second_launcher_refused_and_after_kill_9_the_next_takes_over(tmp_path):
     spec, train = _spec(tmp_path / "spec.yaml"), tmp_path / "train"
-    args = [str(spec), "--train_dir", str(train), "--network", "host", "--no_live"]
+    args = [str(spec), "--train_dir", str(train), "--network", "host", "--console", "plain"]
     first = Background([sys.executable, "-m", "psworker", "local", *args, "--max_steps", "1000000"], tmp_path)
     try:
         first.wait_for(STEP, RUN_SECS, at_least=20)          # its chief was not refused: it trains
@@ -138,7 +138,7 @@ def test_second_launcher_refused_and_after_kill_9_the_next_takes_over(tmp_path):
 
 def test_the_launchers_chief_is_not_refused_when_restarted(tmp_path):
     spec, train = _spec(tmp_path / "spec.yaml"), tmp_path / "train"
-    run = run_launcher([str(spec), "--train_dir", str(train), "--network", "host", "--no_live", "--max_steps", "100",
+    run = run_launcher([str(spec), "--train_dir", str(train), "--network", "host", "--console", "plain", "--max_steps", "100",
                         "--max_restarts", "1", "--inject", "kill:worker:0@step=40"], tmp_path, RUN_SECS)
     assert run.returncode == 0, run.output[-3000:]
     log = (train / "logs" / "worker-0.log").read_text(errors="replace")

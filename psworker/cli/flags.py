@@ -4,6 +4,7 @@ their value checks, and the one typed config each group becomes. Parsing only; n
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from psworker.launcher.config import LaunchConfig
 from psworker.plan import AnySpec, with_train
 from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig
-from psworker.train_config import parse_setting, setting_doc
+from psworker.train_config import DEFAULT_SAVE_CHECKPOINT_SECS, parse_setting, setting_doc
 
 T = TypeVar("T")
 MAX_PORT = 65535
@@ -120,14 +121,85 @@ def _setting_type(name: str) -> Callable[[str], str]:
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    """Adds one flag per TrainConfig field, its help generated from the field's `SettingDoc`; each value is
-    checked alone when parsed (default None: the spec's value stands)."""
+    """Adds a flag per TrainConfig field a person changes (its `SettingDoc.flag`), `--checkpoint_every`, and `--set
+    NAME=VALUE` for every setting; each value is checked alone when parsed (default None: the spec's value
+    stands). A spec setting's old flag still works, with a one-line hint (`_OldSpelling`)."""
     g = p.add_argument_group("training settings (each overrides the spec's train section; the default applies "
                              "when neither sets it)")
     for name in TRAIN_FIELDS:
         help_, metavar, choices = _train_flag_help(name)
-        g.add_argument(f"--{name}", default=None, metavar=metavar, choices=choices, type=_setting_type(name),
-                       help=help_)
+        if setting_doc(name).flag:
+            g.add_argument(f"--{name}", default=None, metavar=metavar, choices=choices, type=_setting_type(name),
+                           help=help_)
+        else:
+            p.add_argument(f"--{name}", default=None, choices=choices, type=_setting_type(name),
+                           action=_OldSpelling, help=argparse.SUPPRESS)
+    g.add_argument("--checkpoint_every", default=None, type=value_type(parse_interval, "interval"),
+                   metavar="{Nsteps,Ns,Nm}", dest="checkpoint_every",
+                   help="write a checkpoint every N global steps (500steps) or every N seconds (60s, 10m) (default: "
+                        f"every {DEFAULT_SAVE_CHECKPOINT_SECS:g} s)")
+    g.add_argument("--set", action=_SetAction, default=None, metavar="NAME=VALUE", dest="settings",
+                   help="any setting of the spec's train section or of the launcher without a flag of its own, "
+                        "repeatable, e.g. --set step_timeout_secs=60 --set pack_transfers=false (docs/spec.md "
+                        "lists them)")
+
+
+def parse_interval(text: str) -> tuple[str, Union[int, float]]:
+    """`500steps` -> ("save_checkpoint_steps", 500); `60s`, `10m`, `1h` -> ("save_checkpoint_secs", seconds)."""
+    value = text.strip().lower()
+    for unit, scale in (("steps", 0), ("s", 1), ("m", 60), ("h", 3600)):
+        if value.endswith(unit) and value[:-len(unit)].strip():
+            number = value[:-len(unit)].strip()
+            if scale == 0:
+                return "save_checkpoint_steps", parse_setting("save_checkpoint_steps", number, "--checkpoint_every")
+            return "save_checkpoint_secs", parse_setting("save_checkpoint_secs", number, "--checkpoint_every") * scale
+    raise ValueError(f"expected N steps or a time, e.g. 500steps, 60s, 10m; got {text!r}")
+
+
+class _OldSpelling(argparse.Action):
+    """A flag that became a spec setting (or another flag): takes its value as before and says once, on stderr,
+    how to write it now (not again in a launcher re-executed in its network namespace)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+        _hint(option_string or self.dest, self.dest, values)
+
+
+def _hint(flag: str, name: str, value: Any) -> None:
+    from psworker.launcher import netns
+    if netns.inside():
+        return
+    shown = "true" if value == [] else value
+    spec = f", or {name}: {shown} in the spec's train section" if name in TRAIN_FIELDS else ""
+    now = _NEW_SPELLING.get(name, f"--set {name}={shown}{spec}")
+    print(f"psworker: note: {flag} is old spelling; write {now}", file=sys.stderr, flush=True)
+
+
+_NEW_SPELLING = {"save_checkpoint_steps": "--checkpoint_every NUMBERsteps", "save_checkpoint_secs":
+                 "--checkpoint_every NUMBERs", "verbose": "--console verbose", "no_live": "--console plain"}
+
+
+class _SetAction(argparse.Action):
+    """`--set NAME=VALUE`: a training setting (checked as its flag would be) or a launcher setting that has no
+    flag of its own on this command (`LAUNCH_SETTINGS`), set on the namespace under its own name."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        name, eq, text = str(values).partition("=")
+        name = name.strip()
+        known = sorted(set(TRAIN_FIELDS) | {n for n in LAUNCH_SETTINGS if hasattr(namespace, n)})
+        if not eq or name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            parser.error(f"argument --set: expected NAME=VALUE with NAME a setting"
+                         + (f" (did you mean {close[0]}?)" if close else f" ({', '.join(known)})")
+                         + f", got {values!r}")
+        check = _setting_type(name) if name in TRAIN_FIELDS else LAUNCH_SETTINGS[name]
+        try:
+            setattr(namespace, name, check(text))
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"argument --set {name}: {e}")
+        setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or ()) + (name,))
 
 
 def add_model_flag(p: argparse.ArgumentParser, help_: str) -> None:
@@ -143,8 +215,13 @@ def add_memory_limit_flag(p: argparse.ArgumentParser, help_: str) -> None:
 
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The training settings a command's flags give (None: not given; a command without a flag gives None)."""
-    return {name: getattr(args, name, None) for name in TRAIN_FIELDS}
+    """The training settings a command's flags give (None: not given; a command without a flag gives None);
+    `--checkpoint_every` is save_checkpoint_steps or save_checkpoint_secs."""
+    given = {name: getattr(args, name, None) for name in TRAIN_FIELDS}
+    every = getattr(args, "checkpoint_every", None)
+    if every is not None:
+        given.update({"save_checkpoint_steps": None, "save_checkpoint_secs": None, every[0]: every[1]})
+    return given
 
 
 def with_train_flags(spec: AnySpec, args: argparse.Namespace) -> AnySpec:
@@ -194,29 +271,15 @@ def launch_config(args: argparse.Namespace, spec: Union[ClusterSpec, CountSpec],
 
 
 def add_launch_flags(p: Any, network: bool = True) -> None:
-    """Flags shared by the launchers (`local`, `run`, `ssh`, `slurm launch`): supervision, restarts, fault
-    injection, console; `--network` only where the cluster runs on this machine."""
+    """Flags shared by the launchers (`local`, `run`, `ssh`, `slurm launch`): restarts, fault injection, console,
+    metrics; `--network` only where the cluster runs on this machine. The seconds of grace and backoff and the
+    success policy are `--set` settings (`LAUNCH_SETTINGS`)."""
     from psworker.launcher.inject import parse_fault
+    from psworker.launcher.policy import CHIEF_OR_WORKER0, WORKER_EXIT_GRACE_SECS
 
-    p.add_argument("--grace_period_secs", type=non_negative_float, default=10.0, metavar="SECS",
-                   help="after a failure or Ctrl-C, how long tasks get to exit before SIGKILL (default 10)")
-    from psworker.launcher.policy import CHIEF_OR_WORKER0, SUCCESS_POLICIES, WORKER_EXIT_GRACE_SECS
-    p.add_argument("--success_policy", choices=SUCCESS_POLICIES, default=CHIEF_OR_WORKER0,
-                   help="when the run has succeeded, as Kubeflow TFJob's: chief-or-worker0 (default): the chief job's "
-                        "task, else worker 0, exits 0; all-workers: every worker exits 0 (with a chief job, the "
-                        "chief decides under both)")
-    p.add_argument("--worker_exit_grace_secs", type=non_negative_float, default=WORKER_EXIT_GRACE_SECS,
-                   metavar="SECS",
-                   help="once the run has succeeded, how long the other workers get to exit by themselves before "
-                        "they (and the ps tasks) are stopped and the run still succeeds: a training worker stops "
-                        "within a step, a classic non-chief still creating its session never does (default "
-                        f"{WORKER_EXIT_GRACE_SECS:g}; with --max_restarts, plus the ps tasks' rejoin grace)")
     p.add_argument("--max_restarts", type=int_type(0), default=0, metavar="N",
                    help="restart a task whose exit is retryable (killed by a signal, exit code >= 128, e.g. 170 "
                         "for a peer gone) up to N times; other exits fail the run at once (default 0)")
-    p.add_argument("--restart_backoff_secs", type=non_negative_float, default=1.0, metavar="SECS",
-                   help="wait before the first restart of a task, doubled for each next one, +-20%% jitter "
-                        "(default 1)")
     p.add_argument("--stall_timeout_secs", type=positive_float, default=None, metavar="SECS",
                    help="kill (and restart under --max_restarts) a worker whose step line has not shown a new "
                         "global step for this long (default: off)")
@@ -231,31 +294,78 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
                             "when this machine allows it; host: no isolation")
     else:
         p.set_defaults(network="host")
-    p.add_argument("--verbose", action="store_true",
-                   help="show every line the tasks print (default: psworker's own lines, steps, warnings and "
-                        "errors; the full output is always in <train_dir>/logs/)")
-    p.add_argument("--no_live", action="store_true",
-                   help="plain periodic status lines even on a terminal (no live view)")
+    p.add_argument("--console", choices=CONSOLE_MODES, default=None, action=_Console,
+                   help="auto (default): a live view on a terminal, plain status lines otherwise; plain: status "
+                        "lines even on a terminal; verbose: also every line the tasks print (the full output is "
+                        "always in <train_dir>/logs/)")
+    p.set_defaults(verbose=False, no_live=False, grace_period_secs=10.0, restart_backoff_secs=1.0,
+                   success_policy=CHIEF_OR_WORKER0, worker_exit_grace_secs=WORKER_EXIT_GRACE_SECS)
+    for name in ("grace_period_secs", "restart_backoff_secs", "success_policy", "worker_exit_grace_secs"):
+        p.add_argument(f"--{name}", type=LAUNCH_SETTINGS[name], action=_OldSpelling, help=argparse.SUPPRESS)
+    for name in ("verbose", "no_live"):
+        p.add_argument(f"--{name}", nargs=0, action=_OldSpelling, help=argparse.SUPPRESS)
     add_metrics_flags(p)
 
 
+CONSOLE_MODES = ("auto", "plain", "verbose")
+
+
+class _Console(argparse.Action):
+    """`--console MODE` as the two switches the launcher reads (`verbose`, `no_live`)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.verbose = values == "verbose"
+        namespace.no_live = values == "plain"
+
+
+def _success_policy(text: str) -> str:
+    from psworker.launcher.policy import SUCCESS_POLICIES
+    if text not in SUCCESS_POLICIES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(SUCCESS_POLICIES)}, got {text!r}")
+    return text
+
+
+def _host(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a host name or address")
+    return text.strip()
+
+
+def _boolean(text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
+# The launcher's settings without a flag of their own (`--set NAME=VALUE`; their old flags still parse):
+# name -> argparse type. What each means: docs/spec.md.
+LAUNCH_SETTINGS: dict[str, Callable[[str], Any]] = {
+    "grace_period_secs": non_negative_float,            # after a failure or Ctrl-C, before SIGKILL (10)
+    "restart_backoff_secs": non_negative_float,         # before a task's first restart, doubled each next (1)
+    "success_policy": _success_policy,                  # chief-or-worker0 (Kubeflow TFJob's) or all-workers
+    "worker_exit_grace_secs": non_negative_float,       # once the run succeeded, for the other workers to exit
+    "metrics_host": _host,                              # where /metrics listens (127.0.0.1)
+    "metrics_allow_public_bind": _boolean,              # serve /metrics on a public address (false)
+    "metrics_stall_secs": positive_float,               # psworker_task_stalled after this (stall timeout, or 300)
+    "metrics_linger_secs": non_negative_float,          # after the end, serve until the next scrape, at most (30)
+}
+
+
 def add_metrics_flags(p: Any) -> None:
-    """`--metrics_port` and its companions: the launcher's /metrics for Prometheus (`launcher/metrics.py`)."""
+    """`--metrics_port`: the launcher's /metrics for Prometheus (`launcher/metrics.py`); its host, public bind,
+    stall and linger seconds are `--set` settings (`LAUNCH_SETTINGS`)."""
     p.add_argument("--metrics_port", type=port_type(free_ok=True), default=None, metavar="PORT",
-                   help="serve the run's metrics for Prometheus at http://HOST:PORT/metrics while the run lasts "
-                        "(0: a free port, printed at the start; default: off)")
-    p.add_argument("--metrics_host", default="127.0.0.1", metavar="HOST",
-                   help="the address /metrics listens on (default 127.0.0.1; a public one or 0.0.0.0 is refused "
-                        "without --metrics_allow_public_bind: the endpoint is unauthenticated)")
-    p.add_argument("--metrics_allow_public_bind", action="store_true",
-                   help="serve /metrics on a public address or every interface (firewall it)")
-    p.add_argument("--metrics_stall_secs", type=positive_float, default=None, metavar="SECS",
-                   help="psworker_task_stalled is 1 for a worker whose step has not moved this long (default: "
-                        "--stall_timeout_secs, else 300)")
-    p.add_argument("--metrics_linger_secs", type=non_negative_float, default=30.0, metavar="SECS",
-                   help="once the run has ended by itself, serve its last metrics until the next scrape, at most "
-                        "this long, when anything has scraped them (default 30; 0: stop at once; never after Ctrl-C "
-                        "or SIGTERM)")
+                   help="serve the run's metrics for Prometheus at http://127.0.0.1:PORT/metrics while the run lasts "
+                        "(0: a free port, printed at the start; default: off; --set metrics_host=HOST for another "
+                        "address: a public one is refused without --set metrics_allow_public_bind=true, the "
+                        "endpoint is unauthenticated)")
+    p.set_defaults(metrics_host="127.0.0.1", metrics_allow_public_bind=False, metrics_stall_secs=None,
+                   metrics_linger_secs=30.0)
+    for name in ("metrics_host", "metrics_stall_secs", "metrics_linger_secs"):
+        p.add_argument(f"--{name}", type=LAUNCH_SETTINGS[name], action=_OldSpelling, help=argparse.SUPPRESS)
+    p.add_argument("--metrics_allow_public_bind", nargs=0, action=_OldSpelling, help=argparse.SUPPRESS)
 
 
 COMMAND_EPILOG = ("after '--' (optional): your own program and its arguments, run once per task instead of "

@@ -33,6 +33,7 @@ from psworker.k8s import options as k8s_options
 from psworker.k8s.options import LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, grace_secs_for, run_name
 from psworker.plan import task_counts
 from psworker.spec import DEFAULT_PORT_BASE, ClusterSpec, CountSpec, TrainConfig, build_cluster
+from psworker.train_config import setting_argv
 
 Spec = Union[ClusterSpec, CountSpec]
 Obj = dict[str, Any]
@@ -73,7 +74,7 @@ def task_argv(job: str, train: TrainConfig) -> list[str]:
         for f in dataclasses.fields(TrainConfig):
             value = getattr(train, f.name)
             if value is not None:
-                flags += [f"--{f.name}", str(value)]
+                flags += setting_argv(f.name, value)
         return ["psworker", "worker", *flags]
     raise UsageError(f"psworker has no Kubernetes command for a {job!r} job yet")
 

@@ -24,6 +24,7 @@ from psworker.launcher.inject import Fault
 from psworker.launcher.rundir import fresh_run_dir
 from psworker.plan import task_counts, with_train
 from psworker.spec import TRAIN_FIELDS, load_spec
+from psworker.train_config import setting_argv
 
 __all__ = ["JOB_ID_FILE", "JobLaunch", "SubmitConfig", "run_dir_of_job", "submit", "submit_job"]
 
@@ -56,11 +57,15 @@ class JobLaunch:
         """As `psworker slurm launch` arguments (those left at their default are left out)."""
         settings = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
                     if f.name not in ("faults", "verbose", "metrics_allow_public_bind", "command")]
-        flags = [part for name, value in settings if value is not None for part in (f"--{name}", str(value))]
+        flags = [part for name, value in settings if value is not None
+                 for part in ((f"--{name}", str(value)) if name in _FLAGS else ("--set", f"{name}={value}"))]
         flags += [part for fault in self.faults for part in ("--inject", fault.text)]
-        flags += ["--verbose"] if self.verbose else []
-        flags += ["--metrics_allow_public_bind"] if self.metrics_allow_public_bind else []
+        flags += ["--console", "verbose"] if self.verbose else []
+        flags += ["--set", "metrics_allow_public_bind=true"] if self.metrics_allow_public_bind else []
         return flags + (["--", *self.command] if self.command else [])
+
+
+_FLAGS = ("max_restarts", "stall_timeout_secs", "metrics_port")    # the rest are `--set NAME=VALUE` settings
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ def _train_flags(config: SubmitConfig, spec, run_dir: Path) -> list[str]:
             train[name] = os.path.abspath(train[name])
     if spec.train.train_dir is None and train.get("train_dir") is None:
         train["train_dir"] = str(run_dir)
-    return [part for name, value in train.items() if value is not None for part in (f"--{name}", str(value))]
+    return [part for name, value in train.items() if value is not None for part in setting_argv(name, value)]
 
 
 def submit_job(config: SubmitConfig) -> Optional[str]:
