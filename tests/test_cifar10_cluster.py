@@ -50,7 +50,7 @@ def test_batch_32_learns_with_the_scaled_learning_rate(tmp_path, cifar_dir):
     assert "[worker:0] step " in run.output and "[worker:1] step " in run.output
     shown = by_task(run.output)     # a line both workers print at once is shown once: `[worker:0-1] ...`
     for worker in ("worker:0", "worker:1"):
-        assert any(re.search(r"learning rate 0.025 \(0.1 x 32/128, linear scaling; --scale_learning_rate false to "
+        assert any(re.search(r"learning rate 0.025 \(0.1 x 32/128, linear scaling; --set scale_learning_rate=false to "
                              r"turn off\)", line) for line in shown[worker]), run.output[-4000:]
     if not _gpus():
         assert "[worker:1] " in run.output and "towers: 1 on /cpu:0 (no GPU visible)" in run.output

@@ -93,12 +93,12 @@ def test_global_batch_in_each_mode(settings, workers, batch):
 def test_the_rate_and_its_log_line():
     rate = scaling.learning_rate(CIFAR, TrainConfig(model="cifar10", batch_size=32), 2)
     assert rate.describe() == ("learning rate 0.025 (0.1 x 32/128, linear scaling; "
-                               "--scale_learning_rate false to turn off)")
+                               "--set scale_learning_rate=false to turn off)")
     given = scaling.learning_rate(CIFAR, TrainConfig(model="cifar10", batch_size=256, learning_rate=0.05), 2)
     assert given.value == pytest.approx(0.1) and "0.05 x 256/128" in given.describe()
     off = scaling.learning_rate(CIFAR, TrainConfig(model="cifar10", batch_size=32, scale_learning_rate=False), 2)
     assert (off.value, off.scaled) == (0.1, False)
-    assert off.describe() == ("learning rate 0.1 (not scaled: --scale_learning_rate false; global batch 32, "
+    assert off.describe() == ("learning rate 0.1 (not scaled: --set scale_learning_rate=false; global batch 32, "
                               "the model's reference 128)")
     mlp = scaling.learning_rate(models.get("mlp"), TrainConfig(batch_size=32), 2)
     assert (mlp.value, mlp.scaled) == (0.1, False) and "no reference batch" in mlp.describe()

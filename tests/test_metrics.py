@@ -89,10 +89,10 @@ def test_exit_classes():
 def test_a_public_metrics_host_or_a_taken_port_is_refused(tmp_path):
     spec = write_spec(tmp_path / "c.yaml", max_steps=10)
     done = subprocess.run([sys.executable, "-m", "psworker", "local", str(spec), "--metrics_port", "0",
-                           "--metrics_host", "0.0.0.0"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                           "--set", "metrics_host=0.0.0.0"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert ("refusing to serve metrics on 0.0.0.0: it names every interface of this host. The /metrics endpoint is "
-            "unauthenticated; serve it on a private network only, or pass --metrics_allow_public_bind") in done.stderr
+            "unauthenticated; serve it on a private network only, or pass --set metrics_allow_public_bind=true") in done.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.log"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -303,18 +303,15 @@ def test_slurm_submit_passes_the_metrics_flags_to_the_jobs_launcher(tmp_path):
     from psworker.cli import main
 
     spec = REPO / "cluster_specs" / "local.yaml"
-    for name, flags in (("on", ["--metrics_port", "9400", "--metrics_host", "10.1.2.3", "--metrics_stall_secs", "60",
-                                "--metrics_allow_public_bind"]), ("off", [])):
+    for name, flags in (("on", ["--metrics_port", "9400", "--set", "metrics_host=10.1.2.3", "--set",
+                                "metrics_stall_secs=60", "--set", "metrics_allow_public_bind=true"]), ("off", [])):
         assert main(["slurm", "submit", str(spec), "--run_dir", str(tmp_path / name), *flags, "--dry_run"]) == 0
         exec_line = [ln for ln in (tmp_path / name / "psworker.sbatch").read_text().splitlines()
                      if ln.startswith("exec ")]
         argv = shlex.split(exec_line[0])
-        passed = [a for a in argv if a.startswith("--metrics")]
-        assert passed == ([] if name == "off" else ["--metrics_port", "--metrics_host", "--metrics_stall_secs",
-                                                     "--metrics_allow_public_bind"])
-        if name == "on":
-            assert argv[argv.index("--metrics_port") + 1] == "9400" and argv[argv.index("--metrics_host") + 1] == \
-                "10.1.2.3"
+        passed = [a for a in argv if a.startswith("--metrics") or a.startswith("metrics")]
+        assert passed == ([] if name == "off" else ["--metrics_port", "metrics_host=10.1.2.3",
+                                                     "metrics_stall_secs=60.0", "metrics_allow_public_bind=true"])
 
 
 def _scraped(registry) -> dict[str, set[str]]:

@@ -27,7 +27,9 @@ SPEC = REPO / "cluster_specs" / "local.yaml"
      "psworker local: error: unrecognized arguments: --batchsize=8; did you mean --batch_size?"),
     (["worker", "--tsk_index", "1", "--modee", "sync"],
      "psworker worker: error: unrecognized arguments: --tsk_index 1 --modee sync; did you mean --task_index or "
-     "--mode?"),
+     "--mode or --model?"),
+    (["local", str(SPEC), "--modle", "mlp"],       # a swapped pair is one slip, as a dropped letter is
+     "psworker local: error: unrecognized arguments: --modle mlp; did you mean --mode or --model?"),
     (["slurm", "submit", str(SPEC), "--nodess", "2"],
      "psworker slurm submit: error: unrecognized arguments: --nodess 2; did you mean --nodes?"),
     (["validate", str(SPEC), "--zzzz"], "psworker validate: error: unrecognized arguments: --zzzz"),
@@ -178,9 +180,9 @@ def refused(argv: list[str], capsys) -> str:
     (["--batch_size", "800", "--num_devices", "2"],
      "--batch_size 800: a worker reads 1,600 examples a step (--batch_size 800 x 2), more than the 1,438 of model "
      "mlp's training split; give --batch_size 719 or less"),
-    (["--batch_size", "100", "--shard_examples", "50"],
-     "--shard_examples 50 is below a worker's batch of 100 examples: a shard holds one batch at least; give "
-     "--shard_examples 100 or more, or leave it out (default: the smaller of 2048 and an eighth of the split, 8 "
+    (["--batch_size", "100", "--set", "shard_examples=50"],
+     "shard_examples 50 is below a worker's batch of 100 examples: a shard holds one batch at least; give "
+     "--set shard_examples=100 or more, or leave it out (default: the smaller of 2048 and an eighth of the split, 8 "
      "batches at least)"),
     (["--model", "criteo", "--data_dir", "{tmp}/nowhere"],
      "Criteo data not found: 0 day_N file(s) in {tmp}/nowhere, at least 2 needed (the last is held out). Put "

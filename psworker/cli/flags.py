@@ -320,10 +320,18 @@ class _Console(argparse.Action):
         namespace.no_live = values == "plain"
 
 
+def not_one_of(value: object, choices: Sequence[str]) -> str:
+    """`'critoe' is not one of mlp, cifar10, linear, criteo; did you mean 'criteo'?`: the spec's wording
+    (`train_config`), for a flag's value or a command's name."""
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{str(value)!r} is not one of {', '.join(choices)}{hint}"
+
+
 def _success_policy(text: str) -> str:
     from psworker.launcher.policy import SUCCESS_POLICIES
     if text not in SUCCESS_POLICIES:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(SUCCESS_POLICIES)}, got {text!r}")
+        raise argparse.ArgumentTypeError(not_one_of(text, SUCCESS_POLICIES))
     return text
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from psworker.cli import k8s, launchers, outputs, scale, slurm, specs, tasks
-from psworker.cli.flags import add_cluster_flags, add_train_flags
+from psworker.cli.flags import add_cluster_flags, add_train_flags, not_one_of
 
 __all__ = ["COMMANDS", "Command", "Parser", "build_parser", "not_one_of", "unrecognized"]
 
@@ -85,19 +85,31 @@ COMMANDS = (
 
 
 def unrecognized(extras: list[str], options: list[str]) -> str:
-    """argparse's "unrecognized arguments" message, with the closest of `options` to each unknown flag."""
-    close = [m for word in extras if word.startswith("-")
-             for m in difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.6)]
+    """argparse's "unrecognized arguments" message, with the closest of `options` to each unknown flag: those
+    fewest typing slips away (a swapped pair is one slip: `--modle` -> --model or --mode), else difflib's."""
+    close = [m for word in extras if word.startswith("-") for m in _closest(word.partition("=")[0], options)]
     hint = f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
     return f"unrecognized arguments: {' '.join(extras)}{hint}"
 
 
-def not_one_of(value: object, choices: list[str]) -> str:
-    """`'critoe' is not one of mlp, cifar10, linear, criteo; did you mean 'criteo'?`: the spec's wording
-    (`train_config`), for a flag's value or a command's name."""
-    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{str(value)!r} is not one of {', '.join(choices)}{hint}"
+def _closest(word: str, options: list[str]) -> list[str]:
+    slips = {o: _slips(word, o) for o in options}
+    fewest = min(slips.values(), default=3)
+    if fewest <= 2:
+        tied = [o for o, n in slips.items() if n == fewest]
+        return sorted(tied, key=lambda o: -difflib.SequenceMatcher(None, word, o).ratio())[:2]
+    return difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+
+
+def _slips(a: str, b: str) -> int:
+    """Edits from `a` to `b`, a swap of two neighbours counting one (optimal string alignment distance)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
 
 
 class Parser(argparse.ArgumentParser):

@@ -280,7 +280,7 @@ class Endpoint:
         begun = self._endpoint.scrapes if self._endpoint is not None else 0     # a scrape in flight may predate the end
         if begun and linger_secs > 0:
             print(f"psworker: metrics: serving the run's end until the next scrape (at most {linger_secs:g} s, "
-                  "--metrics_linger_secs)", file=console, flush=True)
+                  "--set metrics_linger_secs=SECS)", file=console, flush=True)
             self._endpoint.wait_scrape(begun, linger_secs)
 
     def close(self) -> None:
@@ -297,7 +297,7 @@ def serving(options: Optional[MetricsOptions]) -> Iterator[Optional[Endpoint]]:
     if options is None:
         yield None
         return
-    exporter.check_host(options.host, allow_public=options.allow_public, flag="--metrics_allow_public_bind")
+    exporter.check_host(options.host, allow_public=options.allow_public, flag="--set metrics_allow_public_bind=true")
     endpoint = Endpoint(options.host, options.port)
     endpoint.inherit()
     try:

@@ -13,7 +13,7 @@ from typing import Optional
 from psworker.models.base import Model
 from psworker.spec import TrainConfig
 
-OPT_OUT = "--scale_learning_rate false"
+OPT_OUT = "--set scale_learning_rate=false"
 
 
 def global_batch(config: TrainConfig, num_workers: int) -> int:

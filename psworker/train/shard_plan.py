@@ -71,8 +71,8 @@ def batch_refusal(num_examples: int, batch: int, batch_size: int, shard_examples
         return (f"--batch_size {batch_size}: a worker reads {batch:,} examples a step{per}, more than the "
                 f"{num_examples:,} of {split}; give --batch_size {fits} or less")
     if shard_examples is not None and shard_examples < batch:
-        return (f"--shard_examples {shard_examples} is below a worker's batch of {batch:,} examples{per}: a shard "
-                f"holds one batch at least; give --shard_examples {batch} or more, or leave it out (default: the "
+        return (f"shard_examples {shard_examples} is below a worker's batch of {batch:,} examples{per}: a shard "
+                f"holds one batch at least; give --set shard_examples={batch} or more, or leave it out (default: the "
                 f"smaller of {DEFAULT_MAX_SHARD} and an eighth of the split, 8 batches at least)")
     return None
 
