@@ -218,7 +218,7 @@ def test_the_ps_link_bytes_under_ps_link_rate(prometheus, launcher_run):
 
 @pytest.mark.slow
 def test_the_launcher_exposes_what_the_readme_says(prometheus, launcher_run):
-    """Names and labels as docs/operations.md's table has them; `promtool check metrics` finds nothing in a raw scrape."""
+    """Names and labels as the docs' table has them; `promtool check metrics` finds nothing in a raw scrape."""
     _check_against_docs(prometheus.series('{__name__=~"psworker_.*"}', launcher_run["started"]))
     linted = subprocess.run(["promtool", "check", "metrics"], input=launcher_run["raw"], capture_output=True,
                             text=True, timeout=60)
