@@ -14,10 +14,10 @@ __all__ = ["MIN_LIMIT_BYTES", "PS_BASELINE_BYTES", "TABLE_COPIES", "fits", "form
 
 # What a bare ps holds before its first variable: the Python interpreter, TensorFlow's runtime and the started
 # tf.train.Server, as its memory cgroup charges it (anonymous memory: TensorFlow's shared libraries are file pages,
-# already cached by the other tasks). Measured on TF 2.21 (README, "Tables larger than one ps"): 291 MiB.
+# already cached by the other tasks). Measured on TF 2.21 (docs/performance.md, ps memory): 291 MiB.
 PS_BASELINE_BYTES = 320 * 2 ** 20
 # A sparse table's shards and their optimizer slots are held up to this many times more at a ps's peak. Measured
-# (README, "Tables larger than one ps"): a ps's anonymous memory grows by 1.6x (2.85 GB on 4 ps) to 1.77x (316 MiB on
+# (docs/performance.md, ps memory): a ps's anonymous memory grows by 1.6x (2.85 GB on 4 ps) to 1.77x (316 MiB on
 # 4 ps) its table bytes over its first steps and the checkpoint after them. Why, as far as we read it: the table is a
 # resource variable read by rows, which TensorFlow keeps in copy-on-read mode, so a read of it for a checkpoint copies
 # it whole.

@@ -19,7 +19,7 @@ NUM_PARAMS = 1_068_298
 # Short runs: 3 TF processes share 2 cores. The learning rate is the tutorial's 0.1 scaled to the global batch.
 SHORT = ["--batch_size", "32", "--log_every_steps", "50"]
 # Batch 32 with two async workers, 400 steps, on learnable synthetic data: the scaled rate (0.025) reaches ~1.0;
-# unscaled (0.1) it scored 0.40 at step 400 (another run diverged near step 240; README "Learning rate"). Batch 128
+# unscaled (0.1) it scored 0.40 at step 400 (another run diverged near step 240; docs/models.md). Batch 128
 # at 0.1 scores 1.0 as well (measured by hand: 4x the compute), so 0.9 is "as well as batch 128" with a margin.
 LEARNED = 0.9
 

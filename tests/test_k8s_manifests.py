@@ -34,6 +34,7 @@ from psworker.k8s.manifests import (FLAVORS, LABEL_JOB, LABEL_QUEUE, LABEL_RUN, 
                                     to_yaml)
 from psworker.k8s.options import DEFAULT_METRICS_PORT
 from psworker.spec import load_spec
+from tests import docs_pages
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CRDS = ROOT / "tests" / "k8s_crds"
@@ -557,11 +558,9 @@ def test_cli_metrics_port_0_names_none_and_a_queue_on_plain_jobs_warns(tmp_path,
 
 
 def test_the_readme_manifest_commands_write_valid_manifests(tmp_path, monkeypatch):
-    """The `psworker k8s manifest` commands of the README's Kubernetes section, as written (their `-o run.yaml` in a
-    temp dir): each exits 0 and writes objects that validate; the second is scraped and queued."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Running on Kubernetes\n")
-    block = re.search(r"```bash\n(.*?)```", text[start:text.index("\n## ", start + 1)], re.S).group(1)
+    """The `psworker k8s manifest` commands of docs/kubernetes.md's first ```bash block, as written (their `-o run.yaml`
+    in a temp dir): each exits 0 and writes objects that validate; the second is scraped and queued."""
+    block = docs_pages.fenced(docs_pages.page("kubernetes.md"), "bash")[0]
     commands = [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines()]
     manifest = [argv for argv in commands if argv[:3] == ["psworker", "k8s", "manifest"]]
     assert len(manifest) == 2, commands

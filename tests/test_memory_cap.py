@@ -23,6 +23,7 @@ from psworker.launcher.backends.local import LocalOptions
 from psworker.launcher.launch import run_local
 from psworker.spec import TrainConfig, build_cluster
 from psworker.testing import assert_processes_gone, write_spec
+from tests import docs_pages
 from tests.cluster_utils import REPO, run_launcher, task_env
 
 NO_MEMCG = cgroups.unavailable()
@@ -158,7 +159,7 @@ def test_without_root_the_flag_is_refused_before_anything_starts():
 
 # ---------------------------------------------------------------------------------------------- with TensorFlow
 
-# The variant, as README's "Tables larger than one ps" registers one: 2,589,592 rows x 16 (166 MB), its Adagrad
+# The variant, as docs/criteo.md's "Tables larger than one ps" registers one: 2,589,592 rows x 16 (166 MB), its Adagrad
 # accumulator as large: 316 MiB on the ps. Each of 4 ps holds a quarter (79 MiB); the cap is above what the plan says
 # a ps then needs (a quarter, its copies while a checkpoint reads it, a bare ps), and below the whole plus a bare ps.
 PLUGIN = """
@@ -176,9 +177,8 @@ REFUSED = re.compile(r"--ps_memory_limit (\S+ \S+): ps:0 would need (\S+ \S+) \(
 
 
 def readme_variant() -> str:
-    """The README's `criteo_big.py` (section "Tables larger than one ps")."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("#### Tables larger than one ps\n"):]
+    """docs/criteo.md's `criteo_big.py` (section "Tables larger than one ps")."""
+    section = docs_pages.section(docs_pages.page("criteo.md"), "Tables larger than one ps")
     block = re.search(r"```python\n(# criteo_big\.py:.*?)```", section, re.S)
     assert block, "no ```python block starting '# criteo_big.py:' in the section"
     return block[1]

@@ -1,5 +1,5 @@
 """Metrics for Prometheus: the launcher's `/metrics` (`--metrics_port`) and a task's own, scraped by a real Prometheus
-(tests/prometheus_fixture.py) and queried through its HTTP API; the README's table against what is exposed; the
+(tests/prometheus_fixture.py) and queried through its HTTP API; docs/operations.md's table against what is exposed; the
 alert rules checked and unit-tested with promtool."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from psworker.launcher import metrics as launcher_metrics
 from psworker.launcher.ports import pick_free_ports
 from psworker.task import metrics as task_metrics
 from psworker.testing import assert_processes_gone, write_spec
+from tests import docs_pages
 from tests.cluster_utils import REPO, launch_script, run_launcher
 from tests.conftest import skip_or_fail
 from tests.prometheus_fixture import why_no_prometheus
 
-README = REPO / "README.md"
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,11 +41,9 @@ MAX_STEPS = 3000
 INJECT = ("--inject", "kill:worker:1@step=300", "--inject", "stop:worker:0@step=900,for=8")
 
 
-def _readme_table() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """name -> (type, labels) from the README's metric tables (section "Metrics for Prometheus")."""
-    text = README.read_text()
-    section = text[text.index("## Metrics for Prometheus"):]
-    section = section[:section.index("\n## ", 1)]
+def _docs_table() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (type, labels) from docs/operations.md's metric tables (section "Metrics for Prometheus")."""
+    section = docs_pages.section(docs_pages.page("operations.md"), "Metrics for Prometheus")
     rows = re.findall(r"^\| `(psworker_\w+)` \| (\w+) \| ([^|]*) \|", section, re.MULTILINE)
     return {name: (kind, tuple(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
 
@@ -60,21 +58,21 @@ def _exposed(series: list[dict]) -> dict[str, set[str]]:
     return out
 
 
-def _check_against_readme(series: list[dict]) -> None:
-    table = _readme_table()
+def _check_against_docs(series: list[dict]) -> None:
+    table = _docs_table()
     exposed = _exposed(series)
     assert exposed, "no psworker_ series scraped"
     for name, labels in exposed.items():
-        assert name in table, f"{name} is exposed but not in the README's table"
-        assert labels == set(table[name][1]), f"{name}: exposed labels {sorted(labels)}, README {table[name][1]}"
+        assert name in table, f"{name} is exposed but not in docs/operations.md's table"
+        assert labels == set(table[name][1]), f"{name}: exposed labels {sorted(labels)}, docs {table[name][1]}"
 
 
-def test_the_readme_table_is_the_metrics_defined():
-    """Every metric the launcher and a task define is in the README's table, with its type and labels, and no
+def test_the_docs_table_is_the_metrics_defined():
+    """Every metric the launcher and a task define is in docs/operations.md's table, with its type and labels, and no
     other (what a scrape exposes is checked against the table in the Prometheus tests below)."""
     defined = {name: (kind, labels) for table in (launcher_metrics.METRICS, task_metrics.METRICS)
                for name, (kind, labels, _) in table.items()}
-    assert _readme_table() == defined
+    assert _docs_table() == defined
 
 
 def test_exit_classes():
@@ -220,8 +218,8 @@ def test_the_ps_link_bytes_under_ps_link_rate(prometheus, launcher_run):
 
 @pytest.mark.slow
 def test_the_launcher_exposes_what_the_readme_says(prometheus, launcher_run):
-    """Names and labels as the README's table has them; `promtool check metrics` finds nothing in a raw scrape."""
-    _check_against_readme(prometheus.series('{__name__=~"psworker_.*"}', launcher_run["started"]))
+    """Names and labels as the docs' table has them; `promtool check metrics` finds nothing in a raw scrape."""
+    _check_against_docs(prometheus.series('{__name__=~"psworker_.*"}', launcher_run["started"]))
     linted = subprocess.run(["promtool", "check", "metrics"], input=launcher_run["raw"], capture_output=True,
                             text=True, timeout=60)
     assert linted.returncode == 0, linted.stdout + linted.stderr
@@ -245,7 +243,7 @@ def test_prometheus_scrapes_the_tasks_of_a_cluster_started_by_hand(prometheus, m
     steps = p.query_range('psworker_worker_step{exported_job="worker",task="0"}', started, time.time())
     values = [float(v) for _, v in steps[0]["values"]]
     assert values == sorted(values) and len(set(values)) >= 2, values
-    _check_against_readme(p.series('{__name__=~"psworker_(worker|ps|task)_.*",exported_job=~"ps|worker",'
+    _check_against_docs(p.series('{__name__=~"psworker_(worker|ps|task)_.*",exported_job=~"ps|worker",'
                                    'instance=~"127.0.0.1:(%s)"}' % "|".join(map(str, ports.values())), started))
     cluster.close()
     assert all(_closed(port) for port in ports.values()), "a task's metrics port is still open"
@@ -329,7 +327,7 @@ def _scraped(registry) -> dict[str, set[str]]:
 def test_every_metric_renders_with_the_readme_labels(tmp_path):
     """Each metric the live runs above do not show (an elastic job's counts, the epochs to train, a ps's members
     and done tokens, a leaving worker): the launcher's collector over a real `Progress` fed as the launcher feeds it,
-    and a task's `Watcher` fed its own lines, expose every metric of the README's table with its labels."""
+    and a task's `Watcher` fed its own lines, expose every metric of docs/operations.md's table with its labels."""
     from prometheus_client import CollectorRegistry
 
     from psworker import events
@@ -349,7 +347,7 @@ def test_every_metric_renders_with_the_readme_labels(tmp_path):
     collector = launcher_metrics.RunCollector(launcher_metrics.RunFacts(
         300.0, tmp_path, 100, lambda: [PortBytes(10, 20)]))
     collector.attach(run)
-    table = _readme_table()
+    table = _docs_table()
     registries = [CollectorRegistry(auto_describe=False) for _ in range(3)]
     registries[0].register(collector)
     for registry, (job, lines) in zip(registries[1:], (

@@ -1,10 +1,10 @@
-"""The README's criteo section ("Click-through: the criteo workload"): the commands of its ```bash blocks, taken out of
-README.md, run in order as written, so the section cannot drift: the spec it names is shipped, the data command
+"""docs/criteo.md's section "Click-through: the criteo workload": the commands of its ```bash blocks, taken out of
+the page, run in order as written, so the section cannot drift: the spec it names is shipped, the data command
 writes the data and the run trains to its auc line.
 
 One override, so that runs do not share files: `/tmp/criteo` becomes a directory of the test's own, and the commands
 run in a temporary directory holding a link to the repository's cluster_specs/ (the run's fresh `runs/<spec>-<time>/`
-is made there). `psworker` is this interpreter's (`python -m psworker`). The subsection "Tables larger than one ps"
+is made there). `psworker` is this interpreter's (`python -m psworker`). The section "Tables larger than one ps"
 (a criteo_big module of your own; memory caps that need root and cgroup v1) is tested by tests/test_memory_cap.py.
 """
 
@@ -20,25 +20,22 @@ import pytest
 from psworker import events
 from psworker.spec import load_spec
 from psworker.testing import assert_processes_gone
+from tests import docs_pages
 from tests.cluster_utils import REPO, run_launcher
 
-HEADING = "### Click-through: the criteo workload\n"
+HEADING = "Click-through: the criteo workload"
 DATA_DIR = "/tmp/criteo"
 
 
 def readme_section(subsections: bool) -> str:
-    """The section, up to its first `####` subsection or, with `subsections`, to the next `###` section."""
-    text = (REPO / "README.md").read_text()
-    start = text.index(HEADING)
-    ends = [text.index("\n### ", start + 1)] + ([] if subsections else [text.index("\n#### ", start + 1)])
-    return text[start:min(ends)]
+    """The section or, with `subsections`, the whole page (the section on tables larger than one ps included)."""
+    text = docs_pages.page("criteo.md")
+    return text if subsections else docs_pages.section(text, HEADING)
 
 
 def section_commands() -> list[list[str]]:
     """Each command of the section's ```bash blocks as argv (`#` comments dropped, `\\` continuations joined)."""
-    blocks = re.findall(r"```bash\n(.*?)```", readme_section(subsections=False), re.S)
-    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
-    return [argv for argv in (shlex.split(line, comments=True) for line in lines) if argv]
+    return docs_pages.bash_commands(readme_section(subsections=False))
 
 
 def test_the_section_runs_psworker_on_shipped_specs():
@@ -49,7 +46,7 @@ def test_the_section_runs_psworker_on_shipped_specs():
     named = re.findall(r"[\w./-]+\.yaml", readme_section(subsections=True))
     assert "cluster_specs/criteo-2x2.yaml" in named, named
     for path in named:
-        assert (REPO / path).is_file(), f"the README's criteo section names {path}, which is not in the repository"
+        assert (REPO / path).is_file(), f"docs/criteo.md names {path}, which is not in the repository"
         spec = load_spec(REPO / path)
         assert spec.train.model == "criteo" or path == "cluster_specs/local.yaml", path
 

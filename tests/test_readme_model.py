@@ -1,4 +1,4 @@
-"""The README's "Your own model": its example module, taken out of README.md, trains with the README's own command
+"""docs/models.md's "Your own model": its example module, taken out of the page, trains with the page's own command
 line in a real local cluster (`psworker local`), and scores on its held-out split. The example cannot drift."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 from psworker import events
+from tests import docs_pages
 from tests.cluster_utils import REPO, run_launcher
 
 MODULE_FIRST_LINE = "# iris_model.py:"
@@ -16,9 +17,7 @@ COMMAND_PREFIX = "PYTHONPATH=$PWD PSWORKER_MODELS=iris_model psworker local "
 
 
 def readme_section() -> str:
-    text = (REPO / "README.md").read_text()
-    start = text.index("### Your own model\n")
-    return text[start:text.index("\n### ", start + 1)]
+    return docs_pages.section(docs_pages.page("models.md"), "Your own model")
 
 
 def example_module() -> str:
@@ -30,7 +29,7 @@ def example_module() -> str:
 
 
 def example_argv() -> list[str]:
-    """The README's command line after `psworker local`."""
+    """The page's command line after `psworker local`."""
     lines = [line for line in readme_section().splitlines() if line.startswith(COMMAND_PREFIX)]
     assert len(lines) == 1, f"expected one line starting {COMMAND_PREFIX!r}"
     return shlex.split(lines[0][len(COMMAND_PREFIX):])

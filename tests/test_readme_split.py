@@ -1,20 +1,17 @@
-"""The README's recipe for the digits' held-out split, run as printed, gives exactly what `psworker eval` reads."""
+"""docs/models.md's recipe for the digits' held-out split, run as printed, gives exactly what `psworker eval` reads."""
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 
 from psworker.data import digits
-from tests.cluster_utils import REPO
+from tests import docs_pages
 
 FIRST_LINE = "# the held-out split of the digits"
 
 
 def readme_recipe() -> str:
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-              if b.startswith(FIRST_LINE)]
+    blocks = [b for b in docs_pages.fenced(docs_pages.page("models.md"), "python") if b.startswith(FIRST_LINE)]
     assert len(blocks) == 1, f"expected one python block starting {FIRST_LINE!r}, found {len(blocks)}"
     return blocks[0]
 
@@ -25,7 +22,7 @@ def test_the_readme_recipe_is_the_split_eval_reads():
     from psworker.models.mlp import MlpModel
 
     recipe: dict = {}
-    exec(compile(readme_recipe(), "README.md", "exec"), recipe)    # numpy and scikit-learn only
+    exec(compile(readme_recipe(), "docs/models.md", "exec"), recipe)    # numpy and scikit-learn only
     assert len(recipe["held_out"]) == 359
     np.testing.assert_array_equal(recipe["held_out"], np.flatnonzero(digits.held_out_mask()))
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:   # as eval runs it (graph mode either way)

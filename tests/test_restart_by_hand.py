@@ -83,9 +83,9 @@ def test_async_a_worker_restarted_after_the_end_exits_0(make_cluster):
 def test_sync_the_chief_and_then_a_worker_restarted_by_hand(make_cluster):
     """Sync, no backup: the chief is killed and started again (worker:1 waits for its tokens; the new chief resets
     the sync state on the live ps), then worker:1. While worker:1 is down the chief either waits for its gradients or
-    takes both tokens and goes on alone (SyncReplicasOptimizer counts gradients, not workers: by chance, see the
-    README), so the new worker:1 either rejoins or finds training complete. Either way training ends at max_steps
-    exactly and every task exits 0."""
+    takes both tokens and goes on alone (SyncReplicasOptimizer counts gradients, not workers: by chance, see
+    docs/lifecycle.md), so the new worker:1 either rejoins or finds training complete. Either way training ends at
+    max_steps exactly and every task exits 0."""
     max_steps = 300
     cluster = by_hand(make_cluster, mode="sync", max_steps=max_steps, save_checkpoint_steps=100)
     cluster.wait_for_log("worker:1", STEP_LINE, 180, count=1)

@@ -70,7 +70,7 @@ def test_shipped_specs_are_the_expected_ones():
     cifar = load_spec(ROOT / "cluster_specs" / "cifar10.yaml").train
     assert (cifar.model, cifar.max_steps, cifar.batch_size, cifar.data_dir) == ("cifar10", 1000, 128, "data/cifar10")
     assert not has_auto_ports(load_spec(ROOT / "cluster_specs" / "two-ps.yaml"))
-    criteo = load_spec(ROOT / "cluster_specs" / "criteo-2x2.yaml")   # the README's criteo section runs it
+    criteo = load_spec(ROOT / "cluster_specs" / "criteo-2x2.yaml")   # docs/criteo.md runs it
     assert has_auto_ports(criteo) and (len(criteo.ps), len(criteo.worker)) == (2, 2)
     assert (criteo.train.model, criteo.train.max_steps, criteo.train.batch_size) == ("criteo", 300, 64)
 

@@ -43,7 +43,7 @@ def pod_monitor(options: K8sOptions, index_label: str) -> Obj:
     """A PodMonitor scraping every pod of the run on its `metrics` port.
 
     Each series gets the pod's run, job and index labels as target labels; `honorLabels` keeps the tasks' own
-    `job` and `task` labels (which the README's alerting rules use) instead of renaming them `exported_*`.
+    `job` and `task` labels (which docs/alerts.yml's rules use) instead of renaming them `exported_*`.
     """
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
             "metadata": metadata(options.name, options),

@@ -66,7 +66,8 @@ class CriteoModel(Model):
         """Args:
             max_buckets: each column's buckets at most (the table's rows: `buckets`).
             embedding_dim: the table's columns.
-            name: the name a variant is registered under (README, "Tables larger than one ps"); default `criteo`.
+            name: the name a variant is registered under (docs/criteo.md, "Tables larger than one ps"); default
+                `criteo`.
         """
         self.buckets = buckets(max_buckets)
         self.embedding_dim = embedding_dim

@@ -28,7 +28,8 @@ __all__ = ["METRICS", "Watcher", "memory_limit", "serving"]
 
 log = logging.getLogger(__name__)
 
-# name -> (type, labels, meaning): the README's table is this (tests/test_metrics.py checks both against a scrape).
+# name -> (type, labels, meaning): docs/operations.md's table is this (tests/test_metrics.py checks both against a
+# scrape).
 _TASK = ("job", "task")
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "psworker_worker_step": ("gauge", _TASK, "the global step of the worker's last step line"),
