@@ -1,7 +1,8 @@
 """The README and docs/: the site builds with `mkdocs build --strict` (a broken link, a missing page or a page left out
 of the nav fails it), every page is reachable from docs/index.md, every relative link and #anchor resolves, the README
-stays short and keeps CI's two commands first, the spec page's field table is TrainConfig's fields, and every
-psworker command shown in a code block parses with the current flags."""
+stays short and keeps CI's two commands first, the spec page's field table is TrainConfig's fields (each one's flag
+or `--set` as its `SettingDoc.flag` says) and its launcher table is LAUNCH_SETTINGS, and every psworker command
+shown in a code block parses with the current flags, none of them an old spelling."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import yaml
 
 from psworker import cli
 from psworker.models import registry
-from psworker.train_config import TrainConfig
+from psworker.cli.flags import LAUNCH_SETTINGS
+from psworker.train_config import TrainConfig, setting_doc
 from tests import docs_pages
 from tests.docs_pages import DOCS, README, REPO
 
@@ -127,6 +129,28 @@ def test_the_spec_page_lists_every_train_field_and_no_other():
                                         f"not TrainConfig fields: {sorted(set(listed) - set(fields))}")
 
 
+def test_the_spec_page_says_which_train_fields_are_flags():
+    """The field table's *set with* column is each field's `SettingDoc.flag`: its own flag, `--set`, or (the two
+    checkpoint intervals) `--checkpoint_every`."""
+    section = docs_pages.section(docs_pages.page("spec.md"), "The `train` section")
+    listed = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", section, re.M))
+    assert len(listed) == len(dataclasses.fields(TrainConfig)), sorted(listed)
+    for name, how in listed.items():
+        if name.startswith("save_checkpoint_"):
+            want = "--checkpoint_every"
+        else:
+            want = f"--{name}" if setting_doc(name).flag else "--set"
+        assert how == want, f"docs/spec.md says {name} is set with {how}; SettingDoc.flag says {want}"
+
+
+def test_the_spec_page_lists_exactly_the_launcher_settings():
+    section = docs_pages.section(docs_pages.page("spec.md"), "Launcher settings")
+    table = section.split("### ")[0]
+    listed = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    missing, extra = sorted(set(LAUNCH_SETTINGS) - set(listed)), sorted(set(listed) - set(LAUNCH_SETTINGS))
+    assert sorted(listed) == sorted(LAUNCH_SETTINGS), f"missing: {missing}; not launcher settings: {extra}"
+
+
 def shown_commands() -> list[tuple[str, dict[str, str], list[str]]]:
     """(where, environment assignments, psworker argv) of each psworker command in a code block of the README and the
     docs (`\\` continuations joined, `# comments` dropped, `a && b` split)."""
@@ -181,3 +205,4 @@ def test_every_shown_command_parses(where, env, argv, tmp_path, monkeypatch):
             cli._parse(argv)
         except SystemExit as exc:
             pytest.fail(f"{where}: exit {exc.code}: {err.getvalue().strip()}")
+    assert "is old spelling" not in err.getvalue(), f"{where}: {err.getvalue().strip()}"
