@@ -101,8 +101,8 @@ def test_the_report_names_workers_without_steps_or_stopped_and_knows_the_train_d
     assert run.returncode == 0, run.output
     lines = run.output.splitlines()
     assert ("psworker: warning: worker:2: no step line, and the launcher stopped it: it may never have trained (a "
-            "TF1 non-chief without device filters waits for the chief's session forever; see 'psworker run' in the "
-            "README)") in lines, run.output
+            "TF1 non-chief without device filters waits for the chief's session forever; see docs/running.md, "
+            "'psworker run')") in lines, run.output
     assert "psworker: warning: worker:3: exited without printing a step line (no progress seen)" in lines
     assert ("psworker: warning: worker:1: did not exit by itself; the launcher stopped it after the run had "
             "succeeded") in lines

@@ -35,8 +35,8 @@ def worker_warnings(never_stepped: Sequence[str], stopped: Sequence[str]) -> lis
     lines = []
     if both:
         lines.append(f"{format_tasks(both)}: no step line, and the launcher stopped it: it may never have trained "
-                     "(a TF1 non-chief without device filters waits for the chief's session forever; see 'psworker "
-                     "run' in the README)")
+                     "(a TF1 non-chief without device filters waits for the chief's session forever; see "
+                     "docs/running.md, 'psworker run')")
     if [n for n in never_stepped if n not in both]:
         lines.append(f"{format_tasks(n for n in never_stepped if n not in both)}: exited without printing a step "
                      "line (no progress seen)")

@@ -1,7 +1,7 @@
 """`--metrics_port`: the launcher's `/metrics` for Prometheus, made at each scrape from what the launcher already
 knows (the supervisor's progress and exits, the train dir's checkpoints, the ps links' tc counters): nothing is
-counted on the run's path, so a run nobody scrapes pays nothing. Names, types and labels: `METRICS` (the README's
-table is checked against what a scrape shows). The endpoint itself is `psworker.exporter`'s.
+counted on the run's path, so a run nobody scrapes pays nothing. Names, types and labels: `METRICS`
+(docs/operations.md's table is checked against what a scrape shows). The endpoint itself is `psworker.exporter`'s.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ EXIT_CLASSES = ("ok", "error", "signal", "peer_gone", "preempted", "stalled", "m
 RUN_STATES = ("starting", "running", "succeeded", "failed", "stopped")
 _CHECKPOINT = re.compile(r"-(\d+)\.index$")     # TF's `<prefix>-<step>.index`, written last (train/checkpoints.py)
 
-# name -> (type, labels, meaning): the README's table is this (tests/test_metrics.py checks both against a scrape).
+# name -> (type, labels, meaning): docs/operations.md's table is this (tests/test_metrics.py checks both against a
+# scrape).
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "psworker_run_state": ("gauge", ("state",), "1 for the run's state (starting, running, succeeded, failed, "
                                                 "stopped), 0 for the others"),
