@@ -85,7 +85,7 @@ def _parse(given: list[str]) -> argparse.Namespace:
 def main(argv: Optional[list[str]] = None) -> int:
     """Runs the `psworker` command line.
 
-    A task process (`psworker ps|worker` run as a command) leaves through `task.main.exit_now` right here, after
+    A task process (`psworker ps|worker` run as a command) leaves through `task.hard_exit.exit_now` right here, after
     flushing: TensorFlow's threads can keep a normal interpreter exit waiting on a dead peer.
 
     Args:
@@ -125,7 +125,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             log.exception("psworker %s failed", args.command)
             code = EXIT_FAILED
     if task_process and args.argv is not None:
-        from psworker.task.main import exit_now
+        from psworker.task.hard_exit import exit_now
 
         exit_now(code)
     return code

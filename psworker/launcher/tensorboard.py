@@ -16,14 +16,13 @@ import urllib.request
 from typing import Any, Iterator, Optional
 
 from psworker.errors import TensorBoardError, UsageError
-from psworker.launcher.backends.base import die_with_parent
+from psworker.launcher.children import die_with_parent
 from psworker.launcher.rundir import LOG_SUBDIR
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 MAX_PORT = 65535
-_PR_SET_PDEATHSIG = 1
 RUN_RELOAD_SECS = 2.0    # a run's TensorBoard rereads its event files this often (each reread reads what is new)
 
 
