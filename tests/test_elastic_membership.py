@@ -17,7 +17,7 @@ from typing import Optional
 
 import pytest
 
-from tests.fake_tasks.fakes import fake, poll_until, task_state, wait_for
+from tests.fake_tasks.fakes import fake, drive_until, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
 from psworker.launcher.backends.local import LocalBackend
@@ -96,7 +96,7 @@ def elastic_run(tmp_path, make_supervisor):
 
 def stepping(sup: Supervisor, *names: str) -> None:
     for name in names:
-        poll_until(sup, lambda: sup.progress.snapshot()[name].step is not None, 30, f"{name}'s first step line")
+        drive_until(sup, lambda: sup.progress.snapshot()[name].step is not None, 30, f"{name}'s first step line")
 
 
 def test_scale_up_and_down_by_hand(elastic_run, caplog):
@@ -108,10 +108,10 @@ def test_scale_up_and_down_by_hand(elastic_run, caplog):
         stepping(sup, "worker:0", "worker:1")
         assert sup.scale(4) == "scale 2 -> 4 workers (by hand)"
         stepping(sup, "worker:2", "worker:3")
-        poll_until(sup, lambda: "worker:3 joined at global step" in caplog.text, 30, "worker:3's join line")
+        drive_until(sup, lambda: "worker:3 joined at global step" in caplog.text, 30, "worker:3's join line")
         assert sup.members()["workers"] == 4
         sup.scale(1)
-        poll_until(sup, lambda: sup.members()["left"] == [1, 2, 3], 30, "workers 1-3 to leave")
+        drive_until(sup, lambda: sup.members()["left"] == [1, 2, 3], 30, "workers 1-3 to leave")
         assert sup.progress.workers() == (1, 1)
         for i in (1, 2, 3):
             assert f"worker:{i} left (scaled away)" in caplog.text
@@ -131,7 +131,7 @@ def test_reserved_and_left_workers_do_not_hold_up_all_workers_success(elastic_ru
     with sup:
         stepping(sup, "worker:1")
         sup.scale(1)
-        poll_until(sup, lambda: sup.members()["left"] == [1], 30, "worker 1 to leave")
+        drive_until(sup, lambda: sup.members()["left"] == [1], 30, "worker 1 to leave")
         elastic_run.go.touch()
         result = sup.wait(60)
     assert result.ok, result.reason
@@ -144,7 +144,7 @@ def test_a_preempted_worker_leaves_and_the_run_goes_on_until_below_min(elastic_r
     # by seconds, and worker:1 could reach step 40 first.
     sup = elastic_run(Elastic(min=2, start=3, max=3), faults=faults, held={1: 39})
     with sup:
-        poll_until(sup, lambda: sup.members()["left"] == [2], 30, "worker:2 to be preempted")
+        drive_until(sup, lambda: sup.members()["left"] == [2], 30, "worker:2 to be preempted")
         assert sup.result is None and sup.members()["target"] == 2
         elastic_run.gate(1).touch()
         result = sup.wait(60)
@@ -159,7 +159,7 @@ def test_a_preempted_worker_comes_back_with_restarts(elastic_run):
     sup = elastic_run(Elastic(min=1, start=2, max=2), faults=(parse_fault("preempt:worker:1@step=5"),),
                       restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0.1, seed=1))
     with sup:
-        poll_until(sup, lambda: "step 1," in sup.log_path("worker:1").read_text().partition("--- restart 1")[2],
+        drive_until(sup, lambda: "step 1," in sup.log_path("worker:1").read_text().partition("--- restart 1")[2],
                    30, "worker:1's steps after its restart")
         assert sup.members()["workers"] == 2
         elastic_run.go.touch()
@@ -195,7 +195,7 @@ def test_psworker_scale_reaches_the_running_supervisor(elastic_run, tmp_path):
         stepping(sup, "worker:1")
         asker = threading.Thread(target=lambda: answers.append(request_scale(tmp_path, 3, 30)))
         asker.start()
-        poll_until(sup, lambda: answers, 40, "the launcher's answer")
+        drive_until(sup, lambda: answers, 40, "the launcher's answer")
         asker.join()
         assert answers == ["scale 2 -> 3 workers (request 1)"]
         stepping(sup, "worker:2")
@@ -276,9 +276,9 @@ def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
     with sup:
         assert sorted(sup.pids()) == ["worker:0"]
         sup.scale(2)                                   # one more ssh connection, to 127.0.0.3
-        poll_until(sup, lambda: sup.progress.snapshot()["worker:1"].step is not None, 60, "worker:1's steps")
+        drive_until(sup, lambda: sup.progress.snapshot()["worker:1"].step is not None, 60, "worker:1's steps")
         sup.scale(1)                                   # SIGUSR2 through `ssh 127.0.0.3 kill -USR2 PID`
-        poll_until(sup, lambda: sup.members()["left"] == [1], 60, "worker:1 to leave")
+        drive_until(sup, lambda: sup.members()["left"] == [1], 60, "worker:1 to leave")
         assert "leaving after step" in sup.log_path("worker:1").read_text()
         go.touch()
         result = sup.wait(60)

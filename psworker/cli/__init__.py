@@ -68,7 +68,8 @@ def _quiet(args: argparse.Namespace) -> ContextManager[None]:
 
 
 def _parse(given: list[str]) -> argparse.Namespace:
-    """The parsed flags, with `command` the words after `--` (a command's own, for those that take one).
+    """The parsed flags (`command`: the subcommand), with `user_command` the words after `--`
+    (a command's own, for those that take one).
 
     Raises:
         SystemExit: --help, or a usage error (argparse printed it).
@@ -78,7 +79,7 @@ def _parse(given: list[str]) -> argparse.Namespace:
     args = parser.parse_args(given[:at])
     if at < len(given) and not args.takes_command:
         parser.parse_args(given)           # argparse's own error for the words after `--`
-    args.command = given[at + 1:]
+    args.user_command = given[at + 1:]
     return args
 
 

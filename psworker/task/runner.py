@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from psworker import errorfile, events
+from psworker.deadline import poll_until
 from psworker.errors import (AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed,
                              op_error_line)
 from psworker.models.base import Model
@@ -285,7 +286,7 @@ def _wait_for_others_to_stop(others: dict, name: str) -> None:
             up.pop(n)
         return not up
 
-    if shutdown.poll_until(all_closed, started + stop.PEERS_STOP_SECS, interval=0.1):
+    if poll_until(all_closed, stop.PEERS_STOP_SECS, interval=0.1):
         log.info("%s: the other workers stopped in %.1f s", name, time.monotonic() - started)
     else:
         log.warning("%s: %s still up after %g s; writing the checkpoint now (their later steps are not in it)", name,

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, ContextManager, Mapping, Optional, Protocol, Sequence, TextIO
 
+from psworker.deadline import poll_until
 from psworker.launcher.children import die_with_parent
 from psworker.launcher.rundir import SPEC_FILE
 from psworker.plan import Task
@@ -143,12 +144,10 @@ class Backend(ABC):
 
     def stop(self, procs: Sequence[subprocess.Popen], grace_secs: float) -> None:
         """The one teardown: `terminate`, up to `grace_secs` for everything to end, then `kill`, then reap."""
-        deadline = time.monotonic() + grace_secs
+        started = time.monotonic()
         self.terminate(procs)
+        poll_until(lambda: not self.alive(procs), grace_secs, since=started, interval=_STOP_POLL_SECS)
         left = self.alive(procs)
-        while left and time.monotonic() < deadline:
-            time.sleep(_STOP_POLL_SECS)
-            left = self.alive(procs)
         if left:
             logger.warning("still running %.1f s after SIGTERM, %s: %s", grace_secs, self.HARD_END, ", ".join(left))
             self.kill(procs)
