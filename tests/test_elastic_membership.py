@@ -20,6 +20,7 @@ import pytest
 from tests.fake_tasks.fakes import fake, drive_until, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
+from psworker.states import TaskState
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.backends.ssh.backend import SshOptions
 from psworker.launcher.elastic import PREEMPTED_CODES
@@ -37,7 +38,7 @@ E = Elastic(min=1, start=2, max=4)
 
 def test_launch_starts_start_workers_and_reserves_the_rest():
     m = ms.initial(E)
-    assert m.indices(ms.RUNNING) == (0, 1) and m.indices(ms.RESERVED) == (2, 3)
+    assert m.indices(TaskState.JOINED) == (0, 1) and m.indices(TaskState.RESERVED) == (2, 3)
     assert (m.running, m.target) == (2, 2)
     assert ms.reconcile(m) == ((), ())
 
@@ -45,21 +46,21 @@ def test_launch_starts_start_workers_and_reserves_the_rest():
 def test_scale_up_starts_the_lowest_free_and_down_asks_the_highest_never_worker_0():
     m = ms.request(ms.initial(E), 4)
     assert ms.reconcile(m) == ((2, 3), ())
-    m = ms.initial(E).with_state(2, ms.RUNNING).with_state(3, ms.RUNNING)
+    m = ms.initial(E).with_state(2, TaskState.JOINED).with_state(3, TaskState.JOINED)
     assert ms.reconcile(ms.request(m, 1)) == ((), (3, 2, 1))
     one = ms.initial(Elastic(min=1, start=1, max=2))
     assert ms.reconcile(ms.request(one, 1)) == ((), ())
 
 
 def test_a_worker_that_left_starts_again_but_not_while_leaving():
-    m = ms.initial(E).with_state(1, ms.LEAVING).with_target(2)
+    m = ms.initial(E).with_state(1, TaskState.LEAVING).with_target(2)
     assert ms.reconcile(m) == ((2,), ())              # worker 1 is still leaving: the next free one joins
-    m = ms.initial(E).with_state(1, ms.LEFT).with_target(2)
+    m = ms.initial(E).with_state(1, TaskState.LEFT).with_target(2)
     assert ms.reconcile(m) == ((1,), ())
 
 
 def test_once_a_worker_is_done_nobody_joins():
-    m = ms.initial(E).with_state(1, ms.DONE).with_target(3)
+    m = ms.initial(E).with_state(1, TaskState.DONE).with_target(3)
     assert ms.reconcile(m) == ((), ())
 
 

@@ -15,7 +15,8 @@ from psworker import events
 from psworker.deadline import poll_until
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.output import OutputCopier
-from psworker.launcher.progress import Progress, TaskState
+from psworker.launcher.progress import Progress
+from psworker.states import TaskState
 from psworker.launcher.report import describe_returncode
 from psworker.launcher.run_policy import SERVER_JOBS
 from psworker.launcher.slot import Slot

@@ -16,8 +16,9 @@ from typing import Callable, Optional
 from psworker.deadline import poll_until
 from psworker.errors import PeerGone
 from psworker.task import stop
-from psworker.task.done_queue import DONE, JOINED, READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
+from psworker.task.done_queue import READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
 from psworker.spec import ClusterSpec
+from psworker.states import TaskState
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def serve_until_done(target: str, job: str, index: int, senders: Callable[[], se
                     break
                 continue
             kind, sender = decode(token)
-            if kind != DONE:
+            if kind != TaskState.DONE:
                 if on_member is not None:
                     on_member(kind, sender)
                 continue
@@ -225,7 +226,7 @@ class _PsWait:
         if index not in self.workers:
             log.warning("%s: a %s token from worker:%d, which the spec does not have; ignored", self.name, kind, index)
             return
-        if kind == JOINED:
+        if kind == TaskState.JOINED:
             self.joined.add(index)
             self.left.discard(index)
         else:
