@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))   # run from a checkout without installing
 from psworker.launcher.backends.local import LocalBackend  # noqa: E402
 from psworker.launcher.stacks import StackAsker  # noqa: E402
 from psworker.launcher.supervisor import Supervisor  # noqa: E402
-from psworker.testing import ProgramTask, poll_until  # noqa: E402
+from psworker.testing import ProgramTask, drive_until  # noqa: E402
 
 FAKE_TASKS = REPO / "tests" / "fake_tasks"       # the programs only: benchmarks import nothing of tests/
 
@@ -49,7 +49,7 @@ def stop_time(n: int, asker, exited: bool) -> float:
                 while sup.pids():
                     sup.wait_task(next(iter(sup.pids())), 60)
             else:
-                poll_until(sup, lambda: all("ready" in sup.log_path(t.name).read_text() for t in tasks), 60,
+                drive_until(sup, lambda: all("ready" in sup.log_path(t.name).read_text() for t in tasks), 60,
                            "every task ready")
             started = time.monotonic()
             sup.stop("benchmark")

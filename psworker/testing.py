@@ -29,6 +29,7 @@ import psutil
 import yaml
 
 from psworker import events
+from psworker.deadline import WaitTimeout, poll_until, wait_for
 from psworker.plan import Task, plan
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.ports import pick_free_ports
@@ -214,35 +215,41 @@ class LocalCluster:
         """
         regex = (re.compile(pattern, re.MULTILINE) if isinstance(pattern, str)
                  else pattern.regex if isinstance(pattern, type) else pattern)
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def found() -> Optional[re.Match]:
             matches = list(regex.finditer(self.log(name, current=current)))
             if len(matches) >= count:
                 return matches[count - 1]
             code = self._poll(name)
-            if code is not None:
-                matches = list(regex.finditer(self.log(name, current=current)))
-                if len(matches) >= count:
-                    return matches[count - 1]
-                raise TaskExited(f"{name} exited ({code}) before logging {regex.pattern!r}:\n{self.tail(name)}")
-            if time.monotonic() >= deadline:
-                raise ClusterTimeout(f"{name} did not log {regex.pattern!r} {count}x within {timeout:g} s:\n"
-                                     f"{self.tail(name)}")
-            time.sleep(POLL_SECS)
+            if code is None:
+                return None
+            matches = list(regex.finditer(self.log(name, current=current)))
+            if len(matches) >= count:
+                return matches[count - 1]
+            raise TaskExited(f"{name} exited ({code}) before logging {regex.pattern!r}:\n{self.tail(name)}")
+
+        match = poll_until(found, timeout, interval=POLL_SECS)
+        if match is None:
+            raise ClusterTimeout(f"{name} did not log {regex.pattern!r} {count}x within {timeout:g} s:\n"
+                                 f"{self.tail(name)}")
+        return match
 
     def wait_for_step(self, step: int, timeout: float, name: str = "worker:0") -> int:
         """Waits until task `name` logs a progress line at global step `step` or later; returns that step."""
-        deadline = time.monotonic() + timeout
-        while True:
-            reached = max(self.steps(name), default=-1)
-            if reached >= step:
-                return reached
+        def reached() -> int:
+            return max(self.steps(name), default=-1)
+
+        def there() -> bool:
+            if reached() >= step:
+                return True
             if self._poll(name) is not None:
-                raise TaskExited(f"{name} exited before global step {step} (reached {reached}):\n{self.tail(name)}")
-            if time.monotonic() >= deadline:
-                raise ClusterTimeout(f"{name} did not reach global step {step} within {timeout:g} s "
-                                     f"(reached {reached}):\n{self.tail(name)}")
-            time.sleep(POLL_SECS)
+                raise TaskExited(f"{name} exited before global step {step} (reached {reached()}):\n{self.tail(name)}")
+            return False
+
+        if not poll_until(there, timeout, interval=POLL_SECS):
+            raise ClusterTimeout(f"{name} did not reach global step {step} within {timeout:g} s "
+                                 f"(reached {reached()}):\n{self.tail(name)}")
+        return reached()
 
     def wait_exit(self, name: str, timeout: float) -> int:
         """Waits for task `name` to exit; returns its return code (negative: killed by that signal)."""
@@ -255,19 +262,18 @@ class LocalCluster:
         """
         pending = list(names or self._supervisors)
         codes: dict[str, int] = {}
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def all_exited() -> bool:
             for name in list(pending):
                 code = self._poll(name)
                 if code is not None:
                     codes[name] = code
                     pending.remove(name)
-            if not pending:
-                return codes
-            if time.monotonic() >= deadline:
-                raise ClusterTimeout(f"still running after {timeout:g} s: {', '.join(pending)}\n"
-                                     f"{self.tails(pending)}")
-            time.sleep(0.01)
+            return not pending
+
+        if not poll_until(all_exited, timeout, interval=0.01):
+            raise ClusterTimeout(f"still running after {timeout:g} s: {', '.join(pending)}\n{self.tails(pending)}")
+        return codes
 
     def exit_codes(self) -> dict[str, int]:
         """`{name: return code}` of every started task that has exited (its latest run)."""
@@ -329,21 +335,7 @@ def processes_naming(marker: Union[str, os.PathLike]) -> list[psutil.Process]:
     return found
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition",
-             interval: float = POLL_SECS) -> object:
-    """Polls `predicate` until it returns something truthy, which it returns; `ClusterTimeout` naming `what` after
-    `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise ClusterTimeout(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
-
-def poll_until(sup: Supervisor, predicate: Callable[[], object], timeout: float, what: str = "condition") -> object:
+def drive_until(sup: Supervisor, predicate: Callable[[], object], timeout: float, what: str = "condition") -> object:
     """Runs a supervisor's loop (`sup.poll()`) until `predicate` holds; fails if the run ends first or after
     `timeout` seconds. A test drives the loop itself to act between two of its decisions (e.g. let a ps exit only
     once the supervisor has seen the chief's exit)."""
@@ -353,10 +345,10 @@ def poll_until(sup: Supervisor, predicate: Callable[[], object], timeout: float,
             raise AssertionError(f"the run ended ({result.reason}) before {what}")
         return predicate()
 
-    return wait_for(check, timeout, what)
+    return wait_for(check, timeout, what, error=ClusterTimeout)
 
 
-def port_open(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
+def port_listening(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
     """Whether something accepts TCP connections on `host:port` now."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.settimeout(timeout)
@@ -376,7 +368,7 @@ def assert_processes_gone(pids: Iterable[int], timeout: float = 10.0) -> None:
     pids = list(pids)
     try:
         wait_for(lambda: all(gone(p) for p in pids), timeout, "the processes to end", interval=0.1)
-    except ClusterTimeout:
+    except WaitTimeout:
         raise ClusterTimeout(f"processes still alive after {timeout:g} s: {[p for p in pids if not gone(p)]}") from None
 
 
@@ -394,4 +386,5 @@ def log_time(line: str) -> float:
 
 
 __all__ = ["LocalCluster", "ClusterTimeout", "TaskExited", "write_spec", "checkpoint_step", "processes_naming",
-           "assert_processes_gone", "console_steps", "gone", "log_time", "poll_until", "port_open", "ProgramTask", "wait_for", "STEP_LINE"]
+           "assert_processes_gone", "console_steps", "gone", "log_time", "drive_until", "port_listening", "ProgramTask",
+           "STEP_LINE"]

@@ -24,7 +24,7 @@ import psutil
 import yaml
 
 from psworker.launcher.ports import pick_free_ports
-from psworker.testing import ClusterTimeout, wait_for
+from psworker.deadline import WaitTimeout, wait_for
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "squeue", "sbatch", "srun", "scancel", "scontrol")
@@ -82,7 +82,7 @@ class SlurmCluster:
         """Polls `predicate()` every 0.2 s; raises TimeoutError naming `what` and the daemon logs after `timeout`."""
         try:
             wait_for(predicate, timeout, what, interval=0.2)
-        except ClusterTimeout as e:
+        except WaitTimeout as e:
             raise TimeoutError(f"test Slurm: {e}\n{self.log_tail()}") from None
 
     def jobs(self) -> list[str]:

@@ -359,3 +359,8 @@ def test_every_setting_written_as_a_flag_passes_the_flag_check():
                          for part in (f"--{name}", str(value))]
     args = cli.build_parser().parse_args(argv)
     assert merge_train(TrainConfig(), {name: getattr(args, name) for name in vars(config)}) == config
+
+
+def test_the_subcommand_and_the_user_command_are_two_fields():
+    args = cli._parse(["run", "c.yaml", "--", "python", "train.py"])
+    assert args.command == "run" and args.user_command == ["python", "train.py"]

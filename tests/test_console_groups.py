@@ -19,7 +19,7 @@ from psworker.launcher.output import GROUP_WINDOW_SECS
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, write_spec
 from tests.cluster_utils import run_launcher
-from psworker.testing import ProgramTask, poll_until
+from psworker.testing import ProgramTask, drive_until
 from tests.fake_tasks.fakes import HERE
 
 W3 = TaskTokens("worker", 3, "127.0.0.1", 42105, 22438)
@@ -232,7 +232,7 @@ def test_24_tasks_printing_the_same_start_up_lines_show_each_line_once(tmp_path)
     # released once the tasks' output ends (test_grouped_lines_come_out_while_the_tasks_run: the real window).
     with Supervisor(tasks, tmp_path / "logs", backend=LocalBackend(), console=console, console_filter=for_console,
                     console_window_secs=3600.0, ps_exit_grace_secs=0.2) as sup:
-        poll_until(sup, lambda: all(log.exists() and log.read_text().count("\n") == 5 for log in logs), 180,
+        drive_until(sup, lambda: all(log.exists() and log.read_text().count("\n") == 5 for log in logs), 180,
                    "every task's 5 lines in its log")
         assert console.getvalue() == ""          # all held for their window
         hold.touch()
@@ -272,9 +272,9 @@ def test_grouped_lines_come_out_while_the_tasks_run(tmp_path):
     console = io.StringIO()
     with Supervisor(tasks, tmp_path / "logs", backend=LocalBackend(), console=console, console_filter=for_console,
                     console_window_secs=GROUP_WINDOW_SECS, done_jobs=frozenset({"ps", "worker"})) as sup:
-        poll_until(sup, lambda: len(list(ready.iterdir())) == len(tasks), 120, "every task to reach the barrier")
+        drive_until(sup, lambda: len(list(ready.iterdir())) == len(tasks), 120, "every task to reach the barrier")
         go.touch()
-        poll_until(sup, lambda: all(len(by_task(console.getvalue()).get(t.name, ())) == 5 for t in tasks), 60,
+        drive_until(sup, lambda: all(len(by_task(console.getvalue()).get(t.name, ())) == 5 for t in tasks), 60,
                    f"every task's 5 lines on the console while it runs; console so far:\n{console.getvalue()}")
         assert len(sup.pids()) == len(tasks)           # nobody has exited yet: the window released them
         hold.touch()

@@ -17,9 +17,10 @@ from typing import Optional
 
 import pytest
 
-from tests.fake_tasks.fakes import fake, poll_until, task_state, wait_for
+from tests.fake_tasks.fakes import fake, drive_until, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher import membership as ms
+from psworker.states import TaskState
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.backends.ssh.backend import SshOptions
 from psworker.launcher.elastic import PREEMPTED_CODES
@@ -37,7 +38,7 @@ E = Elastic(min=1, start=2, max=4)
 
 def test_launch_starts_start_workers_and_reserves_the_rest():
     m = ms.initial(E)
-    assert m.indices(ms.RUNNING) == (0, 1) and m.indices(ms.RESERVED) == (2, 3)
+    assert m.indices(TaskState.JOINED) == (0, 1) and m.indices(TaskState.RESERVED) == (2, 3)
     assert (m.running, m.target) == (2, 2)
     assert ms.reconcile(m) == ((), ())
 
@@ -45,21 +46,21 @@ def test_launch_starts_start_workers_and_reserves_the_rest():
 def test_scale_up_starts_the_lowest_free_and_down_asks_the_highest_never_worker_0():
     m = ms.request(ms.initial(E), 4)
     assert ms.reconcile(m) == ((2, 3), ())
-    m = ms.initial(E).with_state(2, ms.RUNNING).with_state(3, ms.RUNNING)
+    m = ms.initial(E).with_state(2, TaskState.JOINED).with_state(3, TaskState.JOINED)
     assert ms.reconcile(ms.request(m, 1)) == ((), (3, 2, 1))
     one = ms.initial(Elastic(min=1, start=1, max=2))
     assert ms.reconcile(ms.request(one, 1)) == ((), ())
 
 
 def test_a_worker_that_left_starts_again_but_not_while_leaving():
-    m = ms.initial(E).with_state(1, ms.LEAVING).with_target(2)
+    m = ms.initial(E).with_state(1, TaskState.LEAVING).with_target(2)
     assert ms.reconcile(m) == ((2,), ())              # worker 1 is still leaving: the next free one joins
-    m = ms.initial(E).with_state(1, ms.LEFT).with_target(2)
+    m = ms.initial(E).with_state(1, TaskState.LEFT).with_target(2)
     assert ms.reconcile(m) == ((1,), ())
 
 
 def test_once_a_worker_is_done_nobody_joins():
-    m = ms.initial(E).with_state(1, ms.DONE).with_target(3)
+    m = ms.initial(E).with_state(1, TaskState.DONE).with_target(3)
     assert ms.reconcile(m) == ((), ())
 
 
@@ -96,7 +97,7 @@ def elastic_run(tmp_path, make_supervisor):
 
 def stepping(sup: Supervisor, *names: str) -> None:
     for name in names:
-        poll_until(sup, lambda: sup.progress.snapshot()[name].step is not None, 30, f"{name}'s first step line")
+        drive_until(sup, lambda: sup.progress.snapshot()[name].step is not None, 30, f"{name}'s first step line")
 
 
 def test_scale_up_and_down_by_hand(elastic_run, caplog):
@@ -108,10 +109,10 @@ def test_scale_up_and_down_by_hand(elastic_run, caplog):
         stepping(sup, "worker:0", "worker:1")
         assert sup.scale(4) == "scale 2 -> 4 workers (by hand)"
         stepping(sup, "worker:2", "worker:3")
-        poll_until(sup, lambda: "worker:3 joined at global step" in caplog.text, 30, "worker:3's join line")
+        drive_until(sup, lambda: "worker:3 joined at global step" in caplog.text, 30, "worker:3's join line")
         assert sup.members()["workers"] == 4
         sup.scale(1)
-        poll_until(sup, lambda: sup.members()["left"] == [1, 2, 3], 30, "workers 1-3 to leave")
+        drive_until(sup, lambda: sup.members()["left"] == [1, 2, 3], 30, "workers 1-3 to leave")
         assert sup.progress.workers() == (1, 1)
         for i in (1, 2, 3):
             assert f"worker:{i} left (scaled away)" in caplog.text
@@ -131,7 +132,7 @@ def test_reserved_and_left_workers_do_not_hold_up_all_workers_success(elastic_ru
     with sup:
         stepping(sup, "worker:1")
         sup.scale(1)
-        poll_until(sup, lambda: sup.members()["left"] == [1], 30, "worker 1 to leave")
+        drive_until(sup, lambda: sup.members()["left"] == [1], 30, "worker 1 to leave")
         elastic_run.go.touch()
         result = sup.wait(60)
     assert result.ok, result.reason
@@ -144,7 +145,7 @@ def test_a_preempted_worker_leaves_and_the_run_goes_on_until_below_min(elastic_r
     # by seconds, and worker:1 could reach step 40 first.
     sup = elastic_run(Elastic(min=2, start=3, max=3), faults=faults, held={1: 39})
     with sup:
-        poll_until(sup, lambda: sup.members()["left"] == [2], 30, "worker:2 to be preempted")
+        drive_until(sup, lambda: sup.members()["left"] == [2], 30, "worker:2 to be preempted")
         assert sup.result is None and sup.members()["target"] == 2
         elastic_run.gate(1).touch()
         result = sup.wait(60)
@@ -159,7 +160,7 @@ def test_a_preempted_worker_comes_back_with_restarts(elastic_run):
     sup = elastic_run(Elastic(min=1, start=2, max=2), faults=(parse_fault("preempt:worker:1@step=5"),),
                       restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0.1, seed=1))
     with sup:
-        poll_until(sup, lambda: "step 1," in sup.log_path("worker:1").read_text().partition("--- restart 1")[2],
+        drive_until(sup, lambda: "step 1," in sup.log_path("worker:1").read_text().partition("--- restart 1")[2],
                    30, "worker:1's steps after its restart")
         assert sup.members()["workers"] == 2
         elastic_run.go.touch()
@@ -195,7 +196,7 @@ def test_psworker_scale_reaches_the_running_supervisor(elastic_run, tmp_path):
         stepping(sup, "worker:1")
         asker = threading.Thread(target=lambda: answers.append(request_scale(tmp_path, 3, 30)))
         asker.start()
-        poll_until(sup, lambda: answers, 40, "the launcher's answer")
+        drive_until(sup, lambda: answers, 40, "the launcher's answer")
         asker.join()
         assert answers == ["scale 2 -> 3 workers (request 1)"]
         stepping(sup, "worker:2")
@@ -276,9 +277,9 @@ def test_ssh_starts_a_worker_late_and_asks_it_to_leave(sshd, tmp_path):
     with sup:
         assert sorted(sup.pids()) == ["worker:0"]
         sup.scale(2)                                   # one more ssh connection, to 127.0.0.3
-        poll_until(sup, lambda: sup.progress.snapshot()["worker:1"].step is not None, 60, "worker:1's steps")
+        drive_until(sup, lambda: sup.progress.snapshot()["worker:1"].step is not None, 60, "worker:1's steps")
         sup.scale(1)                                   # SIGUSR2 through `ssh 127.0.0.3 kill -USR2 PID`
-        poll_until(sup, lambda: sup.members()["left"] == [1], 60, "worker:1 to leave")
+        drive_until(sup, lambda: sup.members()["left"] == [1], 60, "worker:1 to leave")
         assert "leaving after step" in sup.log_path("worker:1").read_text()
         go.touch()
         result = sup.wait(60)

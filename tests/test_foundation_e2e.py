@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from psworker.events import TfImported, WorkerDone
-from psworker.testing import assert_processes_gone, checkpoint_step, port_open, write_spec
+from psworker.testing import assert_processes_gone, checkpoint_step, port_listening, write_spec
 from tests.cluster_utils import LAUNCH, REPO, run_launcher, task_env
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_start_scripts_train_a_cluster(tmp_path, make_cluster):
     # overlap; the ps's port is reachable while they train (started by hand, outside any namespace: the control).
     cluster = make_cluster(spec=spec_path, argv=by_hand)
     deadline = time.monotonic() + 120
-    while not port_open(spec.ps[0].port):
+    while not port_listening(spec.ps[0].port):
         assert time.monotonic() < deadline and "ps:0" not in cluster.exit_codes(), cluster.tail("ps:0")
         time.sleep(0.05)
     assert cluster.wait_exits(300) == {"worker:0": 0, "worker:1": 0, "ps:0": 0}, cluster.tails()

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from psworker.testing import assert_processes_gone, port_open
+from psworker.testing import assert_processes_gone, port_listening
 from tests.cluster_utils import REPO, task_env
 
 
@@ -68,7 +68,7 @@ def test_allow_public_bind_serves_on_every_interface(tmp_path):
             assert time.monotonic() < deadline, "the ps did not serve within 180 s:\n" + "".join(lines[-40:])
             time.sleep(0.1)
         addresses = ["127.0.0.1", *_other_ipv4_addresses()]
-        answered = [a for a in addresses if port_open(port, a)]
+        answered = [a for a in addresses if port_listening(port, a)]
         assert answered == addresses, f"answered on {answered} of {addresses}"
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -174,9 +174,10 @@ def test_a_token_from_a_worker_the_spec_lacks_is_ignored(tmp_path, caplog):
 
 
 def test_tokens_round_trip_and_done_tokens_are_the_bare_index():
+    from psworker.states import TaskState
     from psworker.task import done_queue as dq
 
-    assert dq.encode(dq.DONE, 5) == 5
-    for kind in (dq.DONE, dq.JOINED, dq.LEFT):
+    assert dq.encode(TaskState.DONE, 5) == 5
+    for kind in (TaskState.DONE, TaskState.JOINED, TaskState.LEFT):
         for index in (0, 1, 999):
             assert dq.decode(dq.encode(kind, index)) == (kind, index)

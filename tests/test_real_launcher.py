@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from psworker.launcher import netns
-from psworker.testing import assert_processes_gone, port_open
+from psworker.testing import assert_processes_gone, port_listening
 from tests.cluster_utils import REPO, Launcher
 from tests.conftest import skip_or_fail
 
@@ -115,7 +115,7 @@ def _assert_isolated(run: Launcher, train_dir: Path) -> None:
     for name, pid in pids.items():
         assert os.stat(f"/proc/{pid}/ns/net").st_ino != here, f"{name} runs in the test's network namespace"
         assert ports[name] in _listening_ports(pid), f"{name} does not listen on {ports[name]} in its namespace"
-    answered = [name for name, port in ports.items() if port_open(port)]
+    answered = [name for name, port in ports.items() if port_listening(port)]
     assert not answered, f"reachable from outside the run's network namespace: {answered}"
 
 

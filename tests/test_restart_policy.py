@@ -13,7 +13,7 @@ from psworker.errors import UsageError
 from psworker.launcher.inject import check_fault_tasks, parse_fault
 from psworker.launcher.policy import RestartPolicy, is_retryable
 from psworker.launcher.report import exit_status, format_report
-from tests.fake_tasks.fakes import fake, poll_until, task_state, wait_for
+from tests.fake_tasks.fakes import fake, drive_until, task_state, wait_for
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_a_stalled_worker_is_killed_and_restarted(tmp_path, start):
                 restart_policy=RestartPolicy(max_restarts=1, backoff_secs=0))
     progress = sup.progress.snapshot
     wait_for(lambda: progress()["worker:0"].step == 20, 60, "worker:0 at step 20 (where it hangs)")
-    poll_until(sup, lambda: sup.restarts("worker:0") == 1, 60, "worker:0 killed as stalled and restarted")
+    drive_until(sup, lambda: sup.restarts("worker:0") == 1, 60, "worker:0 killed as stalled and restarted")
     assert sup.wait_task("worker:0", timeout=60) == 0     # the second attempt: steps 20 and 30, then exit 0
     result = sup.wait(timeout=30)
     assert result.ok, format_report(result)
@@ -160,7 +160,7 @@ def test_once_the_chief_and_every_ps_exited_0_late_workers_are_stopped(tmp_path,
     release = tmp_path / "release-ps"
     sup = start([fake("ps", 0, "echo_exit", 0, "--wait-for", release), dataclasses.replace(chief, is_chief=True),
                  fake("worker", 1, "sleep_forever")])
-    poll_until(sup, lambda: task_state(sup, "worker:0") == "done", 30, "the chief seen to exit 0")
+    drive_until(sup, lambda: task_state(sup, "worker:0") == "done", 30, "the chief seen to exit 0")
     release.touch()              # the ps exits after the chief, as a real one does
     result = sup.wait(timeout=60)
     assert result.ok and result.reason == "the chief and every ps exited 0: training is over"

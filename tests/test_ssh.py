@@ -12,7 +12,7 @@ import pytest
 from psworker.errors import UnreachableHosts, UsageError
 from psworker.launcher.backends.ssh.hosts import check_reachable, require_reachable
 from psworker.launcher.backends.ssh.remote import remote_command, ssh_argv
-from psworker.testing import wait_for
+from psworker.deadline import wait_for
 
 AWKWARD = "it's \"$HOME\" `id` ; rm -rf / \\ *"
 

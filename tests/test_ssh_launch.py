@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from psworker import stackdump
-from psworker.testing import checkpoint_step, processes_naming, wait_for
+from psworker.deadline import wait_for
+from psworker.testing import checkpoint_step, processes_naming
 from tests.cluster_utils import run_launcher, steps_lost, task_env
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import ProgramTask, assert_processes_gone, processes_naming
 from tests.cluster_utils import REPO, run_launcher
-from tests.fake_tasks.fakes import HERE, fake, poll_until, wait_for
+from tests.fake_tasks.fakes import HERE, fake, drive_until, wait_for
 
 STUCK = str(HERE / "stuck.py")
 WAIT = 60.0                       # for any one event of a fake task on a loaded machine
@@ -265,7 +265,7 @@ def test_teardown_asks_only_tasks_that_can_answer(tmp_path, make_supervisor):
     tasks = [fake("ps", 0, "stuck"), silent, fake("worker", 0, "echo_exit", "0")]
     sup, pids = _run(make_supervisor, tasks, tmp_path / "logs", stacks.StackAsker(by_signal=True))
     try:
-        poll_until(sup, lambda: "ready" in _log(sup, "ps:0") and "worker:0" not in sup.pids(), WAIT,
+        drive_until(sup, lambda: "ready" in _log(sup, "ps:0") and "worker:0" not in sup.pids(), WAIT,
                    "ps:0 ready and worker:0 exited")
         result = sup.stop("stopped by the test")
     finally:
@@ -285,7 +285,7 @@ def test_a_users_program_is_dumped_by_py_spy_or_told_how(tmp_path, make_supervis
     for name, asker in (("spy", stacks.StackAsker(py_spy=_py_spy())), ("none", stacks.StackAsker())):
         sup, pids = _run(make_supervisor, tasks, tmp_path / name / "logs", asker)
         try:
-            poll_until(sup, lambda: all("ready" in _log(sup, t.name) for t in tasks), WAIT, "both tasks ready")
+            drive_until(sup, lambda: all("ready" in _log(sup, t.name) for t in tasks), WAIT, "both tasks ready")
             result = sup.stop("stopped by the test")
         finally:
             sup.close()

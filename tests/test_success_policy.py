@@ -19,7 +19,7 @@ from psworker.launcher.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, run_launcher
-from tests.fake_tasks.fakes import fake, poll_until, task_state
+from tests.fake_tasks.fakes import fake, drive_until, task_state
 
 ROLES = REPO / "tests" / "fake_tasks" / "roles.py"
 CLASSIC = REPO / "tests" / "user_scripts" / "classic_tf1.py"
@@ -189,9 +189,9 @@ def test_a_worker_waiting_for_its_restart_is_restarted_within_the_grace(tmp_path
                      fake("worker", 1, "stepper", "--state", tmp_path / "w1.state", "--hang-at", "0", "--to", "30")],
                     restart_policy=RestartPolicy(max_restarts=1, backoff_secs=backoff, jitter=0.0),
                     grace=120.0)
-    poll_until(sup, lambda: sup.progress.snapshot()["worker:1"].step == 0, 60, "worker:1 at step 0 (where it hangs)")
+    drive_until(sup, lambda: sup.progress.snapshot()["worker:1"].step == 0, 60, "worker:1 at step 0 (where it hangs)")
     sup.kill_task("worker:1")
-    poll_until(sup, lambda: task_state(sup, "worker:1") == "restarting 1", 30, "worker:1 waiting for its restart")
+    drive_until(sup, lambda: task_state(sup, "worker:1") == "restarting 1", 30, "worker:1 waiting for its restart")
     go.touch()
     assert sup.wait_task("worker:0", 60) == 0
     assert sup.poll() is None
@@ -207,7 +207,7 @@ def test_a_worker_waiting_for_its_restart_is_restarted_within_the_grace(tmp_path
 def test_a_worker_that_fails_within_the_grace_fails_the_run(tmp_path, supervise, caplog):
     go = tmp_path / "go"
     sup = supervise([fake("worker", 0, "echo_exit", 0), fake("worker", 1, "echo_exit", 3, "--wait-for", go)])
-    poll_until(sup, lambda: "the run has succeeded" in caplog.text, 60, "worker:0's exit seen")
+    drive_until(sup, lambda: "the run has succeeded" in caplog.text, 60, "worker:0's exit seen")
     go.touch()
     result = sup.wait(timeout=60)
     assert not result.ok and result.failure.name == "worker:1" and result.failure.returncode == 3, \

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from psworker.testing import ProgramTask
-from tests.fake_tasks.fakes import HERE, fake, kill_quietly, poll_until, task_state, wait_for, wait_gone
+from tests.fake_tasks.fakes import HERE, fake, kill_quietly, drive_until, task_state, wait_for, wait_gone
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.report import exit_status, format_report
 from psworker.launcher.supervisor import Supervisor
@@ -74,7 +74,7 @@ def test_ps_that_exits_by_itself_is_not_stopped(make_supervisor, tmp_path):
     sup = make_supervisor([fake("ps", 0, "echo_exit", 0, "--wait-for", release), fake("worker", 0, "echo_exit", 0)],
                    ps_exit_grace_secs=20.0)
     sup.start()
-    poll_until(sup, lambda: task_state(sup, "worker:0") == "done", 30, "worker:0 seen to exit 0")
+    drive_until(sup, lambda: task_state(sup, "worker:0") == "done", 30, "worker:0 seen to exit 0")
     release.touch()              # the ps exits only after the run is done, as a real one does
     result = sup.wait(timeout=30)
     assert result.ok

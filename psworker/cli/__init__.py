@@ -68,7 +68,8 @@ def _quiet(args: argparse.Namespace) -> ContextManager[None]:
 
 
 def _parse(given: list[str]) -> argparse.Namespace:
-    """The parsed flags, with `command` the words after `--` (a command's own, for those that take one).
+    """The parsed flags (`command`: the subcommand), with `user_command` the words after `--`
+    (a command's own, for those that take one).
 
     Raises:
         SystemExit: --help, or a usage error (argparse printed it).
@@ -78,14 +79,14 @@ def _parse(given: list[str]) -> argparse.Namespace:
     args = parser.parse_args(given[:at])
     if at < len(given) and not args.takes_command:
         parser.parse_args(given)           # argparse's own error for the words after `--`
-    args.command = given[at + 1:]
+    args.user_command = given[at + 1:]
     return args
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Runs the `psworker` command line.
 
-    A task process (`psworker ps|worker` run as a command) leaves through `task.main.exit_now` right here, after
+    A task process (`psworker ps|worker` run as a command) leaves through `task.hard_exit.exit_now` right here, after
     flushing: TensorFlow's threads can keep a normal interpreter exit waiting on a dead peer.
 
     Args:
@@ -125,7 +126,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             log.exception("psworker %s failed", args.command)
             code = EXIT_FAILED
     if task_process and args.argv is not None:
-        from psworker.task.main import exit_now
+        from psworker.task.hard_exit import exit_now
 
         exit_now(code)
     return code

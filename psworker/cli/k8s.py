@@ -42,7 +42,7 @@ def cmd_k8s_manifest(args: argparse.Namespace) -> int:
     options = k8s.K8sOptions(
         name=args.name or k8s.run_name(args.spec), image=args.image, namespace=args.namespace, flavor=args.flavor,
         port=args.port, cpu=args.cpu, memory=args.memory, train_dir_volume=args.train_dir_volume,
-        retries=args.retries, cluster_domain=args.cluster_domain, command=tuple(args.command),
+        retries=args.retries, cluster_domain=args.cluster_domain, command=tuple(args.user_command),
         grace_secs=args.grace_secs, metrics_port=args.metrics_port or None, metrics=args.metrics, queue=args.queue)
     text = k8s.to_yaml(k8s.manifests(spec, options))
     if options.queue and options.flavor == "plain":

@@ -61,10 +61,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from psworker.launcher.backends.local import LocalOptions
     from psworker.launcher.launch import launch
 
-    if not args.command:
+    if not args.user_command:
         raise UsageError("psworker run needs a command after '--', e.g. psworker run SPEC -- python train.py")
     backend = LocalOptions(network=args.network, reexec_argv=_reexec_argv(args))
-    return launch(launch_config(args, with_train_flags(load_spec(args.spec), args), backend, command=args.command))
+    spec = with_train_flags(load_spec(args.spec), args)
+    return launch(launch_config(args, spec, backend, command=args.user_command))
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
@@ -75,9 +76,9 @@ def cmd_ssh(args: argparse.Namespace) -> int:
 
     backend = SshOptions(ssh_config=args.ssh_config, ssh_options=tuple(args.ssh_option), remote_dir=args.remote_dir)
     spec = with_train_flags(load_spec(args.spec), args)
-    if not args.command:
+    if not args.user_command:
         check_training(spec, data_here=False)
-    return launch(launch_config(args, spec, backend, command=args.command, python=args.remote_python))
+    return launch(launch_config(args, spec, backend, command=args.user_command, python=args.remote_python))
 
 
 def show_status(run_dir: str, as_json: bool, silent_secs: float, watch_secs: Optional[float] = None) -> int:

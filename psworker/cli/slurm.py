@@ -31,8 +31,8 @@ def cmd_slurm_submit(args: argparse.Namespace) -> int:
                                  stop_warning_secs=args.stop_warning_secs)
     launch = JobLaunch(**{name: getattr(args, name) for name in FORWARDED}, faults=tuple(args.inject),
                        verbose=args.verbose, metrics_allow_public_bind=args.metrics_allow_public_bind,
-                       command=tuple(args.command))
-    if not args.command:     # refused here rather than once the job has waited in the queue
+                       command=tuple(args.user_command))
+    if not args.user_command:     # refused here rather than once the job has waited in the queue
         check_training(with_train_flags(load_spec(args.spec, allow_counts=True), args), data_here=False)
     train = tuple((name, value) for name, value in train_overrides(args).items() if value is not None)
     job_id = submit_job(SubmitConfig(spec_path=args.spec, sbatch=sbatch, run_dir=args.run_dir, train=train,
@@ -50,10 +50,10 @@ def cmd_slurm_launch(args: argparse.Namespace) -> int:
     from psworker.launcher.launch import launch
 
     spec = with_train_flags(load_spec(args.spec, allow_counts=True), args)
-    if not args.command:
+    if not args.user_command:
         check_training(spec, data_here=False)
     run_dir = str(Path(args.run_dir or os.getcwd()).resolve())
-    code = launch(launch_config(args, spec, SlurmOptions(port_base=args.port_base), command=args.command,
+    code = launch(launch_config(args, spec, SlurmOptions(port_base=args.port_base), command=args.user_command,
                                 run_dir=run_dir))
     print(f"psworker: slurm launch exits with status {code}", flush=True)   # the job's output file says how it ended
     return code

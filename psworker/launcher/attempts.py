@@ -12,9 +12,11 @@ import time
 from typing import Callable, Mapping, Optional
 
 from psworker import events
+from psworker.deadline import poll_until
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.output import OutputCopier
-from psworker.launcher.progress import Progress, TaskState
+from psworker.launcher.progress import Progress
+from psworker.states import TaskState
 from psworker.launcher.report import describe_returncode
 from psworker.launcher.run_policy import SERVER_JOBS
 from psworker.launcher.slot import Slot
@@ -116,8 +118,8 @@ class Attempts:
                 slot.returncode, slot.ended_at = code, now
 
     def _wait_alive(self, procs: list, deadline: float, hard: Callable[[], bool]) -> None:
-        while self._backend.alive(procs) and time.monotonic() < deadline and not hard():
-            time.sleep(STOP_POLL_SECS)
+        poll_until(lambda: hard() or not self._backend.alive(procs), deadline - time.monotonic(),
+                   interval=STOP_POLL_SECS)
 
     def stop_all(self, reason: str, grace_secs: float, stacks: Optional[StackAsker]) -> None:
         """Stops every running attempt (their stacks asked for first, with `stacks`; then the backend's SIGTERM,

@@ -18,12 +18,12 @@ import re
 import secrets
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 from psworker import events
+from psworker.deadline import poll_until
 from psworker.launcher.rundir import LOG_SUBDIR, task_log_name
 from psworker.memory import format_mib, format_size
 
@@ -150,22 +150,24 @@ class MemoryCgroup:
 
     def remove(self) -> None:
         """Ends what is left in it (ours: the launcher's teardown has run), then removes it; a failure is logged."""
-        deadline = time.monotonic() + REMOVE_TIMEOUT_SECS
-        while True:
+        errors: list[OSError] = []
+
+        def removed() -> bool:
             for pid in self.pids():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             try:
                 self.path.rmdir()
-                return
             except FileNotFoundError:
-                return
+                pass
             except OSError as e:
-                if time.monotonic() >= deadline:
-                    logger.warning("cannot remove the memory cgroup %s: %s (pids in it: %s)", self.path, e.strerror,
-                                   " ".join(map(str, self.pids())) or "none")
-                    return
-            time.sleep(0.05)
+                errors.append(e)
+                return False
+            return True
+
+        if not poll_until(removed, REMOVE_TIMEOUT_SECS, interval=0.05):
+            logger.warning("cannot remove the memory cgroup %s: %s (pids in it: %s)", self.path, errors[-1].strerror,
+                           " ".join(map(str, self.pids())) or "none")
 
 
 def create(parent: Path, name: str, limit: int) -> MemoryCgroup:

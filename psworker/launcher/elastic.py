@@ -12,8 +12,9 @@ from typing import Callable, Mapping, Optional
 from psworker.errors import EXIT_PREEMPTED
 from psworker.launcher import membership as ms
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.progress import Progress, TaskState
-from psworker.launcher.run_policy import LEFT, MEMBER, MemberExit
+from psworker.launcher.progress import Progress
+from psworker.states import TaskState
+from psworker.launcher.run_policy import MEMBER_LEFT, STILL_MEMBER, MemberExit
 from psworker.launcher.scale_inbox import ScaleInbox, ScaleRequest
 from psworker.launcher.slot import Slot
 from psworker.spec import Elastic
@@ -53,16 +54,16 @@ class ElasticWorkers:
 
     def starts_at_launch(self, slot: Slot) -> bool:
         """Whether the slot starts with the run (every task but the reserved workers)."""
-        return slot.task.job != "worker" or self.members.states[slot.task.index] == ms.RUNNING
+        return slot.task.job != "worker" or self.members.states[slot.task.index] == TaskState.JOINED
 
     def counts_for_success(self, slot: Slot) -> bool:
         """Whether the slot's exit counts under the success policy: every task but workers that never joined,
         left, or are leaving."""
-        return slot.task.job != "worker" or self.members.states[slot.task.index] in (ms.RUNNING, ms.DONE)
+        return slot.task.job != "worker" or self.members.states[slot.task.index] in (TaskState.JOINED, TaskState.DONE)
 
     def launched(self) -> None:
         """Marks the reserved workers in the progress view and publishes the state."""
-        for i in self.members.indices(ms.RESERVED):
+        for i in self.members.indices(TaskState.RESERVED):
             self._progress.set_state(_name(i), TaskState.RESERVED)
         self._show()
 
@@ -98,25 +99,25 @@ class ElasticWorkers:
         self._show()
 
     def exited(self, slot: Slot, restarting: bool, training_over: bool) -> MemberExit:
-        """What a worker's exit means for membership, before the run policy judges it: `MEMBER` (judged as usual;
-        its exit 0 makes it done), `LEFT` (not judged), or left with the reason the run fails (preempted, and fewer
-        than `min` workers run)."""
+        """What a worker's exit means for membership, before the run policy judges it: `STILL_MEMBER` (judged as
+        usual; its exit 0 makes it done), `MEMBER_LEFT` (not judged), or left with the reason the run fails
+        (preempted, and fewer than `min` workers run)."""
         i, code = slot.task.index, slot.returncode
         self._joining.discard(i)
         state = self.members.states[i]
-        if state == ms.LEAVING:
-            self._set(i, ms.LEFT, TaskState.LEFT)
+        if state == TaskState.LEAVING:
+            self._set(i, TaskState.LEFT, TaskState.LEFT)
             how = "scaled away" if code == 0 else f"asked to leave, then exit code {code}"
             (logger.info if code == 0 else logger.warning)("%s left (%s)", slot.name, how)
-            return LEFT
+            return MEMBER_LEFT
         if code in PREEMPTED_CODES and i != ms.CHIEF and not training_over:
             if not restarting:
                 return self._preempted(slot)
             logger.warning("%s left (preempted, exit %d); it comes back at the same address (--max_restarts)",
                            slot.name, code)
         if code == 0:
-            self.members = self.members.with_state(i, ms.DONE)
-        return MEMBER
+            self.members = self.members.with_state(i, TaskState.DONE)
+        return STILL_MEMBER
 
     def finish(self, how: str) -> None:
         """Publishes that the run has ended (`psworker scale` then refuses)."""
@@ -127,13 +128,13 @@ class ElasticWorkers:
 
     def _preempted(self, slot: Slot) -> MemberExit:
         m = self.members
-        self._set(slot.task.index, ms.LEFT, TaskState.PREEMPTED)
+        self._set(slot.task.index, TaskState.LEFT, TaskState.PREEMPTED)
         self.members = self.members.with_target(self.members.running)
         e = m.elastic
         logger.warning("%s left (preempted, exit %d, not restarted): %d -> %d workers (min %d)", slot.name,
                        slot.returncode, m.target, self.members.running, e.min)
         if self.members.running >= e.min:
-            return LEFT
+            return MEMBER_LEFT
         return MemberExit(left=True, failure=f"was preempted (exit {slot.returncode}) and not restarted: "
                                              f"{self.members.running} workers run, below the elastic job's min of "
                                              f"{e.min}")
@@ -151,16 +152,16 @@ class ElasticWorkers:
         start, leave = ms.reconcile(self.members)
         for i in leave:
             slot = self._slots[_name(i)]
-            self._set(i, ms.LEAVING, TaskState.LEAVING)
+            self._set(i, TaskState.LEAVING, TaskState.LEAVING)
             if slot.restart_at is not None:        # waiting to be restarted: it leaves now
                 slot.restart_at = None
-                self._set(i, ms.LEFT, TaskState.LEFT)
+                self._set(i, TaskState.LEFT, TaskState.LEFT)
                 logger.info("%s left (scaled away while waiting to restart)", slot.name)
             elif slot.running:
                 logger.info("asking %s to leave (SIG%s)", slot.name, LEAVE_SIGNAL.name.removeprefix("SIG"))
                 self._backend.signal(slot.popen, LEAVE_SIGNAL)
         for i in start:
-            self._set(i, ms.RUNNING, TaskState.STARTING)
+            self._set(i, TaskState.JOINED, TaskState.STARTING)
             logger.info("starting %s (joining)", _name(i))
             self._joining.add(i)
             self._spawn(self._slots[_name(i)])

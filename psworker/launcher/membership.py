@@ -1,5 +1,5 @@
 """Who is in an elastic worker job (`psworker.spec.Elastic`), as plain data: each worker index is reserved
-(never started, or back in reserve after it left), running (started; also while waiting to be restarted),
+(never started, or back in reserve after it left), joined (started; also while waiting to be restarted),
 leaving (asked to leave, not yet exited), left (exited after being asked to, or preempted and not restarted) or
 done (exited by itself: training is over for it). Pure functions move it between states; the supervisor applies
 what they decide (start these, ask those to leave).
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from psworker.spec import Elastic
+from psworker.states import TaskState
 
-__all__ = ["DONE", "LEAVING", "LEFT", "Membership", "RESERVED", "RUNNING", "initial", "reconcile", "request"]
+__all__ = ["Membership", "initial", "reconcile", "request"]
 
-RESERVED, RUNNING, LEAVING, LEFT, DONE = "reserved", "running", "leaving", "left", "done"
 CHIEF = 0                     # worker 0 is never asked to leave
+_SHOWN = (TaskState.JOINED, TaskState.LEAVING, TaskState.LEFT, TaskState.RESERVED, TaskState.DONE)
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Membership:
 
     @property
     def running(self) -> int:
-        return len(self.indices(RUNNING))
+        return len(self.indices(TaskState.JOINED))
 
     def with_state(self, index: int, state: str) -> "Membership":
         """This membership with worker `index` in `state`."""
@@ -48,12 +49,12 @@ class Membership:
         """What `psworker status` and the run dir's state file show: `workers` (how many run), `target`, the range,
         and the indices in each state."""
         return {"workers": self.running, "target": self.target, "min": self.elastic.min, "max": self.elastic.max,
-                **{state: list(self.indices(state)) for state in (RUNNING, LEAVING, LEFT, RESERVED, DONE)}}
+                **{str(state): list(self.indices(state)) for state in _SHOWN}}
 
 
 def initial(elastic: Elastic) -> Membership:
-    """At launch: workers 0..start-1 running, the others reserved."""
-    states = tuple(RUNNING if i < elastic.start else RESERVED for i in range(elastic.max))
+    """At launch: workers 0..start-1 joined, the others reserved."""
+    states = tuple(TaskState.JOINED if i < elastic.start else TaskState.RESERVED for i in range(elastic.max))
     return Membership(elastic, elastic.start, states)
 
 
@@ -80,10 +81,10 @@ def reconcile(m: Membership) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """What moves the running count towards the target: (indices to start: the lowest reserved or left ones,
     indices to ask to leave: the highest running ones, never worker 0). A worker still leaving cannot start again
     until it has left: then a later call starts it. Once a worker is done, training is over: none starts."""
-    if m.running < m.target and not m.indices(DONE):
-        free = m.indices(RESERVED, LEFT)
+    if m.running < m.target and not m.indices(TaskState.DONE):
+        free = m.indices(TaskState.RESERVED, TaskState.LEFT)
         return free[:m.target - m.running], ()
     if m.running > m.target:
-        candidates = [i for i in m.indices(RUNNING) if i != CHIEF]
+        candidates = [i for i in m.indices(TaskState.JOINED) if i != CHIEF]
         return (), tuple(reversed(candidates))[:m.running - m.target]
     return (), ()

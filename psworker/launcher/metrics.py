@@ -21,7 +21,8 @@ from prometheus_client.registry import Collector
 
 from psworker import exporter
 from psworker.errors import EXIT_PEER_GONE, EXIT_PREEMPTED
-from psworker.launcher.progress import TaskProgress, TaskState
+from psworker.launcher.progress import TaskProgress
+from psworker.states import TaskState
 from psworker.launcher.watch import STALL_JOBS
 
 __all__ = ["DEFAULT_STALL_SECS", "EXIT_CLASSES", "METRICS", "RUN_STATES", "Endpoint", "RunCollector", "exit_class",

@@ -17,12 +17,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence, Union
 
-from psworker.launcher.progress import TaskState
 from psworker.launcher.report import describe_returncode
+from psworker.states import TaskState
 
-__all__ = ["Ending", "Fail", "LEFT", "MEMBER", "MemberExit", "Restart", "RestartRule", "Rules", "SERVER_JOBS",
-           "Settled", "TaskView", "Verdict", "drain", "judge", "may_restart", "restartable", "start_ending", "stragglers",
-           "succeeded", "training_over", "verdict"]
+__all__ = ["Ending", "Fail", "MEMBER_LEFT", "STILL_MEMBER", "MemberExit", "Restart", "RestartRule", "Rules",
+           "SERVER_JOBS", "Settled", "TaskView", "Verdict", "drain", "judge", "may_restart", "restartable", "start_ending",
+           "stragglers", "succeeded", "training_over", "verdict"]
 
 SERVER_JOBS = frozenset({"ps"})   # serve until stopped; by default every other job must exit 0
 OVER_REASON = "the chief and every ps exited 0: training is over"
@@ -80,8 +80,8 @@ class MemberExit:
     failure: str = ""
 
 
-MEMBER = MemberExit()                # still a member (or no elastic job): judged as usual
-LEFT = MemberExit(left=True)
+STILL_MEMBER = MemberExit()          # still a member (or no elastic job): judged as usual
+MEMBER_LEFT = MemberExit(left=True)
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def restartable(task: TaskView, rules: Rules) -> bool:
     return rules.restart is not None and rules.restart(task.name, task.returncode, task.restarts)
 
 
-def verdict(task: TaskView, rules: Rules, done: bool, over: bool, member: MemberExit = MEMBER) -> Verdict:
+def verdict(task: TaskView, rules: Rules, done: bool, over: bool, member: MemberExit = STILL_MEMBER) -> Verdict:
     """What one exit means: settled, restarted after the rule's backoff, or the run's failure.
 
     Args:

@@ -8,7 +8,8 @@ import dataclasses
 from typing import Iterable, Mapping, Optional
 
 from psworker import events
-from psworker.launcher.progress import TaskProgress, TaskState
+from psworker.launcher.progress import TaskProgress
+from psworker.states import TaskState
 from psworker.launcher.report import describe_returncode
 from psworker.launcher.runstate import LauncherState, TaskRecord, pid_alive
 

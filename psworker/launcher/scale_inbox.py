@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from psworker.diskspace import write_atomically
+from psworker.deadline import poll_until
 from psworker.errors import PsworkerError, UsageError
 from psworker.launcher.membership import out_of_range
 from psworker.launcher.rundir import SPEC_FILE
@@ -195,8 +196,8 @@ def request_scale(run_dir: Union[str, os.PathLike], workers: int, timeout_secs: 
     state = _check_run(run_dir, workers)
     folder = run_dir / REQUEST_DIR
     seq = _new_request(folder, workers, int(state.get("last_request") or 0))
-    deadline = time.monotonic() + timeout_secs
-    while time.monotonic() < deadline:
+
+    def answer() -> Optional[str]:
         ack = _read_json(folder / f"{seq}.ack")
         if ack is not None:
             if not ack.get("accepted"):
@@ -205,7 +206,11 @@ def request_scale(run_dir: Union[str, os.PathLike], workers: int, timeout_secs: 
         gone = _launcher_gone(read_state(run_dir) or {}, time.time())
         if gone:
             raise PsworkerError(f"{run_dir}: request {seq} not answered: {gone}")
-        time.sleep(_POLL_SECS)
+        return None
+
+    message = poll_until(answer, timeout_secs, interval=_POLL_SECS)
+    if message is not None:
+        return message
     with contextlib.suppress(OSError):
         (folder / f"{seq}.request").unlink()
     raise PsworkerError(f"{run_dir}: the launcher (pid {state.get('pid')} on {state.get('host')}) did not answer "

@@ -20,7 +20,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from psworker import events
-from psworker.launcher.progress import Progress, TaskProgress, TaskState
+from psworker.launcher.progress import Progress, TaskProgress
+from psworker.states import TaskState
 from psworker.launcher import runread, runstate
 from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end, task_log_name
 from psworker.launcher.runstate import LauncherState

@@ -23,7 +23,8 @@ from psworker.launcher.inject import Fault
 from psworker.launcher.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
-from psworker.launcher.progress import Progress, TaskState
+from psworker.launcher.progress import Progress
+from psworker.states import TaskState
 from psworker.launcher.rollback import Rollbacks
 from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.rundir import task_log_name
@@ -361,7 +362,7 @@ class Supervisor:
 
     def _verdict(self, view: TaskView, done: bool, over: bool) -> run_policy.Verdict:
         """The run policy's verdict on an exit; an elastic job's worker exit goes through membership first."""
-        member = run_policy.MEMBER
+        member = run_policy.STILL_MEMBER
         if self._elastic is not None and view.job == "worker":
             restarting = not done and run_policy.restartable(view, self._rules)
             member = self._elastic.exited(self._slots[view.name], restarting=restarting, training_over=done)

@@ -15,15 +15,15 @@ import urllib.error
 import urllib.request
 from typing import Any, Iterator, Optional
 
+from psworker.deadline import poll_until
 from psworker.errors import TensorBoardError, UsageError
-from psworker.launcher.backends.base import die_with_parent
+from psworker.launcher.children import die_with_parent
 from psworker.launcher.rundir import LOG_SUBDIR
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 MAX_PORT = 65535
-_PR_SET_PDEATHSIG = 1
 RUN_RELOAD_SECS = 2.0    # a run's TensorBoard rereads its event files this often (each reread reads what is new)
 
 
@@ -124,21 +124,19 @@ def serve_until_interrupted(pid: int, poll_secs: float = 1.0) -> None:
 
 def stop_pid(pid: int, timeout_secs: float = 10.0) -> None:
     """Ends a TensorBoard started by `start_detached` in this process (before an exec): TERM, then KILL; reaped."""
-    deadline = time.monotonic() + timeout_secs
+    def reaped() -> bool:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        return bool(done)
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
-        while time.monotonic() < deadline or sig == signal.SIGKILL:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done:
-                return
-            if sig == signal.SIGKILL and time.monotonic() > deadline + timeout_secs:
-                log.error("TensorBoard (pid %d) survived SIGKILL", pid)
-                return
-            time.sleep(0.1)
+        if poll_until(reaped, timeout_secs, interval=0.1):
+            return
+    log.error("TensorBoard (pid %d) survived SIGKILL", pid)
 
 
 def _address(port: int) -> tuple[int, str]:
@@ -160,22 +158,20 @@ def _address(port: int) -> tuple[int, str]:
 
 
 def _wait_until_up(proc: subprocess.Popen, url: str, timeout_secs: float, log_path: str) -> None:
-    deadline = time.monotonic() + timeout_secs
-    while True:
+    def answers() -> bool:
         code = proc.poll()
         if code is not None:
             raise TensorBoardError(f"TensorBoard exited with code {code} before answering at {url}; its output:\n"
                                    f"{_tail(log_path)}")
         try:
             with urllib.request.urlopen(url + "data/runs", timeout=2.0) as response:
-                if response.status == 200:
-                    return
+                return response.status == 200
         except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise TensorBoardError(f"TensorBoard did not answer at {url} within {timeout_secs:g} s; its output:\n"
-                                   f"{_tail(log_path)}")
-        time.sleep(0.25)
+            return False
+
+    if not poll_until(answers, timeout_secs, interval=0.25):
+        raise TensorBoardError(f"TensorBoard did not answer at {url} within {timeout_secs:g} s; its output:\n"
+                               f"{_tail(log_path)}")
 
 
 def _stop(proc: subprocess.Popen, timeout_secs: float) -> None:

@@ -10,7 +10,8 @@ from typing import Iterable, Mapping, Optional
 
 from psworker.launcher.inject import Fault
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.progress import Progress, TaskState
+from psworker.launcher.progress import Progress
+from psworker.states import TaskState
 from psworker.launcher.slot import Slot
 from psworker.launcher.stacks import StackAsker
 

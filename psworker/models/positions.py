@@ -21,6 +21,7 @@ from typing import Optional
 
 import numpy as np
 
+from psworker.deadline import poll_until
 from psworker.models import registry
 from psworker.models.base import InputSpec, Model
 
@@ -45,11 +46,8 @@ def _wait_for_peer(folder: str, me: str) -> None:
     peer = os.environ.get(WAIT_FOR_ENV)
     if not peer or peer == me or _waited:
         return
-    deadline = time.monotonic() + WAIT_FOR_SECS
-    while not any(Path(folder).glob(f"{peer}-*.txt")):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{me}: {peer} logged no step within {WAIT_FOR_SECS:g} s ({WAIT_FOR_ENV})")
-        time.sleep(0.05)
+    if not poll_until(lambda: any(Path(folder).glob(f"{peer}-*.txt")), WAIT_FOR_SECS):
+        raise RuntimeError(f"{me}: {peer} logged no step within {WAIT_FOR_SECS:g} s ({WAIT_FOR_ENV})")
     _waited.append(peer)
 
 

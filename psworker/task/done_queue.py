@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Optional
 
 from psworker.errors import op_error_line
 from psworker.spec import ClusterSpec
+from psworker.states import TaskState
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,7 @@ READER_STALL_SECS = 10.0      # the done-queue reader has not answered this long
 DONE_QUEUE_PREFIX = "psworker_done_"
 
 # What a token says about its sender, an elastic job's membership included: a token is `base + worker index`.
-DONE, JOINED, LEFT = "done", "joined", "left"
-_TOKEN_BASE = {DONE: 0, JOINED: 1 << 20, LEFT: 2 << 20}
+_TOKEN_BASE = {TaskState.DONE: 0, TaskState.JOINED: 1 << 20, TaskState.LEFT: 2 << 20}
 
 
 def encode(kind: str, index: int) -> int:
@@ -55,7 +55,7 @@ def done_queue(job: str, index: int, num_workers: int):
 
 
 def send_done(target: str, sender: int, receivers: Iterable[tuple[str, int]], num_workers: int, *,
-              timeout_secs: float = SEND_DONE_SECS, kind: str = DONE) -> None:
+              timeout_secs: float = SEND_DONE_SECS, kind: str = TaskState.DONE) -> None:
     """From worker `sender`'s session at `target`: puts its `kind` token (by default: done) into each receiver's
     done queue.
 
@@ -77,11 +77,11 @@ def send_done(target: str, sender: int, receivers: Iterable[tuple[str, int]], nu
                 sess.run(op, options=options)
             except tf.errors.OpError as exc:
                 log.warning("worker:%d could not tell %s:%d that it is %s: %s", sender, job, i,
-                            "done" if kind == DONE else f"{kind} the job", op_error_line(exc))
+                            "done" if kind == TaskState.DONE else f"{kind} the job", op_error_line(exc))
 
 
 def signal_done(target: str, spec: ClusterSpec, worker: int, *, timeout_secs: float = SEND_DONE_SECS,
-                kind: str = DONE) -> None:
+                kind: str = TaskState.DONE) -> None:
     """Tells every ps that worker `worker` is done (or, in an elastic job, has `JOINED` or `LEFT` it)."""
     send_done(target, worker, [("ps", p) for p in range(len(spec.ps))], len(spec.worker), timeout_secs=timeout_secs,
               kind=kind)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from psworker.errors import EXIT_OK, EXIT_PREEMPTED, LeftJob
-from psworker.task.done_queue import JOINED, LEFT, SEND_DONE_AFTER_FAILURE_SECS, signal_done
+from psworker.states import TaskState
+from psworker.task.done_queue import SEND_DONE_AFTER_FAILURE_SECS, signal_done
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +95,14 @@ class Member:
 
     def join(self, target: str) -> None:
         with self.signals.joining() as joined:
-            signal_done(target, self.spec, self.index, kind=JOINED)
+            signal_done(target, self.spec, self.index, kind=TaskState.JOINED)
             joined()
         log.info("worker:%d: joined the job (told every ps)", self.index)
 
     def tell_left(self, target: str) -> None:
         """Tells every ps this worker has left, if it had joined."""
         if self.signals.has_joined:
-            signal_done(target, self.spec, self.index, kind=LEFT, timeout_secs=SEND_DONE_AFTER_FAILURE_SECS)
+            signal_done(target, self.spec, self.index, kind=TaskState.LEFT, timeout_secs=SEND_DONE_AFTER_FAILURE_SECS)
 
 
 __all__ = ["LeaveOnSignal", "Member", "Reason", "REASONS", "SCALED_AWAY", "PREEMPTED"]

@@ -1,7 +1,8 @@
 """The entry of one task process: a ps that serves until the workers are done, or a training worker.
 
 Both return an exit code (see `psworker.errors`) or raise a `PsworkerError`; the CLI prints the error and leaves
-the process through `exit_now`, the one hard exit (TensorFlow's gRPC threads can hang interpreter teardown).
+the process through `hard_exit.exit_now`, the one hard exit (TensorFlow's gRPC threads can hang interpreter
+teardown).
 """
 
 from __future__ import annotations
@@ -24,14 +25,6 @@ log = logging.getLogger(__name__)
 
 CHIEF_NEEDS_TRAIN_DIR = ("worker 0 (the chief) needs --train_dir (or train.train_dir in the spec): where it writes "
                          "checkpoints, and where a restarted chief resumes from")
-
-
-def exit_now(code: int) -> None:
-    """Flushes logs and output, then leaves without the interpreter's teardown (~1 s, sometimes a hang in TF)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def dump_stacks_on_signal() -> None:
@@ -189,4 +182,4 @@ def _worker(spec: ClusterSpec, index: int, config: TrainConfig, allow_public_bin
     return EXIT_OK
 
 
-__all__ = ["run_ps", "run_worker", "exit_now", "dump_stacks_on_signal", "CHIEF_NEEDS_TRAIN_DIR"]
+__all__ = ["run_ps", "run_worker", "dump_stacks_on_signal", "CHIEF_NEEDS_TRAIN_DIR"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from psworker import errorfile, events
+from psworker.deadline import poll_until
 from psworker.errors import (AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed,
                              op_error_line)
 from psworker.models.base import Model
@@ -28,6 +29,7 @@ from psworker.task import server as srv
 from psworker.task import done_queue, probe, stop
 from psworker.task.peers import SyncPeerWatch
 from psworker.task.extra_steps import ExtraSteps
+from psworker.task.hard_exit import exit_now
 from psworker.task.replication import Replication
 from psworker.task.session_setup import MAX_CHECKPOINTS, first_choice, hooks_of, session_creator
 from psworker.task.sync_stop import token_release
@@ -284,7 +286,7 @@ def _wait_for_others_to_stop(others: dict, name: str) -> None:
             up.pop(n)
         return not up
 
-    if shutdown.poll_until(all_closed, started + stop.PEERS_STOP_SECS, interval=0.1):
+    if poll_until(all_closed, stop.PEERS_STOP_SECS, interval=0.1):
         log.info("%s: the other workers stopped in %.1f s", name, time.monotonic() - started)
     else:
         log.warning("%s: %s still up after %g s; writing the checkpoint now (their later steps are not in it)", name,
@@ -318,8 +320,6 @@ def _give_up(base: str, tasks: dict, running_secs: float) -> None:
     made on a peer that does not answer has no deadline): the error, as a step timeout's, then exit 170. The main
     thread is inside TensorFlow; ending the process is what a `kill` would do. No ps is told that this worker is
     done: it is to be restarted."""
-    from psworker.task.main import exit_now
-
     log.error("the step has run %.0f s, past its deadline; TensorFlow did not end it: ending the process",
               running_secs)
     error = _step_timeout(_timeout_message(base, probe.probe_all(tasks), running_secs))

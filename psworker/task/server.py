@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional
 
 from psworker.errors import ServerError, StartupTimeout, UsageError
 from psworker.spec import Address, ClusterSpec
-from psworker.task.shutdown import poll_until
+from psworker.deadline import poll_until
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def wait_for_tasks(
             meanwhile()
         return not pending
 
-    if not poll_until(everyone_up, start + timeout_secs, interval=PROBE_EVERY_SECS, clock=clock):
+    if not poll_until(everyone_up, timeout_secs, since=start, interval=PROBE_EVERY_SECS, clock=clock):
         raise StartupTimeout(
             f"{who} gave up after {timeout_secs:g} s (--startup_timeout_secs) waiting for {_names(pending)}: "
             "is that task started, and is the address in the spec right?"

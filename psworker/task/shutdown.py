@@ -1,4 +1,4 @@
-"""How tasks end: one done-token protocol, one "peer gone" watcher, and one `poll_until` with named timeouts.
+"""How tasks end: one done-token protocol, one "peer gone" watcher, and named timeouts.
 
 Done tokens: every task that waits for others to finish (each ps for the workers; each serving worker for the
 in-graph client) owns a FIFO queue, shared by name, on its own device. A finished task enqueues its index there
@@ -11,16 +11,16 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional
 
+from psworker.deadline import poll_until
 from psworker.errors import PeerGone
 from psworker.task import stop
-from psworker.task.done_queue import DONE, JOINED, READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
+from psworker.task.done_queue import READER_STALL_SECS, SEND_DONE_SECS, DoneReader, decode, send_done
 from psworker.spec import ClusterSpec
+from psworker.states import TaskState
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Named timeouts and intervals (seconds).
 POLL_SECS = 0.05              # how often a waiting loop looks again
@@ -30,23 +30,6 @@ VANISHED_GRACE_SECS = 30.0    # once training is over, a non-chief whose port st
                               # (time for a task restarted by hand, a pod or a Slurm step to come back)
 PS_EXIT_WAIT_SECS = 10.0      # a ps waits at most this long for the workers' ports to close before it exits
 
-
-
-def poll_until(check: Callable[[], Optional[T]], deadline: float, *, interval: float = POLL_SECS,
-               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
-               ) -> Optional[T]:
-    """Calls `check()` until it returns something truthy (returned) or `clock()` passes `deadline` (None).
-
-    `check` runs at least once, even when the deadline has already passed.
-    """
-    while True:
-        value = check()
-        if value:
-            return value
-        now = clock()
-        if now >= deadline:
-            return None
-        sleep(max(0.0, min(interval, deadline - now)))
 
 
 def port_open(address: str, timeout: float = PORT_PROBE_SECS) -> bool:
@@ -68,7 +51,7 @@ def wait_until_closed(tasks: dict[str, str], *, timeout_secs: float, who: str) -
             pending.pop(name)
         return not pending
 
-    if poll_until(closed, time.monotonic() + timeout_secs, interval=0.02):
+    if poll_until(closed, timeout_secs, interval=0.02):
         return True
     log.warning("%s: %s still up %g s after saying it was done; exiting anyway", who,
                 ", ".join(f"{n} at {a}" for n, a in pending.items()), timeout_secs)
@@ -154,7 +137,7 @@ def serve_until_done(target: str, job: str, index: int, senders: Callable[[], se
                     break
                 continue
             kind, sender = decode(token)
-            if kind != DONE:
+            if kind != TaskState.DONE:
                 if on_member is not None:
                     on_member(kind, sender)
                 continue
@@ -243,7 +226,7 @@ class _PsWait:
         if index not in self.workers:
             log.warning("%s: a %s token from worker:%d, which the spec does not have; ignored", self.name, kind, index)
             return
-        if kind == JOINED:
+        if kind == TaskState.JOINED:
             self.joined.add(index)
             self.left.discard(index)
         else:
@@ -390,6 +373,6 @@ def release_workers(target: str, spec: ClusterSpec, client: int, *, timeout_secs
         send_done(target, client, receivers, len(spec.worker), timeout_secs=timeout_secs)
 
 
-__all__ = ["poll_until", "port_open", "wait_until_closed", "GoneWatch", "serve_until_done",
+__all__ = ["port_open", "wait_until_closed", "GoneWatch", "serve_until_done",
            "checkpoint_at_max_steps", "training_complete", "PS_DONE", "PS_COMPLETE", "serve_ps_until_workers_done",
            "serve_until_client_done", "release_workers"]

@@ -19,6 +19,7 @@ from typing import Optional
 
 from psworker import stackdump
 from psworker.errors import PsworkerError
+from psworker.task.hard_exit import exit_now
 
 __all__ = ["PEERS_STOP_SECS", "SAVE_SECS", "SIGNALS", "StopOnSignal", "StoppedBySignal", "current", "ps_wait_secs",
            "stop_when_gone"]
@@ -85,9 +86,7 @@ class StopOnSignal:
         if first:
             log.warning("%s: got %s: %s (a second SIGINT or SIGTERM ends it at once)", self.name, name, self.what)
             return
-        from psworker.task.main import exit_now
-
-        log.warning("%s: got %s again: exiting at once", self.name, name)
+            log.warning("%s: got %s again: exiting at once", self.name, name)
         exit_now(128 + int(signum))
 
     def stopped(self, message: str) -> StoppedBySignal:

@@ -1,5 +1,5 @@
 """Test helpers: tasks that run the programs in this folder (`fake`), and reading and stopping a supervisor of them
-(the bounded waits, process checks and `poll_until` are `psworker.testing`'s)."""
+(process checks and `drive_until` are `psworker.testing`'s, the bounded waits `psworker.deadline`'s)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import psutil
 
-from psworker.testing import ProgramTask, assert_processes_gone, gone, poll_until, wait_for
+from psworker.deadline import wait_for
+from psworker.testing import ProgramTask, assert_processes_gone, drive_until, gone
 
-__all__ = ["HERE", "fake", "gone", "kill_quietly", "poll_until", "stop_supervisors", "task_state", "wait_for",
+__all__ = ["HERE", "fake", "gone", "kill_quietly", "drive_until", "stop_supervisors", "task_state", "wait_for",
            "wait_gone"]
 
 HERE = Path(__file__).resolve().parent

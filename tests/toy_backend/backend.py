@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Optional, Sequence
 
-from psworker.launcher.backends.base import Backend, die_with_parent
+from psworker.launcher.backends.base import Backend
+from psworker.launcher.children import die_with_parent
 from psworker.launcher.backends.local import resolve_local_spec
 from psworker.launcher.rundir import SPEC_FILE
 from psworker.plan import Task

@@ -7,9 +7,7 @@ end it for good and confirm that it ended.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +16,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, ContextManager, Mapping, Optional, Protocol, Sequence, TextIO
 
+from psworker.deadline import poll_until
+from psworker.launcher.children import die_with_parent
 from psworker.launcher.rundir import SPEC_FILE
 from psworker.plan import Task
 from psworker.spec import ClusterSpec, CountSpec
@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 REAP_TIMEOUT_SECS = 10.0          # after the hard end; only a process stuck in the kernel takes longer
 _STOP_POLL_SECS = 0.05
-_PR_SET_PDEATHSIG = 1
 
 
 class ProcessBackend(Protocol):
@@ -46,25 +45,6 @@ class ProcessBackend(Protocol):
 
     def exit_cause(self, proc: subprocess.Popen, returncode: int) -> Optional[str]:
         """Why the task ended, where the backend knows more than `returncode`; else None."""
-
-
-def die_with_parent() -> Optional[Callable[[], None]]:
-    """On Linux, a preexec_fn that makes the child die by SIGKILL when the launcher dies (even by SIGKILL).
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so start tasks from the thread that
-    lives as long as the run (the supervisor starts them from whichever thread calls start/poll/start_task).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up before fork: the child only calls it
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:      # the launcher died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
 
 
 def popen_task(popen: Callable[..., subprocess.Popen], argv: Sequence[str], env: Mapping[str, str], *,
@@ -164,12 +144,10 @@ class Backend(ABC):
 
     def stop(self, procs: Sequence[subprocess.Popen], grace_secs: float) -> None:
         """The one teardown: `terminate`, up to `grace_secs` for everything to end, then `kill`, then reap."""
-        deadline = time.monotonic() + grace_secs
+        started = time.monotonic()
         self.terminate(procs)
+        poll_until(lambda: not self.alive(procs), grace_secs, since=started, interval=_STOP_POLL_SECS)
         left = self.alive(procs)
-        while left and time.monotonic() < deadline:
-            time.sleep(_STOP_POLL_SECS)
-            left = self.alive(procs)
         if left:
             logger.warning("still running %.1f s after SIGTERM, %s: %s", grace_secs, self.HARD_END, ", ".join(left))
             self.kill(procs)

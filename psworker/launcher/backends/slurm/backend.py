@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping, Optional, Sequence
 
+from psworker.deadline import poll_until
 from psworker.errors import UsageError
 from psworker.launcher.backends.base import Backend, popen_task
 from psworker.launcher.backends.slurm import allocation, steps
@@ -118,17 +119,14 @@ class SlurmBackend(Backend):
 
     def _find_step(self, proc: subprocess.Popen, task: Task, taken: set) -> None:
         name = steps.step_job_name(task.job, task.index)
-        deadline = time.monotonic() + STEP_LOOKUP_SECS
         try:
-            while time.monotonic() < deadline and proc.poll() is None:
-                step = self._new_step(name, taken)
-                if step is not None:
-                    with self._lock:
-                        self._steps[proc.pid] = step
-                    logger.info("%s runs as Slurm step %s (%s)", task.name, step, name)
-                    return
-                time.sleep(0.5)
-            if proc.poll() is None:
+            step = poll_until(lambda: proc.poll() is not None or self._new_step(name, taken), STEP_LOOKUP_SECS,
+                              interval=0.5)
+            if isinstance(step, str):
+                with self._lock:
+                    self._steps[proc.pid] = step
+                logger.info("%s runs as Slurm step %s (%s)", task.name, step, name)
+            elif proc.poll() is None:
                 logger.warning("%s: step %s not seen in squeue within %.0f s", task.name, name, STEP_LOOKUP_SECS)
         finally:
             self._found[proc.pid].set()
@@ -159,13 +157,14 @@ class SlurmBackend(Backend):
         """Runs `argv` (a scancel); again while slurmd says the step is not there (`Invalid job id`) and its srun
         runs, for up to `STEP_LOOKUP_SECS`: squeue lists a step before its slurmstepd takes signals (a stop
         injected at time 0 was lost so, and the run went on unstopped)."""
-        deadline = time.monotonic() + STEP_LOOKUP_SECS
-        while True:
-            result = _run(argv)
-            if (result.returncode == 0 or steps.NOT_YET not in result.stderr or proc.poll() is not None
-                    or time.monotonic() >= deadline):
-                return result
-            time.sleep(STEP_RETRY_SECS)
+        results = []
+
+        def settled() -> bool:
+            results.append(_run(argv))
+            return results[-1].returncode == 0 or steps.NOT_YET not in results[-1].stderr or proc.poll() is not None
+
+        poll_until(settled, STEP_LOOKUP_SECS, interval=STEP_RETRY_SECS)
+        return results[-1]
 
     def alive(self, procs: Sequence[subprocess.Popen]) -> list[str]:
         return [self.step_of(p) or f"srun pid {p.pid}" for p in procs if p.poll() is None]
