@@ -20,7 +20,11 @@ another ps count, exporting it or reading it with `tf.train.load_checkpoint` is 
 
 from __future__ import annotations
 
-__all__ = ["LARGE_BYTES", "SequencedSaverBuilder", "saver"]
+import os
+
+__all__ = ["LARGE_BYTES", "SAVER_ENV", "SequencedSaverBuilder", "saveable_bytes", "saver"]
+
+SAVER_ENV = "PSWORKER_SAVER"
 
 # A variable (or a partition of one) of at least this many bytes is saved and restored alone, after the previous one.
 LARGE_BYTES = 1 << 20
@@ -125,7 +129,9 @@ class SequencedSaverBuilder(_builder_base()):
 
 
 def saver(**kwargs):
-    """`tf.compat.v1.train.Saver(sharded=True, builder=SequencedSaverBuilder(), **kwargs)`."""
+    """`tf.compat.v1.train.Saver(sharded=True, builder=SequencedSaverBuilder(), **kwargs)`; TF's own builder where
+    the environment has `PSWORKER_SAVER=plain` (`benchmarks/ps_memory_model.py --saver plain`: the ps memory before)."""
     import tensorflow as tf
 
-    return tf.compat.v1.train.Saver(sharded=True, builder=SequencedSaverBuilder(), **kwargs)
+    plain = os.environ.get(SAVER_ENV, "") == "plain"
+    return tf.compat.v1.train.Saver(sharded=True, builder=None if plain else SequencedSaverBuilder(), **kwargs)
