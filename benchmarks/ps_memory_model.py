@@ -248,11 +248,11 @@ def main(argv: list[str]) -> int:
         env = setup(work, sizes, args)
         with ThreadPoolExecutor(max_workers=len(cases) if args.parallel else 1) as pool:
             runs = list(pool.map(lambda case: measure(case, args, work, env), cases))
-    points = []
-    for case, (saved, restored) in zip(cases, runs):
-        for p in points_of(case, saved, restored):
-            print(point_line(p), flush=True)
-            points.append(p)
+        points = []      # placed here: the plugin module lives in `work`
+        for case, (saved, restored) in zip(cases, runs):
+            for p in points_of(case, saved, restored):
+                print(point_line(p), flush=True)
+                points.append(p)
     base, k = fit(points)
     print(f"fit: peak anonymous memory = {base / MiB:.0f} MiB + {k:.2f} x variable bytes ({len(points)} ps; saver "
           f"{args.saver}, {args.workers} worker(s){''.join(', ' + e for e in args.env)}"
