@@ -1,7 +1,7 @@
 """Memory and disk sizes for people (`--ps_memory_limit 1.5GB`, `800MiB`), and the rule that says whether a ps fits
-under a cap: its variables' bytes, twice more its sparse tables' (`TABLE_COPIES`), plus what a bare ps holds before it
-has any (`PS_BASELINE_BYTES`). Pure: the bytes come from `train.memory_plan` (the trainer's own placement), the cap is
-enforced by `launcher.cgroups`."""
+under a cap: the fitted ps memory model, what a bare ps holds (`PS_BASELINE_BYTES`) plus `BYTES_FACTOR` times its
+variables' bytes (optimizer slots included). Pure: the bytes come from `train.memory_plan` (the trainer's own
+placement), the cap is enforced by `launcher.cgroups`."""
 
 from __future__ import annotations
 
@@ -9,19 +9,16 @@ import math
 import re
 from typing import Sequence
 
-__all__ = ["MIN_LIMIT_BYTES", "PS_BASELINE_BYTES", "TABLE_COPIES", "fits", "format_mib", "format_size", "needs", "parse_size",
-           "ps_lower_bound"]
+__all__ = ["BYTES_FACTOR", "MIN_LIMIT_BYTES", "PS_BASELINE_BYTES", "fits", "format_mib", "format_size", "needs",
+           "parse_size", "ps_lower_bound"]
 
-# What a bare ps holds before its first variable: the Python interpreter, TensorFlow's runtime and the started
-# tf.train.Server, as its memory cgroup charges it (anonymous memory: TensorFlow's shared libraries are file pages,
-# already cached by the other tasks). Measured on TF 2.21 (docs/performance.md, ps memory): 291 MiB.
+# The ps memory model (issue 37): a ps's peak anonymous memory across training, checkpoint saves and a restore, fitted
+# by least squares over 1, 2 and 4 ps and two table sizes (`benchmarks/ps_memory_model.py`, README "A ps's memory"):
+# FITTED. The plan asks for a margin over both: a bare ps's base (the interpreter, TensorFlow's runtime, the server, as
+# its memory cgroup charges it) and the bytes' factor (the variables, and about half of them more: one large variable
+# copied while a checkpoint reads it, or restored beside its old value, `train.saving`; 2.5x before it).
 PS_BASELINE_BYTES = 320 * 2 ** 20
-# A sparse table's shards and their optimizer slots are held up to this many times more at a ps's peak. Measured
-# (docs/performance.md, ps memory): a ps's anonymous memory grows by 1.6x (2.85 GB on 4 ps) to 1.77x (316 MiB on
-# 4 ps) its table bytes over its first steps and the checkpoint after them. Why, as far as we read it: the table is a
-# resource variable read by rows, which TensorFlow keeps in copy-on-read mode, so a read of it for a checkpoint copies
-# it whole.
-TABLE_COPIES = 2
+BYTES_FACTOR = 1.5
 MIN_LIMIT_BYTES = 2 ** 20           # a cap under 1 MiB is a typo (a bare number is bytes)
 
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
@@ -63,22 +60,19 @@ def format_mib(n: float) -> str:
     return f"{n / 2 ** 20:,.0f} MiB"
 
 
-def needs(variable_bytes: int, table_bytes: int = 0, baseline: int = PS_BASELINE_BYTES) -> int:
-    """What one ps needs under a cap: its variables (optimizer slots included), `TABLE_COPIES` more of the sparse
-    tables' shards and slots among them (`table_bytes`), and the bare ps's baseline."""
-    return variable_bytes + TABLE_COPIES * table_bytes + baseline
+def needs(variable_bytes: int, baseline: int = PS_BASELINE_BYTES) -> int:
+    """What one ps needs under a cap: the bare ps's baseline and `BYTES_FACTOR` times its variables' bytes (optimizer
+    slots included)."""
+    return baseline + math.ceil(BYTES_FACTOR * variable_bytes)
 
 
-def ps_lower_bound(total_variable_bytes: int, total_table_bytes: int, limit: int,
-                   baseline: int = PS_BASELINE_BYTES) -> int:
+def ps_lower_bound(total_variable_bytes: int, limit: int, baseline: int = PS_BASELINE_BYTES) -> int:
     """The fewest ps tasks that could hold the variables under `limit` each, were the bytes split evenly (0 when no
     number can: the baseline alone reaches the limit)."""
     room = limit - baseline
-    need = total_variable_bytes + TABLE_COPIES * total_table_bytes
-    return 0 if room <= 0 else max(1, math.ceil(need / room))
+    return 0 if room <= 0 else max(1, math.ceil(BYTES_FACTOR * total_variable_bytes / room))
 
 
-def fits(bytes_per_ps: Sequence[int], table_bytes_per_ps: Sequence[int], limit: int,
-         baseline: int = PS_BASELINE_BYTES) -> bool:
+def fits(bytes_per_ps: Sequence[int], limit: int, baseline: int = PS_BASELINE_BYTES) -> bool:
     """Whether every ps's need (`needs`) is within `limit`."""
-    return all(needs(b, t, baseline) <= limit for b, t in zip(bytes_per_ps, table_bytes_per_ps))
+    return all(needs(b, baseline) <= limit for b in bytes_per_ps)

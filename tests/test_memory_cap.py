@@ -161,7 +161,7 @@ def test_without_root_the_flag_is_refused_before_anything_starts():
 
 # The variant, as docs/criteo.md's "Tables larger than one ps" registers one: 2,589,592 rows x 16 (166 MB), its Adagrad
 # accumulator as large: 316 MiB on the ps. Each of 4 ps holds a quarter (79 MiB); the cap is above what the plan says
-# a ps then needs (a quarter, its copies while a checkpoint reads it, a bare ps), and below the whole plus a bare ps.
+# a ps then needs (the fitted model: a bare ps + 1.5 x a quarter), and below the whole plus a bare ps.
 PLUGIN = """
 from psworker.models import register
 from psworker.models.criteo import CriteoModel
@@ -171,9 +171,9 @@ register("criteo_capped", lambda: CriteoModel(max_buckets=300_000, embedding_dim
 ROWS, DIM = 2_589_592, 16
 TABLE_AND_SLOTS = 2 * ROWS * DIM * 4
 CAP = memory.PS_BASELINE_BYTES + 280 * MiB
-REFUSED = re.compile(r"--ps_memory_limit (\S+ \S+): ps:0 would need (\S+ \S+) \((\S+ \S+) of variables and optimizer "
-                     r"slots \+ 2 x (\S+ \S+) of table copies \+ (\S+ \S+) for a bare ps\); model criteo_capped needs "
-                     r"at least (\d+) ps at this limit \(the spec has 1\)")
+REFUSED = re.compile(r"--ps_memory_limit (\S+ \S+): ps:0 would need (\S+ \S+) \((\S+ \S+) for a bare ps \+ 1\.5 x "
+                     r"(\S+ \S+) of variables and optimizer slots \(of them (\S+ \S+) of table shards\)\); model "
+                     r"criteo_capped needs at least (\d+) ps at this limit \(the spec has 1\)")
 
 
 def readme_variant() -> str:
@@ -199,7 +199,7 @@ def test_the_readme_variant_registers_a_table_set_of_at_least_2_gb(tmp_path, mon
 
 def test_the_cap_is_below_the_whole_and_above_what_a_quarter_needs():
     quarter = TABLE_AND_SLOTS // 4
-    assert TABLE_AND_SLOTS + memory.PS_BASELINE_BYTES > CAP > memory.needs(quarter, quarter)
+    assert TABLE_AND_SLOTS + memory.PS_BASELINE_BYTES > CAP > memory.needs(quarter)
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +237,8 @@ def test_plan_prints_each_ps_bytes_and_names_the_ps_the_cap_needs(plugin_env, tm
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"sparse table embeddings: {ROWS:,} rows x {DIM}" in run.stdout, run.stdout[-3000:]
     m = REFUSED.search(run.stdout)
-    assert m and memory.parse_size(m[3]) == pytest.approx(TABLE_AND_SLOTS, rel=0.01), run.stdout[-3000:]
+    assert m and memory.parse_size(m[4]) == pytest.approx(TABLE_AND_SLOTS, rel=0.01), run.stdout[-3000:]
+    assert "the fitted ps memory model, 320 MiB + 1.5 x its variables" in run.stdout, run.stdout[-3000:]
     needed = int(m[6])
     assert 2 <= needed <= 4, needed
     from psworker.models import registry

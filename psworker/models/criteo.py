@@ -136,6 +136,6 @@ class CriteoModel(Model):
             labels=tf.cast(labels, tf.float32), logits=logits[:, 1]), name="logloss")
 
     def optimizer(self, learning_rate):
-        import tensorflow as tf
+        from psworker.train import slots
 
-        return tf.compat.v1.train.AdagradOptimizer(learning_rate, initial_accumulator_value=0.1)
+        return slots.adagrad(learning_rate, initial_accumulator_value=0.1)   # no constant of the slot's size kept

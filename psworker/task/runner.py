@@ -224,18 +224,18 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
 
 
 def _scaffold(tg: TrainGraph):
-    """The session's scaffold: the sharded saver, and with dealt shards an input that each new session starts again,
-    from the data position on the ps (the collection's op, e.g. staged variables' fill, `transfer.register_fill`,
-    includes the default one)."""
+    """The scaffold: `saving.saver`, and with dealt shards an input each new session starts from the ps's position."""
     import tensorflow as tf
+
+    from psworker.train import saving
 
     v1 = tf.compat.v1
     registered = v1.get_collection(v1.GraphKeys.LOCAL_INIT_OP)
     local_init = (None if tg.input_init is None
                   else tf.group(registered[0] if registered else v1.train.Scaffold.default_local_init_op(),
                                 tg.input_init))
-    return v1.train.Scaffold(saver=v1.train.Saver(sharded=True, max_to_keep=MAX_CHECKPOINTS,
-                                                  save_relative_paths=True), local_init_op=local_init)
+    return v1.train.Scaffold(saver=saving.saver(max_to_keep=MAX_CHECKPOINTS, save_relative_paths=True),
+                             local_init_op=local_init)
 
 
 @contextlib.contextmanager

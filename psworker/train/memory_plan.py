@@ -1,8 +1,8 @@
-"""`--ps_memory_limit` against a model, before anything starts (`psworker plan`, `psworker local`): each ps holds the
-variables and optimizer slots that the trainer's own placement gives it (`plan_report.placement_report`: the
-training graph built without servers or data, tables split by rows over the ps, `GreedyByteStrategy`), its sparse
-tables' shards copied while a checkpoint reads them (`memory.TABLE_COPIES`), plus what a bare ps holds
-(`memory.PS_BASELINE_BYTES`); and, where that is over the cap, how many ps the model needs."""
+"""`--ps_memory_limit` against a model, before anything starts (`psworker plan`, `psworker local`): each ps needs what
+the fitted ps memory model says (`memory.needs`: a bare ps's `PS_BASELINE_BYTES` plus `BYTES_FACTOR` times its
+bytes) for the variables and optimizer slots that the trainer's own placement gives it (`plan_report.placement_report`:
+the training graph built without servers or data, tables split by rows over the ps, `GreedyByteStrategy`); and, where
+that is over the cap, how many ps the model needs."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class MemoryFit:
 
     @property
     def needs_per_ps(self) -> tuple[int, ...]:
-        return tuple(memory.needs(b, t, self.baseline) for b, t in zip(self.bytes_per_ps, self.table_bytes_per_ps))
+        return tuple(memory.needs(b, self.baseline) for b in self.bytes_per_ps)
 
     @property
     def fits(self) -> bool:
@@ -71,31 +71,30 @@ def check(model: str, num_ps: int, limit: int, *, baseline: int = memory.PS_BASE
     fit = MemoryFit(model, limit, baseline, loads, tables)
     if fit.fits:
         return fit
-    lower = memory.ps_lower_bound(sum(loads), sum(tables), limit, baseline)
+    lower = memory.ps_lower_bound(sum(loads), limit, baseline)
     if lower == 0:
         return MemoryFit(model, limit, baseline, loads, tables, needed=0)
     first = max(num_ps + 1, lower)
     for n in range(first, first + SEARCH):
-        if memory.fits(*_placed(model, n), limit, baseline):
+        if memory.fits(_placed(model, n)[0], limit, baseline):
             return MemoryFit(model, limit, baseline, loads, tables, needed=n)
     return MemoryFit(model, limit, baseline, loads, tables, needed=-1, searched=first + SEARCH - 1)
 
 
 def _parts(fit: MemoryFit, i: int) -> str:
-    """`316 MiB of variables + 2 x 316 MiB of table copies + 320 MiB for a bare ps`."""
+    """`320 MiB for a bare ps + 1.5 x 316 MiB of variables and optimizer slots (of them 316 MiB of table shards)`."""
     size = memory.format_size
-    copies = (f" + {memory.TABLE_COPIES} x {size(fit.table_bytes_per_ps[i])} of table copies"
-              if fit.table_bytes_per_ps[i] else "")
-    return f"{size(fit.bytes_per_ps[i])} of variables and optimizer slots{copies} + {size(fit.baseline)} for a bare ps"
+    tables = f" (of them {size(fit.table_bytes_per_ps[i])} of table shards)" if fit.table_bytes_per_ps[i] else ""
+    return (f"{size(fit.baseline)} for a bare ps + {memory.BYTES_FACTOR:g} x {size(fit.bytes_per_ps[i])} of variables "
+            f"and optimizer slots{tables}")
 
 
 def describe(fit: MemoryFit) -> list[str]:
     """`psworker plan`'s lines: each ps's need against the limit, and whether it fits."""
     size = memory.format_size
-    lines = [f"memory per ps under --ps_memory_limit {size(fit.limit)}: its variables and optimizer slots as placed "
-             f"above; its sparse tables' shards and slots {memory.TABLE_COPIES} times more (the copies of a table read "
-             f"by rows, measured over the first steps and a checkpoint); {size(fit.baseline)} for a bare ps "
-             f"(TensorFlow's runtime)"]
+    lines = [f"memory per ps under --ps_memory_limit {size(fit.limit)}: the fitted ps memory model, "
+             f"{size(fit.baseline)} + {memory.BYTES_FACTOR:g} x its variables and optimizer slots as placed above (a ps's peak across "
+             f"training, a checkpoint save and a restore, with a margin; measured by benchmarks/ps_memory_model.py)"]
     for i, need in enumerate(fit.needs_per_ps):
         verdict = (f"fits ({size(fit.limit - need)} to spare)" if need <= fit.limit
                    else f"over by {size(need - fit.limit)}")
