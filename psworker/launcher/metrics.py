@@ -205,8 +205,9 @@ class RunCollector(Collector):
 Exit = tuple[int, Optional[str]]     # an ended attempt's (return code, cause)
 
 
-# GONE is `psworker status`'s word for a task whose launcher died: a live launcher never shows it
-LAUNCHER_STATES = tuple(s for s in TaskState if s is not TaskState.GONE)
+# GONE is `psworker status`'s word for a task whose launcher died, JOINED the elastic membership's for a started
+# worker: a live launcher never shows either as a task's state
+LAUNCHER_STATES = tuple(s for s in TaskState if s not in (TaskState.GONE, TaskState.JOINED))
 
 
 def _tasks(tasks: dict[str, TaskProgress], ended: dict[str, tuple[Sequence[Exit], Optional[Exit]]],
