@@ -86,7 +86,7 @@ class StopOnSignal:
         if first:
             log.warning("%s: got %s: %s (a second SIGINT or SIGTERM ends it at once)", self.name, name, self.what)
             return
-            log.warning("%s: got %s again: exiting at once", self.name, name)
+        log.warning("%s: got %s again: exiting at once", self.name, name)
         exit_now(128 + int(signum))
 
     def stopped(self, message: str) -> StoppedBySignal:
