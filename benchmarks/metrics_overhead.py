@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))   # run from a checkout without installing
 from psworker import events, exporter  # noqa: E402
 from psworker.launcher.metrics import RunCollector, RunFacts  # noqa: E402
 from psworker.launcher.ports import pick_free_ports  # noqa: E402
-from psworker.launcher.progress import Progress  # noqa: E402
+from psworker.launcher.console.progress import Progress  # noqa: E402
 from psworker.states import TaskState  # noqa: E402
 from psworker.testing import write_spec  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from psworker.launcher.console import by_task
+from psworker.launcher.console.lines import by_task
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, run_launcher, task_env
 

@@ -1,6 +1,6 @@
 """What the launcher's console shows of a task's output (lines copied from a real run's logs)."""
 
-from psworker.launcher.console import for_console
+from psworker.launcher.console.lines import for_console
 
 HIDDEN = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
@@ -77,7 +77,7 @@ step 190, loss = 0.10, epoch 4.23 (6180.6 examples/sec; 0.005 sec/batch)
 
 
 def test_a_ps_killed_is_one_lost_line_and_no_tensorflow_text_on_the_console():
-    from psworker.launcher.console import ConsoleFilter
+    from psworker.launcher.console.lines import ConsoleFilter
 
     shown_by = ConsoleFilter(own_tasks=True)
     shown = [text for text in (shown_by(line, "worker:0") for line in PS_KILLED.splitlines()) if text is not None]
@@ -89,7 +89,7 @@ def test_a_ps_killed_is_one_lost_line_and_no_tensorflow_text_on_the_console():
 
 
 def test_a_users_command_keeps_its_own_lines_without_tensorflows_fragments():
-    from psworker.launcher.console import ConsoleFilter
+    from psworker.launcher.console.lines import ConsoleFilter
 
     shown_by = ConsoleFilter(own_tasks=False)
     shown = [text for text in (shown_by(line, "worker:0") for line in PS_KILLED.splitlines()) if text is not None]
@@ -100,7 +100,7 @@ def test_a_users_command_keeps_its_own_lines_without_tensorflows_fragments():
 
 
 def test_the_lost_ps_line_folds_across_workers():
-    from psworker.launcher import folds
+    from psworker.launcher.console import folds
 
     fold, _ = folds.match("lost ps:0 (TensorFlow's gRPC errors are in the task logs)")
     render = folds.renderer(fold)

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from psworker.launcher import folds
-from psworker.launcher.console import LineGrouper, TaskTokens, expand_tasks, normalise
+from psworker.launcher.console import folds
+from psworker.launcher.console.lines import LineGrouper, TaskTokens, expand_tasks, normalise
 
 PS, WORKERS = 4, 24
 WINDOW = 0.5

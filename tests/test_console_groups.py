@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from psworker.launcher.console import (LineGrouper, TaskTokens, by_task, expand_tasks, for_console, format_tasks,
+from psworker.launcher.console.lines import (LineGrouper, TaskTokens, by_task, expand_tasks, for_console, format_tasks,
                                        normalise, render_group)
-from psworker.launcher import folds
+from psworker.launcher.console import folds
 from psworker.launcher.backends.local import LocalBackend
-from psworker.launcher.folds import exited_0
-from psworker.launcher.output import GROUP_WINDOW_SECS
+from psworker.launcher.console.folds import exited_0
+from psworker.launcher.console.output import GROUP_WINDOW_SECS
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, write_spec
 from tests.cluster_utils import run_launcher

@@ -25,8 +25,8 @@ import pytest
 
 from psworker import diskspace, events
 from psworker.errors import EXIT_DISK_FULL, DiskFull
-from psworker.launcher.output import OutputCopier
-from psworker.launcher.progress import Progress
+from psworker.launcher.console.output import OutputCopier
+from psworker.launcher.console.progress import Progress
 from psworker.testing import assert_processes_gone, checkpoint_step, processes_naming
 from tests.cluster_utils import Background, run_launcher
 
@@ -128,7 +128,7 @@ def test_disk_full_reads_tensorflows_and_pythons_errors(tmp_path):
 def test_a_log_that_cannot_be_written_warns_once_and_the_console_goes_on(caplog):
     console = io.StringIO()
     copier = OutputCopier(console, None, Progress(["worker:0", "worker:1"]))
-    with caplog.at_level(logging.DEBUG, logger="psworker.launcher.output"):
+    with caplog.at_level(logging.DEBUG, logger="psworker.launcher.console.output"):
         for name in ("worker:0", "worker:1"):
             copier.pump(name, io.BytesIO(b"one\ntwo\nthree\n"), open("/dev/full", "ab", buffering=0),
                         collections.deque(maxlen=20))

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from psworker.launcher.folds import exited_0
+from psworker.launcher.console.folds import exited_0
 from psworker.testing import assert_processes_gone, checkpoint_step, console_steps
 from tests.cluster_utils import TIMEOUT_SECS, Launcher, task_env, terminal_lines
 

@@ -26,7 +26,8 @@ from psworker.launcher.backends.ssh.backend import SshOptions
 from psworker.launcher.elastic import PREEMPTED_CODES
 from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
-from psworker.launcher.scale_inbox import STATE_FILE, ScaleInbox, read_state, request_scale
+from psworker.launcher.rundir import ELASTIC_FILE, read_elastic_state
+from psworker.launcher.scale_inbox import ScaleInbox, request_scale
 from psworker.launcher.supervisor import Supervisor
 from psworker.addresses import Address
 from psworker.spec import Elastic
@@ -200,10 +201,10 @@ def test_psworker_scale_reaches_the_running_supervisor(elastic_run, tmp_path):
         asker.join()
         assert answers == ["scale 2 -> 3 workers (request 1)"]
         stepping(sup, "worker:2")
-        assert read_state(tmp_path)["members"]["workers"] == 3
+        assert read_elastic_state(tmp_path)["members"]["workers"] == 3
         elastic_run.go.touch()
         assert sup.wait(60).ok
-    assert read_state(tmp_path)["finished"] == "succeeded"
+    assert read_elastic_state(tmp_path)["finished"] == "succeeded"
     with pytest.raises(UsageError, match=r"cannot scale: the run has finished \(succeeded\)"):
         request_scale(tmp_path, 2, 5)
 
@@ -231,8 +232,8 @@ def test_psworker_scale_refuses_bad_requests_with_exit_2(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     ScaleInbox(tmp_path / "run").publish({"workers": 2})
-    state = json.loads((tmp_path / "run" / STATE_FILE).read_text())
-    (tmp_path / "run" / STATE_FILE).write_text(json.dumps({**state, "pid": gone.pid}))
+    state = json.loads((tmp_path / "run" / ELASTIC_FILE).read_text())
+    (tmp_path / "run" / ELASTIC_FILE).write_text(json.dumps({**state, "pid": gone.pid}))
     code, err = scale(tmp_path / "run", 3)
     assert code == 2 and f"its launcher (pid {gone.pid} on" in err and "is gone" in err
 

@@ -15,7 +15,7 @@ import pytest
 from psworker import errorfile
 from psworker.diskspace import disk_full
 from psworker.errors import EXIT_DISK_FULL, EXIT_TRAINING_FAILED, EXIT_USAGE, TrainingFailed
-from psworker.launcher.report import format_report
+from psworker.launcher.console.report import format_report
 from psworker.testing import ProgramTask, assert_processes_gone
 from tests.cluster_utils import REPO, run_launcher
 

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from psworker import events
-from psworker.launcher.console import for_console
-from psworker.launcher.progress import Progress
+from psworker.launcher.console.lines import for_console
+from psworker.launcher.console.progress import Progress
 from psworker.train.evaluate import EvalResult, format_result
 
 SAMPLES = [

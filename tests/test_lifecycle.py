@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from psworker.errors import EXIT_PEER_GONE
-from psworker.launcher.folds import exited_0
+from psworker.launcher.console.folds import exited_0
 from psworker.testing import STEP_LINE, assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, launch_script, run_launcher
 

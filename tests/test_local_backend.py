@@ -15,7 +15,7 @@ import pytest
 
 from tests.fake_tasks.fakes import kill_quietly, wait_for, wait_gone
 from psworker.launcher import backends
-from psworker.launcher.console import by_task
+from psworker.launcher.console.lines import by_task
 from psworker.launcher.backends.base import Backend
 from psworker.launcher.backends.local import LocalBackend, resolve_local_spec
 from psworker.launcher.launch import run_local

@@ -335,7 +335,7 @@ def test_every_metric_renders_with_the_readme_labels(tmp_path):
     from prometheus_client import CollectorRegistry
 
     from psworker import events
-    from psworker.launcher.progress import Progress
+    from psworker.launcher.console.progress import Progress
     from psworker.launcher.shaping import PortBytes
 
     class Run:        # what the collector reads of a `Supervisor`

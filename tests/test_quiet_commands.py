@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from psworker.launcher.console import is_noise
+from psworker.launcher.console.lines import is_noise
 from tests.cluster_utils import REPO, task_env
 
 CHATTER = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",

@@ -12,7 +12,7 @@ import pytest
 from psworker.errors import UsageError
 from psworker.launcher.inject import check_fault_tasks, parse_fault
 from psworker.launcher.policy import RestartPolicy, is_retryable
-from psworker.launcher.report import exit_status, format_report
+from psworker.launcher.console.report import exit_status, format_report
 from tests.fake_tasks.fakes import fake, drive_until, task_state, wait_for
 
 

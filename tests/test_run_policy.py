@@ -9,7 +9,7 @@ import signal
 
 from psworker.launcher import run_policy as rp
 from psworker.launcher.policy import RestartPolicy
-from psworker.launcher.progress import TaskProgress
+from psworker.launcher.console.progress import TaskProgress
 from psworker.states import TaskState
 
 WORKERS = frozenset({"worker"})

@@ -21,7 +21,7 @@ import pytest
 
 from psworker import events, stackdump
 from psworker.launcher import stacks
-from psworker.launcher.report import format_report
+from psworker.launcher.console.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import ProgramTask, assert_processes_gone, processes_naming
 from tests.cluster_utils import REPO, run_launcher

@@ -11,9 +11,9 @@ import sys
 import threading
 import time
 
-from psworker.launcher.console import by_task
+from psworker.launcher.console.lines import by_task
 from psworker.launcher.launch import run_local
-from psworker.launcher.status import read_run_dir
+from psworker.launcher.console.status import read_run_dir
 from psworker.spec import TrainConfig, build_cluster
 from tests.cluster_utils import task_env
 from tests.fake_tasks.fakes import wait_for
@@ -155,7 +155,7 @@ def test_a_run_in_progress_has_no_ending(tmp_path):
 
 def test_a_run_stopped_by_a_signal_is_recorded_as_stopped():
     from psworker.launcher.launch import run_end
-    from psworker.launcher.report import RunResult
+    from psworker.launcher.console.report import RunResult
 
     end = run_end(RunResult(ok=False, exits={}, failure=None, reason="launcher received SIGINT"), 2, 130, 12.34)
     assert (end.outcome, end.exit_status, end.seconds) == ("stopped", 130, 12.3)
@@ -166,8 +166,8 @@ def test_the_step_is_never_shown_past_max_steps():
     """Async workers finishing the steps they had begun push the global step past max_steps (6001 of 6000)."""
     from rich.console import Console
 
-    from psworker.launcher.progress import Progress
-    from psworker.launcher.status import RunStatus, plain_line, render
+    from psworker.launcher.console.progress import Progress
+    from psworker.launcher.console.status import RunStatus, plain_line, render
 
     progress = Progress(["worker:0"])
     for max_steps, shown in ((6000, "step 6000/6000"), (7000, "step 6001/7000"), (None, "step 6001")):
@@ -182,7 +182,7 @@ def test_only_psworker_status_has_a_silent_column(tmp_path):
     """The live view has no "silent" column (empty in a short run; a serving ps prints nothing); status fills it."""
     from rich.console import Console
 
-    from psworker.launcher.status import render
+    from psworker.launcher.console.status import render
 
     now = time.time()
     status = read_run_dir(make_run_dir(tmp_path, now - 120), now=now)
@@ -205,7 +205,7 @@ def test_the_launchers_own_lines_print_above_the_live_view():
     import logging
     from types import SimpleNamespace
 
-    from psworker.launcher.status import live_view
+    from psworker.launcher.console.status import live_view
 
     handler = logging.StreamHandler(sys.stderr)      # as `psworker.cli` configures the launcher's logging
     root = logging.getLogger()
@@ -297,7 +297,7 @@ def test_a_foreign_launcher_is_gone_once_its_lock_is_not_refreshed(tmp_path):
 
 def test_steps_per_sec_comes_from_the_timestamped_lines_since_the_step_last_went_back():
     from psworker import events
-    from psworker.launcher.runread import steps_per_sec
+    from psworker.launcher.console.runread import steps_per_sec
 
     def record(t: float, event) -> str:
         return events.LogRecord(t, "INFO", "psworker.train.hooks", None, event.render()).render()
@@ -331,7 +331,7 @@ def test_a_rollback_is_one_line_with_the_steps_given_up():
 
 
 def test_the_restart_hint_names_max_restarts_where_a_restart_would_have_helped():
-    from psworker.launcher.report import RunResult, TaskExit, TaskFailure, restart_hint
+    from psworker.launcher.console.report import RunResult, TaskExit, TaskFailure, restart_hint
 
     def failed(name: str, code: int, restarts: int = 0) -> RunResult:
         exits = {name: TaskExit(name, code, 0.0, 1.0, "x.log", restarts)}

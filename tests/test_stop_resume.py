@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from psworker import events
-from psworker.launcher.stopline import newest_checkpoint_step
+from psworker.launcher.console.stopline import newest_checkpoint_step
 from psworker.testing import STEP_LINE, assert_processes_gone
 from tests.cluster_utils import REPO, launch_script, steps_lost
 

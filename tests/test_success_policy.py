@@ -15,7 +15,7 @@ import pytest
 
 from psworker.cli import main
 from psworker.launcher.policy import ALL_WORKERS, CHIEF_OR_WORKER0, RestartPolicy, SuccessPolicy
-from psworker.launcher.report import format_report
+from psworker.launcher.console.report import format_report
 from psworker.launcher.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, run_launcher

@@ -40,7 +40,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
 def _people_formatter() -> logging.Formatter:
     """psworker's own records as `psworker: ...`; another library's (TensorFlow's, in `export`) in the log format,
     never passed off as psworker's (`cli.quiet` hides its chatter)."""
-    from psworker.launcher.console import PeopleFormatter
+    from psworker.launcher.console.lines import PeopleFormatter
 
     class Formatter(PeopleFormatter):
         plain = logging.Formatter(events.LOG_FORMAT)

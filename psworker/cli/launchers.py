@@ -83,8 +83,8 @@ def cmd_ssh(args: argparse.Namespace) -> int:
 
 def show_status(run_dir: str, as_json: bool, silent_secs: float, watch_secs: Optional[float] = None) -> int:
     """Prints the status of the run in `run_dir` (a table, then the lines about it; or JSON); with `watch_secs`,
-    refreshed that often until the run ends (`psworker.launcher.status_watch`)."""
-    from psworker.launcher import status_watch
+    refreshed that often until the run ends (`psworker.launcher.console.status_watch`)."""
+    from psworker.launcher.console import status_watch
 
     if watch_secs is not None and not as_json:
         return status_watch.watch(run_dir, watch_secs, silent_secs)

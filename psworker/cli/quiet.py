@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import BinaryIO, Iterator
 
-from psworker.launcher.console import is_noise
+from psworker.launcher.console.lines import is_noise
 
 __all__ = ["cpp_chatter_hidden"]
 

@@ -14,10 +14,10 @@ from typing import Callable, Mapping, Optional
 from psworker import events
 from psworker.deadline import poll_until
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.output import OutputCopier
-from psworker.launcher.progress import Progress
+from psworker.launcher.console.output import OutputCopier
+from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
-from psworker.launcher.report import describe_returncode
+from psworker.launcher.console.report import describe_returncode
 from psworker.launcher.run_policy import SERVER_JOBS
 from psworker.launcher.slot import Slot
 from psworker.launcher.stacks import StackAsker

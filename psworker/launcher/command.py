@@ -29,7 +29,7 @@ def names_train_dir(command: Sequence[str]) -> bool:
 def worker_warnings(never_stepped: Sequence[str], stopped: Sequence[str]) -> list[str]:
     """What a successful run of a user's command says about its workers (and chief) that printed no step line
     (they may never have trained) or did not exit by themselves (the launcher stopped them), a line per kind."""
-    from psworker.launcher.console import format_tasks
+    from psworker.launcher.console.lines import format_tasks
 
     both = [n for n in never_stepped if n in stopped]
     lines = []

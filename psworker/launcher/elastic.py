@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Optional
 from psworker.errors import EXIT_PREEMPTED
 from psworker.launcher import membership as ms
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.progress import Progress
+from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
 from psworker.launcher.run_policy import MEMBER_LEFT, STILL_MEMBER, MemberExit
 from psworker.launcher.scale_inbox import ScaleInbox, ScaleRequest

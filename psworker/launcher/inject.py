@@ -7,7 +7,7 @@
     preempt:worker:2@step=300       SIGTERM, as a cloud, Slurm or Kubernetes preemption sends it (in an elastic
                                     job the worker finishes its step, leaves and exits 171, EXIT_PREEMPTED)
 
-The global step is the largest one seen in the workers' step lines (`psworker.launcher.progress`). Each
+The global step is the largest one seen in the workers' step lines (`psworker.launcher.console.progress`). Each
 fault fires once; one whose task is not running when due (e.g. waiting to restart) fires when it runs again.
 """
 

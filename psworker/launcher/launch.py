@@ -25,11 +25,11 @@ from psworker.launcher.config import LaunchConfig
 from psworker.launcher.inject import check_fault_tasks
 from psworker.launcher.pipe_safe import PipeSafe
 from psworker.launcher.policy import with_rejoin_grace
-from psworker.launcher.report import (RunResult, describe_returncode, exit_status, format_report, restart_hint,
+from psworker.launcher.console.report import (RunResult, describe_returncode, exit_status, format_report, restart_hint,
                                       success_line)
 from psworker.launcher.rundir import (LOG_SUBDIR, RunEnd, check_earlier_run, choose_run_dir, task_log_name, write_end,
                                       write_run_dir)
-from psworker.launcher.stopline import stop_line
+from psworker.launcher.console.stopline import stop_line
 from psworker.launcher.supervisor import Supervisor
 from psworker.plan import Task, chief_name, plan
 from psworker.spec import ClusterSpec
@@ -89,10 +89,10 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
         The result, and the signal that stopped the launcher (None if none did).
     """
     from psworker.launcher import stacks
-    from psworker.launcher.console import ConsoleFilter
-    from psworker.launcher.output import GROUP_WINDOW_SECS
+    from psworker.launcher.console.lines import ConsoleFilter
+    from psworker.launcher.console.output import GROUP_WINDOW_SECS
     from psworker.launcher.scale_inbox import ScaleInbox
-    from psworker.launcher.status import live_view
+    from psworker.launcher.console.status import live_view
 
     # A worker being restarted near the end gets as long to come back as the ps wait for it (`with_rejoin_grace`).
     success = dataclasses.replace(config.success, worker_exit_grace_secs=config.success.worker_exit_grace_secs

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from psworker import exporter
 from psworker.errors import EXIT_PEER_GONE, EXIT_PREEMPTED
-from psworker.launcher.progress import TaskProgress
+from psworker.launcher.console.progress import TaskProgress
 from psworker.states import TaskState
 from psworker.launcher.watch import STALL_JOBS
 

@@ -10,7 +10,7 @@ import threading
 from typing import Optional
 
 from psworker import events
-from psworker.launcher.console import format_tasks
+from psworker.launcher.console.lines import format_tasks
 
 __all__ = ["Rollbacks", "rollback_line"]
 

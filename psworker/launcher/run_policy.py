@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence, Union
 
-from psworker.launcher.report import describe_returncode
+from psworker.launcher.console.report import describe_returncode
 from psworker.states import TaskState
 
 __all__ = ["Ending", "Fail", "MEMBER_LEFT", "STILL_MEMBER", "MemberExit", "Restart", "RestartRule", "Rules",

@@ -19,13 +19,14 @@ from psworker.diskspace import write_atomically
 from psworker.errors import UsageError
 from psworker.spec import ClusterSpec, CountSpec, TrainConfig, dump_spec
 
-__all__ = ["END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir", "fresh_run_dir",
-           "read_end",
+__all__ = ["ELASTIC_FILE", "END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir", "fresh_run_dir",
+           "read_elastic_state", "read_end", "read_json",
            "task_error_name", "task_log_name", "write_end", "write_run_dir"]
 
 SPEC_FILE = "cluster.yaml"        # the run's resolved spec, in the run dir (and where remote tasks read it)
 LOG_SUBDIR = "logs"
 END_FILE = "ended.json"   # how the run ended, written by its launcher (`psworker status` reads it)
+ELASTIC_FILE = "elastic.json"   # an elastic job's launcher state (`scale_inbox.ScaleInbox` writes it)
 _CHECKPOINT_FILE = re.compile(r"^model\.ckpt-(\d+)\.")   # the chief's checkpoints (`train.checkpoints` names them)
 
 
@@ -146,3 +147,17 @@ def read_end(run_dir: Path) -> Optional[RunEnd]:
         return RunEnd(**json.loads((Path(run_dir) / END_FILE).read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def read_json(path: Path) -> Optional[dict]:
+    """The JSON object in `path`; None when it is missing, unreadable or not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_elastic_state(run_dir: Union[str, os.PathLike]) -> Optional[dict]:
+    """An elastic job's launcher state file of `run_dir` (see `scale_inbox`); None when there is none."""
+    return read_json(Path(run_dir) / ELASTIC_FILE)

@@ -25,13 +25,12 @@ from psworker.diskspace import write_atomically
 from psworker.deadline import poll_until
 from psworker.errors import PsworkerError, UsageError
 from psworker.launcher.membership import out_of_range
-from psworker.launcher.rundir import SPEC_FILE
+from psworker.launcher.rundir import ELASTIC_FILE, SPEC_FILE, read_elastic_state, read_json
 
-__all__ = ["ACK_TIMEOUT_SECS", "ScaleInbox", "ScaleRequest", "read_state", "request_scale"]
+__all__ = ["ACK_TIMEOUT_SECS", "ScaleInbox", "ScaleRequest", "request_scale"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "elastic.json"
 REQUEST_DIR = "scale"
 HEARTBEAT_SECS = 2.0          # the launcher rewrites its state file at least this often
 STALE_SECS = 30.0             # a launcher on another host not heard from this long is gone
@@ -51,21 +50,13 @@ def _seqs(folder: Path, suffix: str) -> list[int]:
     return sorted(int(p.stem) for p in folder.glob(f"*{suffix}") if p.stem.isdigit())
 
 
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 class ScaleInbox:
     """The launcher's end: new requests in order, answers, and the state file (with its heartbeat)."""
 
     def __init__(self, run_dir: Union[str, os.PathLike]) -> None:
         self._dir = Path(run_dir) / REQUEST_DIR
         self._dir.mkdir(parents=True, exist_ok=True)
-        self._state = Path(run_dir) / STATE_FILE
+        self._state = Path(run_dir) / ELASTIC_FILE
         seqs = _seqs(self._dir, ".request")
         self._last = seqs[-1] if seqs else 0          # an earlier launcher's requests are not this run's
         self._written: Optional[str] = None
@@ -84,7 +75,7 @@ class ScaleInbox:
             if seq <= self._last:
                 continue
             self._last = seq
-            body = _read_json(self._dir / f"{seq}.request") or {}
+            body = read_json(self._dir / f"{seq}.request") or {}
             workers = body.get("workers")
             new.append(ScaleRequest(seq, workers if isinstance(workers, int) else -1))
         return new
@@ -111,11 +102,6 @@ class ScaleInbox:
             self._write_failed = True
             return
         self._written, self._written_at = body, now
-
-
-def read_state(run_dir: Union[str, os.PathLike]) -> Optional[dict]:
-    """The launcher's state file of `run_dir` (see the module docstring); None when there is none."""
-    return _read_json(Path(run_dir) / STATE_FILE)
 
 
 def _launcher_gone(state: dict, now: float) -> Optional[str]:
@@ -154,9 +140,9 @@ def _check_run(run_dir: Path, workers: int) -> dict:
     why = out_of_range(spec.elastic, workers)
     if why:
         raise UsageError(f"{run_dir}: {why}")
-    state = read_state(run_dir)
+    state = read_elastic_state(run_dir)
     if state is None:
-        raise UsageError(f"{run_dir}: no launcher runs this job ({STATE_FILE} is missing)")
+        raise UsageError(f"{run_dir}: no launcher runs this job ({ELASTIC_FILE} is missing)")
     gone = _launcher_gone(state, time.time())
     if gone:
         raise UsageError(f"{run_dir}: cannot scale: {gone}")
@@ -198,12 +184,12 @@ def request_scale(run_dir: Union[str, os.PathLike], workers: int, timeout_secs: 
     seq = _new_request(folder, workers, int(state.get("last_request") or 0))
 
     def answer() -> Optional[str]:
-        ack = _read_json(folder / f"{seq}.ack")
+        ack = read_json(folder / f"{seq}.ack")
         if ack is not None:
             if not ack.get("accepted"):
                 raise UsageError(f"{run_dir}: the launcher refused request {seq}: {ack.get('message')}")
             return str(ack.get("message"))
-        gone = _launcher_gone(read_state(run_dir) or {}, time.time())
+        gone = _launcher_gone(read_elastic_state(run_dir) or {}, time.time())
         if gone:
             raise PsworkerError(f"{run_dir}: request {seq} not answered: {gone}")
         return None

@@ -18,15 +18,15 @@ from psworker import events, stackdump
 from psworker.launcher import run_policy, runstate, watch
 from psworker.launcher.attempts import Attempts
 from psworker.launcher.elastic import ElasticWorkers
-from psworker.launcher.logtail import innermost_frames, tail_without_stacks
+from psworker.launcher.console.logtail import innermost_frames, tail_without_stacks
 from psworker.launcher.inject import Fault
-from psworker.launcher.output import OutputCopier
+from psworker.launcher.console.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
-from psworker.launcher.progress import Progress
+from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
 from psworker.launcher.rollback import Rollbacks
-from psworker.launcher.report import RunResult, TaskExit, TaskFailure, describe_returncode
+from psworker.launcher.console.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.rundir import task_log_name
 from psworker.launcher.scale_inbox import ScaleInbox
 from psworker.launcher.run_policy import SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled, TaskView

@@ -1,5 +1,5 @@
 """What the supervisor does to running tasks on its own: injected faults (`psworker.launcher.inject`) and
-killing stalled workers. Both read the global step from `psworker.launcher.progress`; the killed task's exit
+killing stalled workers. Both read the global step from `psworker.launcher.console.progress`; the killed task's exit
 then goes through the run and restart policy like any other, with the cause recorded."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Iterable, Mapping, Optional
 
 from psworker.launcher.inject import Fault
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.progress import Progress
+from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
 from psworker.launcher.slot import Slot
 from psworker.launcher.stacks import StackAsker

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: fake_ta
 from fake_tasks.fakes import fake  # noqa: E402
 from psworker.launcher.backends.local import LocalBackend  # noqa: E402
 from psworker.launcher.launch import stop_on_signals  # noqa: E402
-from psworker.launcher.report import exit_status  # noqa: E402
+from psworker.launcher.console.report import exit_status  # noqa: E402
 from psworker.launcher.supervisor import Supervisor  # noqa: E402
 
 parser = argparse.ArgumentParser()

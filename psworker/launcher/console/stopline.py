@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from psworker import events
-from psworker.launcher.report import RunResult, describe_returncode
+from psworker.launcher.console.report import RunResult, describe_returncode
 from psworker.plan import chief_name
 
 __all__ = ["newest_checkpoint_step", "stop_line"]

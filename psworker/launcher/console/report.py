@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from psworker.errorfile import ErrorRecord
-from psworker.launcher.console import for_console
+from psworker.launcher.console.lines import for_console
 from psworker.launcher.policy import is_retryable
 
 __all__ = ["RunResult", "TaskExit", "TaskFailure", "describe_returncode", "exit_status", "format_report",

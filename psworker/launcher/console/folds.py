@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from psworker.launcher.console import LOST_PS_TEXT, expand_tasks, format_tasks
+from psworker.launcher.console.lines import LOST_PS_TEXT, expand_tasks, format_tasks
 
 __all__ = ["Fold", "FOLDS", "FOLD_WINDOW_SECS", "match", "fold_key", "renderer", "numbers_summary", "exited_0", "kind"]
 

@@ -7,7 +7,7 @@ deprecation warnings are repeated by every task and say nothing a user can act o
 Lines that several tasks print within a short window are shown once, prefixed with the tasks' range
 (`[worker:0-3,5]`): a `LineGrouper` compares the lines with each task's own name, index, address and pid
 replaced (`normalise`), and releases each group once its window is over and no older group of its tasks waits
-(each task's lines in order). The routine lines that differ in their numbers fold in it too (`launcher.folds`).
+(each task's lines in order). The routine lines that differ in their numbers fold in it too (`launcher.console.folds`).
 """
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ class LineGrouper:
         """Adds task `name`'s line `text`, compared by `key` (None: a line shown alone and at once, such as a step
         line, once the lines before it are out); returns the console lines due at `now`.
 
-        `hold`: this line's window, if not the grouper's (a routine line's, `launcher.folds`); `render`: its group's
+        `hold`: this line's window, if not the grouper's (a routine line's, `launcher.console.folds`); `render`: its group's
         console line from the group's lines (a fold's)."""
         out = self.due(now)                 # a group released takes no more lines
         last = self._last.get(name, 0)

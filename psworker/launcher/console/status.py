@@ -20,10 +20,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from psworker import events
-from psworker.launcher.progress import Progress, TaskProgress
+from psworker.launcher.console.progress import Progress, TaskProgress
 from psworker.states import TaskState
-from psworker.launcher import runread, runstate
-from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_end, task_log_name
+from psworker.launcher import runstate
+from psworker.launcher.console import runread
+from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_elastic_state, read_end, task_log_name
 from psworker.launcher.runstate import LauncherState
 from psworker.plan import chief_name
 
@@ -323,9 +324,7 @@ def read_run_dir(run_dir: Path, now: Optional[float] = None) -> RunStatus:
 def _members_into(progress: Progress, run_dir: Path) -> Optional[tuple[int, int]]:
     """An elastic job's membership from the launcher's state file into `progress` (workers that are reserved,
     leaving or left say so); returns (running, target), None without a state file."""
-    from psworker.launcher.scale_inbox import read_state
-
-    members = (read_state(run_dir) or {}).get("members")
+    members = (read_elastic_state(run_dir) or {}).get("members")
     if not isinstance(members, dict):
         return None
     for state in (TaskState.RESERVED, TaskState.LEAVING, TaskState.LEFT):

@@ -13,9 +13,9 @@ import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 from psworker import diskspace, events
-from psworker.launcher import folds
-from psworker.launcher.console import LineGrouper, TaskTokens, normalise
-from psworker.launcher.progress import Progress
+from psworker.launcher.console import folds
+from psworker.launcher.console.lines import LineGrouper, TaskTokens, normalise
+from psworker.launcher.console.progress import Progress
 
 __all__ = ["OutputCopier", "GROUP_WINDOW_SECS"]
 

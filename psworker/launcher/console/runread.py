@@ -8,9 +8,9 @@ import dataclasses
 from typing import Iterable, Mapping, Optional
 
 from psworker import events
-from psworker.launcher.progress import TaskProgress
+from psworker.launcher.console.progress import TaskProgress
 from psworker.states import TaskState
-from psworker.launcher.report import describe_returncode
+from psworker.launcher.console.report import describe_returncode
 from psworker.launcher.runstate import LauncherState, TaskRecord, pid_alive
 
 __all__ = ["settle_tasks", "steps_per_sec"]

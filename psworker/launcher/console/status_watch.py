@@ -13,7 +13,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from psworker.launcher.status import RunStatus, gone_line, plain_line, read_run_dir, render
+from psworker.launcher.console.status import RunStatus, gone_line, plain_line, read_run_dir, render
 
 __all__ = ["footer", "show", "silent_tasks", "watch"]
 
