@@ -1,6 +1,6 @@
-"""Elastic membership without processes (`psworker.launcher.membership`), then the supervisor's membership with
+"""Elastic membership without processes (`psworker.launcher.elastic.membership`), then the supervisor's membership with
 fake workers (tests/fake_tasks/elastic_worker.py: SIGUSR2 -> exit 0, SIGTERM -> exit 171) and the run-dir
-protocol of `psworker scale` (`psworker.launcher.scale_inbox`) against a real supervisor."""
+protocol of `psworker scale` (`psworker.launcher.elastic.scale_inbox`) against a real supervisor."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ import pytest
 
 from tests.fake_tasks.fakes import fake, drive_until, task_state, wait_for
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
-from psworker.launcher import membership as ms
+from psworker.launcher.elastic import membership as ms
 from psworker.states import TaskState
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.backends.ssh.backend import SshOptions
-from psworker.launcher.elastic import PREEMPTED_CODES
+from psworker.launcher.elastic.workers import PREEMPTED_CODES
 from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.rundir import ELASTIC_FILE, read_elastic_state
-from psworker.launcher.scale_inbox import ScaleInbox, request_scale
+from psworker.launcher.elastic.scale_inbox import ScaleInbox, request_scale
 from psworker.launcher.supervisor import Supervisor
 from psworker.addresses import Address
 from psworker.spec import Elastic

@@ -13,10 +13,10 @@ from typing import Dict, List, Optional, Set
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "psworker"
 
 # launcher/'s rooms, bottom first: a module may import from its own room or one below, never from one above.
-# A room is a folder (backends/: how a task's process starts; console/: what a person sees); the modules directly
+# A room is a folder (backends/: how a task's process starts; console/: what a person sees; elastic/: an elastic worker job at run time); the modules directly
 # in launcher/ are the top (supervision: the run loop and the launch skeleton) except GROUND, the run's shared
 # plumbing below every room (run dir layout, ports, children, cgroups).
-LAUNCHER_LAYERS = ("ground", "backends", "console", "supervise")
+LAUNCHER_LAYERS = ("ground", "backends", "console", "elastic", "supervise")
 GROUND = frozenset({"children", "rundir", "runstate", "ports", "shaping", "netns", "cgroups", "inject", "pipe_safe",
                     "policy", "tensorboard"})
 

@@ -8,6 +8,7 @@ import json
 import signal
 
 from psworker.launcher import run_policy as rp
+from psworker.launcher.elastic import membership as ms
 from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.console.progress import TaskProgress
 from psworker.states import TaskState
@@ -82,10 +83,10 @@ def test_exits_that_settle():
 def test_membership_goes_first():
     rules = rp.Rules(WORKERS, restart=RestartPolicy(max_restarts=3))
     preempted = task("worker:2", 171)
-    assert rp.verdict(preempted, rules, False, False, rp.MEMBER_LEFT) == rp.Settled(None)
-    below = rp.MemberExit(left=True, failure="below min")
+    assert rp.verdict(preempted, rules, False, False, ms.MEMBER_LEFT) == rp.Settled(None)
+    below = ms.MemberExit(left=True, failure="below min")
     assert rp.verdict(preempted, rules, False, False, below) == rp.Fail("below min")
-    assert isinstance(rp.verdict(preempted, rules, False, False, rp.STILL_MEMBER), rp.Restart)
+    assert isinstance(rp.verdict(preempted, rules, False, False, ms.STILL_MEMBER), rp.Restart)
 
 
 def test_after_success_the_workers_get_their_grace_then_the_servers():

@@ -214,7 +214,7 @@ def test_the_launchers_own_lines_print_above_the_live_view():
     config = SimpleNamespace(command=("x",), live=True, status_every_secs=60.0)
     try:
         with live_view(config, [], terminal):
-            logging.getLogger("psworker.launcher.elastic").warning("scale 2 -> 4 workers (request 1)")
+            logging.getLogger("psworker.launcher.elastic.workers").warning("scale 2 -> 4 workers (request 1)")
     finally:
         root.removeHandler(handler)
     assert "scale 2 -> 4 workers (request 1)" in terminal.getvalue(), terminal.getvalue()

@@ -1,5 +1,5 @@
 """`psworker scale RUN_DIR --workers N`: changes the number of running workers of a running elastic job, through
-the run dir (`psworker.launcher.scale_inbox`)."""
+the run dir (`psworker.launcher.elastic.scale_inbox`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["cmd_scale", "scale_flags"]
 
 def cmd_scale(args: argparse.Namespace) -> int:
     """Sends the request, waits for the launcher's answer and prints it."""
-    from psworker.launcher.scale_inbox import request_scale
+    from psworker.launcher.elastic.scale_inbox import request_scale
 
     print(f"psworker: {request_scale(args.run_dir, args.workers, args.timeout_secs)}", flush=True)
     return 0

@@ -91,7 +91,7 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
     from psworker.launcher import stacks
     from psworker.launcher.console.lines import ConsoleFilter
     from psworker.launcher.console.output import GROUP_WINDOW_SECS
-    from psworker.launcher.scale_inbox import ScaleInbox
+    from psworker.launcher.elastic.scale_inbox import ScaleInbox
     from psworker.launcher.console.status import live_view
 
     # A worker being restarted near the end gets as long to come back as the ps wait for it (`with_rejoin_grace`).

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence, Union
 
 from psworker.launcher.console.report import describe_returncode
+from psworker.launcher.elastic.membership import STILL_MEMBER, MemberExit
 from psworker.states import TaskState
 
-__all__ = ["Ending", "Fail", "MEMBER_LEFT", "STILL_MEMBER", "MemberExit", "Restart", "RestartRule", "Rules",
+__all__ = ["Ending", "Fail", "Restart", "RestartRule", "Rules",
            "SERVER_JOBS", "Settled", "TaskView", "Verdict", "drain", "judge", "may_restart", "restartable", "start_ending",
            "stragglers", "succeeded", "training_over", "verdict"]
 
@@ -69,19 +70,6 @@ class TaskView:
     @property
     def described(self) -> str:
         return self.cause or describe_returncode(self.returncode)
-
-
-@dataclass(frozen=True)
-class MemberExit:
-    """What an elastic job's worker exit means for membership, before the run policy: `left` (neither success nor
-    failure, not judged), and `failure`, why the run fails (fewer than min workers run), else empty."""
-
-    left: bool = False
-    failure: str = ""
-
-
-STILL_MEMBER = MemberExit()          # still a member (or no elastic job): judged as usual
-MEMBER_LEFT = MemberExit(left=True)
 
 
 @dataclass(frozen=True)

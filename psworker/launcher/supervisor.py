@@ -17,7 +17,8 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 from psworker import events, stackdump
 from psworker.launcher import run_policy, runstate, watch
 from psworker.launcher.attempts import Attempts
-from psworker.launcher.elastic import ElasticWorkers
+from psworker.launcher.elastic import membership
+from psworker.launcher.elastic.workers import ElasticWorkers
 from psworker.launcher.console.logtail import innermost_frames, tail_without_stacks
 from psworker.launcher.inject import Fault
 from psworker.launcher.console.output import OutputCopier
@@ -28,7 +29,7 @@ from psworker.states import TaskState
 from psworker.launcher.rollback import Rollbacks
 from psworker.launcher.console.report import RunResult, TaskExit, TaskFailure, describe_returncode
 from psworker.launcher.rundir import task_log_name
-from psworker.launcher.scale_inbox import ScaleInbox
+from psworker.launcher.elastic.scale_inbox import ScaleInbox
 from psworker.launcher.run_policy import SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled, TaskView
 from psworker.launcher.slot import Slot, TaskLike, distinct_names
 from psworker.launcher.stacks import StackAsker
@@ -98,7 +99,7 @@ class Supervisor:
                 (`psworker.launcher.stacks`); None: not asked.
             elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
                 (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
-            scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.scale_inbox`).
+            scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.elastic.scale_inbox`).
             run_dir: where to keep `tasks.json`, each task's pid, host, state and exit (`launcher.runstate`).
             stop_save_secs: how long a stop by `request_stop` gives the chief to save before the ps go; 0: no wait.
         """
@@ -362,7 +363,7 @@ class Supervisor:
 
     def _verdict(self, view: TaskView, done: bool, over: bool) -> run_policy.Verdict:
         """The run policy's verdict on an exit; an elastic job's worker exit goes through membership first."""
-        member = run_policy.STILL_MEMBER
+        member = membership.STILL_MEMBER
         if self._elastic is not None and view.job == "worker":
             restarting = not done and run_policy.restartable(view, self._rules)
             member = self._elastic.exited(self._slots[view.name], restarting=restarting, training_over=done)

@@ -86,7 +86,7 @@ class LeaveOnSignal:
 
 class Member:
     """An elastic job's non-chief worker, one member of the job (the launcher's view of them all is
-    `psworker.launcher.membership.Membership`): tells every ps it has joined once its session is ready (`join`),
+    `psworker.launcher.elastic.membership.Membership`): tells every ps it has joined once its session is ready (`join`),
     leaves on the leave signals (`signals`), and tells every ps it has left (`tell_left`)."""
 
     def __init__(self, spec, index: int):

@@ -14,10 +14,23 @@ from typing import Optional
 from psworker.spec import Elastic
 from psworker.states import TaskState
 
-__all__ = ["Membership", "initial", "reconcile", "request"]
+__all__ = ["MEMBER_LEFT", "STILL_MEMBER", "MemberExit", "Membership", "initial", "reconcile", "request"]
 
 CHIEF = 0                     # worker 0 is never asked to leave
 _SHOWN = (TaskState.JOINED, TaskState.LEAVING, TaskState.LEFT, TaskState.RESERVED, TaskState.DONE)
+
+
+@dataclass(frozen=True)
+class MemberExit:
+    """What an elastic job's worker exit means for membership, before the run policy: `left` (neither success nor
+    failure, not judged), and `failure`, why the run fails (fewer than min workers run), else empty."""
+
+    left: bool = False
+    failure: str = ""
+
+
+STILL_MEMBER = MemberExit()          # still a member (or no elastic job): judged as usual
+MEMBER_LEFT = MemberExit(left=True)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 from psworker.diskspace import write_atomically
 from psworker.deadline import poll_until
 from psworker.errors import PsworkerError, UsageError
-from psworker.launcher.membership import out_of_range
+from psworker.launcher.elastic.membership import out_of_range
 from psworker.launcher.rundir import ELASTIC_FILE, SPEC_FILE, read_elastic_state, read_json
 
 __all__ = ["ACK_TIMEOUT_SECS", "ScaleInbox", "ScaleRequest", "request_scale"]

@@ -1,22 +1,22 @@
 """The supervisor's hand on an elastic worker job: which workers start at launch, scale requests (from
-`psworker scale` through the run dir, `psworker.launcher.scale_inbox`, or `Supervisor.scale`), starting joiners and
+`psworker scale` through the run dir, `psworker.launcher.elastic.scale_inbox`, or `Supervisor.scale`), starting joiners and
 asking leavers to go (SIGUSR2), and what a worker's exit means for membership (left, preempted, done). The
-decisions are `psworker.launcher.membership`'s; this applies them and says so on the console."""
+decisions are `psworker.launcher.elastic.membership`'s; this applies them and says so on the console."""
 
 from __future__ import annotations
 
 import logging
 import signal
-from typing import Callable, Mapping, Optional
+import subprocess
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from psworker.errors import EXIT_PREEMPTED
-from psworker.launcher import membership as ms
+from psworker.launcher.elastic import membership as ms
+from psworker.launcher.elastic.membership import MEMBER_LEFT, STILL_MEMBER, MemberExit
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
-from psworker.launcher.run_policy import MEMBER_LEFT, STILL_MEMBER, MemberExit
-from psworker.launcher.scale_inbox import ScaleInbox, ScaleRequest
-from psworker.launcher.slot import Slot
+from psworker.launcher.elastic.scale_inbox import ScaleInbox, ScaleRequest
 from psworker.spec import Elastic
 
 __all__ = ["ElasticWorkers", "LEAVE_SIGNAL", "PREEMPT_SIGNAL"]
@@ -29,12 +29,27 @@ PREEMPT_SIGNAL = signal.SIGTERM    # preempted: the same, exit EXIT_PREEMPTED (1
 PREEMPTED_CODES = (EXIT_PREEMPTED, -PREEMPT_SIGNAL, 128 + PREEMPT_SIGNAL)
 
 
+class Slot(Protocol):
+    """What this reads and sets of the supervisor's `launcher.slot.Slot` (that room is above this one)."""
+
+    task: Any
+    popen: Optional[subprocess.Popen]
+    returncode: Optional[int]
+    restart_at: Optional[float]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def running(self) -> bool: ...
+
+
 def _name(index: int) -> str:
     return f"worker:{index}"
 
 
 class ElasticWorkers:
-    """Membership of the worker job of one supervised run (see `psworker.launcher.membership`)."""
+    """Membership of the worker job of one supervised run (see `psworker.launcher.elastic.membership`)."""
 
     def __init__(self, elastic: Elastic, slots: Mapping[str, Slot], backend: ProcessBackend, progress: Progress,
                  spawn: Callable[[Slot], None], inbox: Optional[ScaleInbox] = None) -> None:
