@@ -30,7 +30,7 @@ import yaml
 
 from psworker import events
 from psworker.deadline import WaitTimeout, poll_until, wait_for
-from psworker.plan import Task, plan
+from psworker.spec.plan import Task, plan
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
@@ -45,7 +45,7 @@ LOG_TAIL_LINES = 30
 
 @dataclasses.dataclass(frozen=True)
 class ProgramTask:
-    """Any program as a task of a `Supervisor`: what it reads from `psworker.plan.Task`."""
+    """Any program as a task of a `Supervisor`: what it reads from `psworker.spec.plan.Task`."""
 
     job: str
     index: int

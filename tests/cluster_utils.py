@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 import psutil
 
-from psworker.plan import Task
+from psworker.spec.plan import Task
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = REPO / "launch"

@@ -223,7 +223,7 @@ def _help(*argv: str) -> str:
 def test_local_help_explains_every_training_setting():
     help_text = _help("local")
     from psworker.models import registry
-    from psworker.train_config import TRAIN_FIELDS, setting_doc
+    from psworker.spec.train_config import TRAIN_FIELDS, setting_doc
 
     # the subprocess imports no plugin model; this process may have (another test imported one)
     assert "--model {" + ",".join(registry.BUILTIN) + "}" in help_text
@@ -291,7 +291,7 @@ def test_model_choices_follow_the_registry(tmp_path):
 
 def test_the_default_checkpoint_interval_in_words_is_the_trainers():
     from psworker.task.session_setup import DEFAULT_SAVE_CHECKPOINT_SECS
-    from psworker.train_config import DEFAULT_SAVE_CHECKPOINT_SECS as documented
+    from psworker.spec.train_config import DEFAULT_SAVE_CHECKPOINT_SECS as documented
 
     assert documented == DEFAULT_SAVE_CHECKPOINT_SECS
 

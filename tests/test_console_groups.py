@@ -54,8 +54,8 @@ def test_lines_of_two_tasks_that_differ_only_in_their_own_tokens_compare_equal()
 
 
 def test_tokens_of_a_planned_task():
-    from psworker.addresses import Address
-    from psworker.plan import Task
+    from psworker.spec.addresses import Address
+    from psworker.spec.plan import Task
 
     task = Task("worker", 2, Address("node-a", 2223), False, ("python",), ())
     assert TaskTokens.of(task, 41) == TaskTokens("worker", 2, "node-a", 2223, 41)

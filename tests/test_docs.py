@@ -21,7 +21,7 @@ import yaml
 from psworker import cli
 from psworker.models import registry
 from psworker.cli.flags import LAUNCH_SETTINGS
-from psworker.train_config import TrainConfig, setting_doc
+from psworker.spec.train_config import TrainConfig, setting_doc
 from tests import docs_pages
 from tests.docs_pages import DOCS, README, REPO
 

@@ -29,7 +29,7 @@ from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.rundir import ELASTIC_FILE, read_elastic_state
 from psworker.launcher.elastic.scale_inbox import ScaleInbox, request_scale
 from psworker.launcher.supervisor import Supervisor
-from psworker.addresses import Address
+from psworker.spec.addresses import Address
 from psworker.spec import Elastic
 
 E = Elastic(min=1, start=2, max=4)
@@ -315,7 +315,7 @@ def test_slurm_lays_out_every_worker_up_to_max_and_keeps_the_range(tmp_path):
     """The allocation a Slurm run checks and lays out holds a slot for every worker up to max (a late worker is an
     srun step in its own slot), and the placed spec is still elastic (a listed spec as well as a count spec)."""
     from psworker.launcher.backends.slurm import allocation as sched
-    from psworker.plan import layout
+    from psworker.spec.plan import layout
     from psworker.spec import load_spec
 
     write_run(tmp_path)

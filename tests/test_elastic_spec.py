@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from psworker.errors import SpecError
-from psworker.plan import layout
+from psworker.spec.plan import layout
 from psworker.spec import ClusterSpec, CountSpec, Elastic, dump_spec, parse_spec, with_addresses
 
 ADDRS = '["127.0.0.1:auto", "127.0.0.1:auto", "127.0.0.1:auto", "127.0.0.1:auto"]'

@@ -24,7 +24,7 @@ PRECISION = re.compile(r"precision @ 1 = ([0-9.]+)")
 
 def test_start_scripts_train_a_cluster(tmp_path, make_cluster):
     """ps and workers started by hand, as on real hosts: through the classic flags, PSWORKER_SPEC and TF_CONFIG."""
-    from psworker.interop import to_flags
+    from psworker.spec.interop import to_flags
     from psworker.spec import load_spec
 
     train_dir = tmp_path / "train"

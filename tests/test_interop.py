@@ -7,7 +7,7 @@ import json
 import pytest
 
 from psworker.errors import SpecError, UsageError
-from psworker.interop import from_flags, from_tf_config, resolve_cluster, to_flags, to_tf_config
+from psworker.spec.interop import from_flags, from_tf_config, resolve_cluster, to_flags, to_tf_config
 from psworker.spec import Address, dump_spec, parse_spec
 
 SPEC = parse_spec({"cluster": {"ps": ["ps0:2222", "ps1:2222"], "worker": ["w0:2222", "w1:2222", "w2:2222"]}},

@@ -29,7 +29,7 @@ import yaml
 
 from psworker.cli import build_parser, main
 from psworker.errors import EXIT_PEER_GONE, UsageError
-from psworker.interop import resolve_cluster
+from psworker.spec.interop import resolve_cluster
 from psworker.k8s.manifests import (FLAVORS, LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, manifests, run_name,
                                     to_yaml)
 from psworker.k8s.options import DEFAULT_METRICS_PORT

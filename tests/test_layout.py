@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from psworker.errors import SpecError
-from psworker.interop import to_tf_config
-from psworker.plan import layout, nodes_needed, placeholder_hosts, task_counts, task_of_rank
+from psworker.spec.interop import to_tf_config
+from psworker.spec.plan import layout, nodes_needed, placeholder_hosts, task_counts, task_of_rank
 from psworker.spec import CountSpec, TrainConfig, load_spec, parse_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from psworker.plan import Task, format_plan, plan
+from psworker.spec.plan import Task, format_plan, plan
 from psworker.spec import parse_spec
 
 SPEC = parse_spec({"cluster": {"ps": ["localhost:2222", "localhost:2223"],

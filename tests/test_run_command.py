@@ -169,7 +169,7 @@ def test_chief_and_evaluator_jobs_validate_plan_and_give_tf_config(tmp_path):
 
 def test_psworker_own_trainer_refuses_a_chief_job_and_two_chiefs_are_invalid():
     from psworker.errors import SpecError
-    from psworker.plan import plan
+    from psworker.spec.plan import plan
 
     spec = parse_spec({"cluster": {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3"]}}, "c.yaml")
     with pytest.raises(SpecError, match=r"cluster\.chief: .*worker 0 is the chief.*psworker run"):

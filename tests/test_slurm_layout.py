@@ -11,7 +11,7 @@ from psworker.errors import SpecError, UsageError
 from psworker.launcher.backends.slurm.allocation import (allocation_from_environ, check_allocation, count_spec,
                                                          expand_hostlist, expand_tasks_per_node)
 from psworker.launcher.backends.slurm.steps import parse_steps, signal_step_argv, srun_argv, steps_argv
-from psworker.plan import layout, plan, task_of_rank
+from psworker.spec.plan import layout, plan, task_of_rank
 from psworker.spec import ClusterSpec, CountSpec, load_spec
 
 

@@ -231,7 +231,7 @@ def test_specs_are_frozen_and_equality_ignores_source():
 
 
 def test_light_modules_do_not_import_tensorflow():
-    code = ("import sys, psworker, psworker.spec, psworker.interop, psworker.plan, psworker.cli; "
+    code = ("import sys, psworker, psworker.spec, psworker.spec.interop, psworker.spec.plan, psworker.cli; "
             "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0
 

@@ -8,7 +8,7 @@ import pytest
 
 from psworker import cli
 from psworker.errors import SpecError
-from psworker.plan import with_train
+from psworker.spec.plan import with_train
 from psworker.spec import CountSpec, parse_spec
 
 FIXED = 'cluster:\n  ps: ["127.0.0.1:2221"]\n  worker: ["127.0.0.1:2222", "127.0.0.1:2223"]\n'

@@ -13,9 +13,9 @@ from psworker.launcher.backends.local import NETWORK_MODES
 
 if TYPE_CHECKING:
     from psworker.launcher.config import LaunchConfig
-from psworker.plan import AnySpec, with_train
+from psworker.spec.plan import AnySpec, with_train
 from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig
-from psworker.train_config import DEFAULT_SAVE_CHECKPOINT_SECS, parse_setting, setting_doc
+from psworker.spec.train_config import DEFAULT_SAVE_CHECKPOINT_SECS, parse_setting, setting_doc
 
 T = TypeVar("T")
 MAX_PORT = 65535

@@ -16,7 +16,7 @@ __all__ = ["cmd_plan", "cmd_tf_config", "cmd_validate", "plan_flags", "tf_config
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """`psworker validate SPEC...`: checks each file, prints OK lines, errors on stderr."""
-    from psworker.plan import task_counts
+    from psworker.spec.plan import task_counts
 
     failed = 0
     for path in args.specs:
@@ -35,7 +35,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """`psworker plan SPEC [--model NAME] [--hosts H,..]`: prints the task table (and the model's placement)."""
-    from psworker import plan as planning
+    from psworker.spec import plan as planning
     spec = load_spec(args.spec, allow_counts=True)
     if isinstance(spec, CountSpec):
         hosts = (planning.placeholder_hosts(planning.nodes_needed(spec, args.tasks_per_node)) if args.hosts is None
@@ -82,7 +82,7 @@ def _memory_fit(model: str, report, limit: int) -> int:
 
 def cmd_tf_config(args: argparse.Namespace) -> int:
     """`psworker tf-config SPEC --job J --task_index I`: prints that task's TF_CONFIG JSON."""
-    from psworker.interop import to_tf_config
+    from psworker.spec.interop import to_tf_config
     spec = load_spec(args.spec)
     print(json.dumps(to_tf_config(spec, args.job, args.task_index)))
     if spec.elastic is not None:

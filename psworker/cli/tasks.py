@@ -15,7 +15,7 @@ __all__ = ["cmd_ps", "cmd_worker", "ps_flags"]
 
 
 def _resolve(job: str, args: argparse.Namespace) -> tuple[ClusterSpec, int]:
-    from psworker.interop import resolve_cluster
+    from psworker.spec.interop import resolve_cluster
     return resolve_cluster(job, spec_path=args.spec_path, ps_hosts=args.ps_hosts,
                            worker_hosts=args.worker_hosts, job_name=args.job_name,
                            task_index=args.task_index, environ=os.environ)

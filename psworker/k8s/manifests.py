@@ -27,13 +27,13 @@ from typing import Any, Optional, Sequence, Union
 import yaml
 
 from psworker.errors import EXIT_PEER_GONE, UsageError
-from psworker.interop import command_env, command_values, fill_command
+from psworker.spec.interop import command_env, command_values, fill_command
 from psworker.k8s import monitoring
 from psworker.k8s import options as k8s_options
 from psworker.k8s.options import LABEL_JOB, LABEL_QUEUE, LABEL_RUN, K8sOptions, grace_secs_for, run_name
-from psworker.plan import task_counts
+from psworker.spec.plan import task_counts
 from psworker.spec import DEFAULT_PORT_BASE, ClusterSpec, CountSpec, TrainConfig, build_cluster
-from psworker.train_config import setting_argv
+from psworker.spec.train_config import setting_argv
 
 Spec = Union[ClusterSpec, CountSpec]
 Obj = dict[str, Any]

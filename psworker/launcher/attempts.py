@@ -21,7 +21,7 @@ from psworker.launcher.console.report import describe_returncode
 from psworker.launcher.run_policy import SERVER_JOBS
 from psworker.launcher.slot import Slot
 from psworker.launcher.stacks import StackAsker
-from psworker.plan import chief_name
+from psworker.spec.plan import chief_name
 
 __all__ = ["Attempts"]
 

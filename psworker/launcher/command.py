@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from psworker.interop import command_env, command_values, fill_command, to_tf_config
-from psworker.plan import Task
+from psworker.spec.interop import command_env, command_values, fill_command, to_tf_config
+from psworker.spec.plan import Task
 from psworker.spec import ClusterSpec, format_address
 
 __all__ = ["command_tasks", "format_command_plan", "names_train_dir", "worker_warnings"]

@@ -31,7 +31,7 @@ from psworker.launcher.rundir import (LOG_SUBDIR, RunEnd, check_earlier_run, cho
                                       write_run_dir)
 from psworker.launcher.console.stopline import stop_line
 from psworker.launcher.supervisor import Supervisor
-from psworker.plan import Task, chief_name, plan
+from psworker.spec.plan import Task, chief_name, plan
 from psworker.spec import ClusterSpec
 
 __all__ = ["LaunchConfig", "SignalCatcher", "launch", "plan_tasks", "run_local", "stop_on_signals", "supervise"]

@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from psworker.plan import chief_name
+from psworker.spec.plan import chief_name
 
 __all__ = ["ALL_WORKERS", "CHIEF_OR_WORKER0", "RestartPolicy", "SUCCESS_POLICIES", "SuccessPolicy",
            "WORKER_EXIT_GRACE_SECS", "is_retryable"]

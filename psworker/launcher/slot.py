@@ -25,7 +25,7 @@ LOG_TAIL_LINES = 20
 
 
 class TaskLike(Protocol):
-    """What the supervisor needs from a `psworker.plan.Task`."""
+    """What the supervisor needs from a `psworker.spec.plan.Task`."""
 
     @property
     def name(self) -> str: ...

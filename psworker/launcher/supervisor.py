@@ -82,7 +82,7 @@ class Supervisor:
         stop_save_secs: float = 0.0,
     ) -> None:
         """Args:
-            tasks: what to run, e.g. `psworker.plan.plan(...)`; names must be distinct.
+            tasks: what to run, e.g. `psworker.spec.plan.plan(...)`; names must be distinct.
             log_dir: where `<job>-<index>.log` go; created on start.
             backend: starts and signals the processes (e.g. `psworker.launcher.backends.local.LocalBackend()`).
             console: where the `[job:index] `-prefixed copy goes; None: sys.stdout at construction.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from psworker import interop
+from psworker.spec import interop
 from psworker.errors import UsageError
 from psworker.task import server as srv
 from psworker.task import shutdown

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Union
 
 from psworker.environment import SPINNING_ENV, spinning_setting
 from psworker.errors import UsageError
-from psworker.fieldtypes import AUTO
+from psworker.spec.fieldtypes import AUTO
 from psworker.spec import TrainConfig
 
 log = logging.getLogger(__name__)

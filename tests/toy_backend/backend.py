@@ -15,7 +15,7 @@ from psworker.launcher.backends.base import Backend
 from psworker.launcher.children import die_with_parent
 from psworker.launcher.backends.local import resolve_local_spec
 from psworker.launcher.rundir import SPEC_FILE
-from psworker.plan import Task
+from psworker.spec.plan import Task
 from psworker.spec import ClusterSpec
 
 HOSTS = "hosts"

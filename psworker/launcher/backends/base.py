@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Mapping, Optional, P
 from psworker.deadline import poll_until
 from psworker.launcher.children import die_with_parent
 from psworker.launcher.rundir import SPEC_FILE
-from psworker.plan import Task
+from psworker.spec.plan import Task
 from psworker.spec import ClusterSpec, CountSpec
 
 __all__ = ["Backend", "ProcessBackend", "REAP_TIMEOUT_SECS", "die_with_parent"]

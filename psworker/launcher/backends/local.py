@@ -22,7 +22,7 @@ import psutil
 from psworker.errors import SpecError, UsageError
 from psworker.launcher.backends.base import Backend, popen_task
 from psworker.launcher.ports import pick_free_ports, ports_in_use
-from psworker.plan import Task
+from psworker.spec.plan import Task
 from psworker.spec import Address, ClusterSpec, format_address, with_addresses
 
 if TYPE_CHECKING:

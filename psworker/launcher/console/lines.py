@@ -161,7 +161,7 @@ class TaskTokens:
 
     @classmethod
     def of(cls, task: Any, pid: Optional[int] = None) -> "TaskTokens":
-        """From a `psworker.plan.Task` (or anything with `job`, `index` and maybe `address`: `host:port`)."""
+        """From a `psworker.spec.plan.Task` (or anything with `job`, `index` and maybe `address`: `host:port`)."""
         address = getattr(task, "address", None)
         host, port = None, None
         if address is not None:

@@ -26,7 +26,7 @@ from psworker.launcher import runstate
 from psworker.launcher.console import runread
 from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, RunEnd, read_elastic_state, read_end, task_log_name
 from psworker.launcher.runstate import LauncherState
-from psworker.plan import chief_name
+from psworker.spec.plan import chief_name
 
 __all__ = ["RunStatus", "gone_line", "live_view", "plain_line", "read_run_dir", "render"]
 

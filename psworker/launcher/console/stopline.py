@@ -9,7 +9,7 @@ from pathlib import Path
 
 from psworker import events
 from psworker.launcher.console.report import RunResult, describe_returncode
-from psworker.plan import chief_name
+from psworker.spec.plan import chief_name
 
 __all__ = ["newest_checkpoint_step", "stop_line"]
 

@@ -1,7 +1,7 @@
 """A Slurm allocation: its nodes and tasks per node (expanded from Slurm's hostlist and count forms, as TensorFlow's
 `SlurmClusterResolver` reads them), and the check that it runs exactly the spec's tasks.
 
-The layout itself, TensorFlow's rules, is `psworker.plan.layout` (the one implementation): nodes in **sorted
+The layout itself, TensorFlow's rules, is `psworker.spec.plan.layout` (the one implementation): nodes in **sorted
 hostname order** (`node10` before `node9`), `port + k` for the k-th task on a node, jobs taking consecutive slices
 in **sorted job-name order** (`ps` before `worker`), and the number of tasks of all jobs equal to the allocation's
 task count.

@@ -1,5 +1,5 @@
 """The Slurm backend: inside an allocation, each task runs as its own `srun` step on the node TensorFlow's
-SlurmClusterResolver gives it (`allocation`, `psworker.plan.layout`), so a restart is a new step of the same task
+SlurmClusterResolver gives it (`allocation`, `psworker.spec.plan.layout`), so a restart is a new step of the same task
 (`steps`). The batch job that runs it is written and queued by `job`.
 
 start runs `srun ... --nodelist=HOST --job-name=psworker-JOB-I -- ARGV` (srun's exit status is the task's, its
@@ -25,7 +25,7 @@ from psworker.deadline import poll_until
 from psworker.errors import UsageError
 from psworker.launcher.backends.base import Backend, popen_task
 from psworker.launcher.backends.slurm import allocation, steps
-from psworker.plan import Task, layout
+from psworker.spec.plan import Task, layout
 from psworker.spec import ClusterSpec, CountSpec
 
 __all__ = ["SlurmBackend", "SlurmOptions"]

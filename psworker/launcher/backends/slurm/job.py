@@ -22,9 +22,9 @@ from psworker.launcher.backends.slurm.script import (SUBMITTED_SPEC, SbatchOptio
                                                      write_sbatch_script)
 from psworker.launcher.inject import Fault
 from psworker.launcher.rundir import fresh_run_dir
-from psworker.plan import task_counts, with_train
+from psworker.spec.plan import task_counts, with_train
 from psworker.spec import TRAIN_FIELDS, load_spec
-from psworker.train_config import setting_argv
+from psworker.spec.train_config import setting_argv
 
 __all__ = ["JOB_ID_FILE", "JobLaunch", "SubmitConfig", "run_dir_of_job", "submit", "submit_job"]
 

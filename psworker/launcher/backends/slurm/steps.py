@@ -44,7 +44,7 @@ def srun_argv(task: Placed, argv: Sequence[str], *, srun: str = "srun",
     of srun's (`--unbuffered`); srun's exit status is the task's. Each (re)start is a new step.
 
     Args:
-        task: which task runs where: a `psworker.plan.Task` (its `host`).
+        task: which task runs where: a `psworker.spec.plan.Task` (its `host`).
         argv: the task's command, e.g. `[python, "-m", "psworker", "worker", ...]`.
         extra: more srun options (placed before `--`), e.g. `("--cpus-per-task=2",)`.
     """

@@ -31,7 +31,7 @@ from psworker.launcher.backends.base import Backend, popen_task
 from psworker.launcher.backends.ssh.hosts import require_reachable, run_on_hosts
 from psworker.launcher.backends.ssh.remote import ssh_argv
 from psworker.launcher.rundir import SPEC_FILE
-from psworker.plan import Task
+from psworker.spec.plan import Task
 from psworker.spec import ClusterSpec
 
 __all__ = ["SshBackend", "SshOptions"]

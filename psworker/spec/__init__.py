@@ -2,8 +2,8 @@
 
 Loading fills defaults, then checks each field, then checks rules across fields; every failure is a
 `SpecError` naming the source, the field path and the bad value. Nothing here imports TensorFlow.
-Addresses are parsed in `addresses.py`, the train section in `train_config.py`, an elastic worker job's range in
-`elastic_job.py`; their public names are re-exported here.
+Addresses are parsed in `spec/addresses.py`, the train section in `spec/train_config.py`, an elastic worker job's range in
+`spec/elastic_job.py`; their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from psworker.addresses import (AUTO_PORT, Address, check_duplicates, format_address, parse_address,
+from psworker.spec.addresses import (AUTO_PORT, Address, check_duplicates, format_address, parse_address,
                                 parse_address_list)
-from psworker.elastic_job import Elastic, check_elastic, elastic_range, elastic_worker
+from psworker.spec.elastic_job import Elastic, check_elastic, elastic_range, elastic_worker
 from psworker.errors import SpecError, SpecProblems, describe_value, unknown_key
-from psworker.train_config import (MODES, REPLICATIONS, TRAIN_FIELDS, TRAIN_TYPES, TrainConfig, check_train_rules,
+from psworker.spec.train_config import (MODES, REPLICATIONS, TRAIN_FIELDS, TRAIN_TYPES, TrainConfig, check_train_rules,
                                    merge_train, train_from)
 
 JOBS = ("ps", "worker")                      # psworker's own trainer

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from psworker.errors import SpecError, SpecProblems, describe_value, unknown_key
-from psworker.fieldtypes import PARSERS, TYPE_PARSERS
+from psworker.spec.fieldtypes import PARSERS, TYPE_PARSERS
 from psworker.models import registry as model_registry
 
 MODES = ("async", "sync")

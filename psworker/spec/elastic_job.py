@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from psworker.errors import SpecError, describe_value, unknown_key
-from psworker.train_config import TrainConfig
+from psworker.spec.train_config import TrainConfig
 
 __all__ = ["ELASTIC_KEYS", "Elastic", "check_elastic", "elastic_range", "elastic_worker"]
 
