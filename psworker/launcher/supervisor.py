@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
-from psworker import events, stackdump
-from psworker.launcher import run_policy, runstate, watch
+from psworker.launcher import outcome, run_policy, runstate, watch
 from psworker.launcher.attempts import Attempts
+from psworker.launcher.by_hand import ByHand
 from psworker.launcher.elastic import membership
 from psworker.launcher.elastic.workers import ElasticWorkers
-from psworker.launcher.console.logtail import innermost_frames, tail_without_stacks
 from psworker.launcher.inject import Fault
 from psworker.launcher.console.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
@@ -27,7 +24,7 @@ from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
 from psworker.launcher.rollback import Rollbacks
-from psworker.launcher.console.report import RunResult, TaskExit, TaskFailure, describe_returncode
+from psworker.launcher.console.report import RunResult, TaskFailure
 from psworker.launcher.rundir import task_log_name
 from psworker.launcher.elastic.scale_inbox import ScaleInbox
 from psworker.launcher.run_policy import SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled, TaskView
@@ -42,7 +39,7 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL_SECS = 0.1
 
 
-class Supervisor:
+class Supervisor(ByHand):
     """Starts one process per task, copies its output, applies the run policy, and stops everything.
 
     Use from one thread (plus `request_stop`, which is safe in a signal handler):
@@ -252,70 +249,6 @@ class Supervisor:
         else:                           # do not mask the exception in flight
             self.stop(f"launcher error: {exc_type.__name__}")
 
-    # -- fault injection and restarts by hand ---------------------------------------------------------------
-
-    def scale(self, workers: int) -> str:
-        """Sets an elastic job's worker count: the lowest reserved workers start, or the highest running ones (never
-        worker 0) are asked to leave. Returns the console line.
-
-        Raises:
-            ValueError: the job is not elastic, `workers` is outside min..max, or training is over.
-        """
-        with self._lock:
-            if self._elastic is None:
-                raise ValueError("the job is not elastic")
-            return self._elastic.scale(workers, "by hand", training_over=self._ending.begun)
-
-    def members(self) -> Optional[dict]:
-        """An elastic job's membership (`Membership.summary()`: how many workers run, the target, each state's
-        indices); None for a fixed job."""
-        with self._lock:
-            return None if self._elastic is None else self._elastic.members.summary()
-
-    def kill_task(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Sends `sig` to task `name` and its children. Its exit then goes through the run policy at the next
-        poll, unless `start_task` restarts it first."""
-        with self._lock:
-            slot = self._slot(name)
-            if not slot.running:
-                raise RuntimeError(f"kill_task: {name} is not running")
-            logger.info("sending %s to %s (pid %d)", signal.Signals(sig).name, name, slot.popen.pid)
-            self._backend.signal(slot.popen, sig)
-
-    def wait_task(self, name: str, timeout: float) -> int:
-        """Waits for task `name` to exit and returns its return code, without applying the run policy.
-
-        Raises:
-            TimeoutError: still running after `timeout` seconds.
-        """
-        slot = self._slot(name)
-        if slot.popen is None:
-            raise RuntimeError(f"wait_task: {name} was never started")
-        try:
-            slot.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"{name} still running after {timeout} s") from None
-        with self._lock:
-            self._attempts.collect(time.time())
-            return slot.returncode
-
-    def start_task(self, name: str) -> None:
-        """Starts task `name` again after it exited: its log gets a marker line and a new segment, and its
-        restart counter goes up. The old exit is not counted as a failure.
-
-        Raises:
-            RuntimeError: the run has ended, or the task is still running (kill it and `wait_task` first).
-        """
-        with self._lock:
-            if self._result is not None:
-                raise RuntimeError(f"start_task({name}): the run has already ended")
-            slot = self._slot(name)
-            self._attempts.collect(time.time())
-            if slot.running:
-                raise RuntimeError(f"start_task({name}): it is still running")
-            slot.restart_at = None
-            self._restart(slot, f"start_task after {describe_returncode(slot.returncode)}")
-
     # -- internals ----------------------------------------------------------------------------------------
 
     def _slot(self, name: str) -> Slot:
@@ -383,7 +316,8 @@ class Supervisor:
             assert isinstance(verdict, Fail)
             self.progress.set_state(slot.name, TaskState.FAILED)
             if self._failure is None or slot.ended_at < self._failure.at:
-                self._failure = self._make_failure(slot, verdict.reason)
+                self._failure = outcome.task_failure(slot, verdict.reason)
+                logger.error("%s %s", slot.name, verdict.reason)
 
     def _drain(self, now: float) -> Optional[RunResult]:
         """After success: `run_policy.drain` says when the run finishes; this says so and finishes it."""
@@ -401,31 +335,13 @@ class Supervisor:
             logger.debug("the run is done; giving servers %.1f s to exit", self._rules.ps_grace)
         return self._finish(True, self._ending.reason) if finish else None
 
-    def _make_failure(self, slot: Slot, reason: str) -> TaskFailure:
-        slot.reader.join(2.0)               # let it copy the last lines (EOF follows the exit)
-        logger.error("%s %s", slot.name, reason)
-        record = slot.error_record()        # its failure as data; without one (a user's program, a signal): the log
-        if record is not None:
-            return TaskFailure(slot.name, slot.returncode, (), slot.ended_at, reason, error=record.message,
-                               record=record, error_file=str(slot.error_path))
-        tail = tuple(slot.tail)
-        if any(stackdump.is_dump_line(line) for line in tail):     # a dump fills it: the lines around the dump
-            tail = tail_without_stacks(slot.log_path, len(tail))
-        said = events.last(events.TaskError, list(slot.tail))     # its own error line, for the report's first
-        return TaskFailure(slot.name, slot.returncode, tail, slot.ended_at, reason,
-                           error=said.message if said else "")
-
     def _finish(self, ok: bool, reason: str, save: bool = False) -> RunResult:
         if save and self._stop_save_secs > 0 and not self._hard_stop:
             self._attempts.stop_workers_first(reason, self._stop_save_secs, self._grace, lambda: self._hard_stop)
         quiet = self._hard_stop or self._stop_request is not None   # a person's stop: nothing went wrong, no stacks
         self._attempts.stop_all(reason, 0.0 if self._hard_stop else self._grace, None if quiet else self._stacks)
         failed = self._failure.name if self._failure is not None else None
-        exits = {s.name: TaskExit(s.name, s.returncode, s.started_at, s.ended_at, str(s.log_path), s.restarts,
-                                  s.stopped, tuple(s.causes),
-                                  innermost_frames(s.log_path) if s.stopped or s.name == failed else ())
-                 for s in self._slots.values() if s.popen is not None}
-        self._result = RunResult(ok, exits, self._failure, reason)
+        self._result = RunResult(ok, outcome.task_exits(self._slots.values(), failed), self._failure, reason)
         self._publish()
         if self._elastic is not None:
             self._elastic.finish("succeeded" if ok else f"failed: {reason}")
