@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["TaskState"]
+__all__ = ["RunState", "TaskState"]
 
 
 class TaskState(enum.StrEnum):
@@ -40,3 +40,14 @@ class TaskState(enum.StrEnum):
         """A process is there or about to be (its silence may mean it hangs): not ended, not reserved."""
         return self in (TaskState.STARTING, TaskState.RUNNING, TaskState.TRAINING, TaskState.PAUSED,
                         TaskState.RESTARTING, TaskState.LEAVING)
+
+
+class RunState(enum.StrEnum):
+    """What a launcher's run is: starting, running, then how it ended (`ended.json`, `psworker status`, the
+    `psworker_run_state` metric)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"             # by a signal (Ctrl-C, a scheduler's stop)

@@ -301,15 +301,15 @@ class LocalCluster:
 
     def _settle(self, name: str, quiet_secs: float = 0.1, timeout: float = 2.0) -> None:
         """Lets the supervisor's reader copy a task's last lines: waits until its log stops growing."""
-        path, deadline = self.log_path(name), time.monotonic() + timeout
-        size, quiet_since = -1, time.monotonic()
-        while time.monotonic() < deadline:
-            now_size = path.stat().st_size if path.exists() else 0
-            if now_size != size:
-                size, quiet_since = now_size, time.monotonic()
-            elif time.monotonic() - quiet_since >= quiet_secs:
-                return
-            time.sleep(0.02)
+        path, seen = self.log_path(name), {"size": -1, "since": time.monotonic()}
+
+        def quiet() -> bool:
+            size = path.stat().st_size if path.exists() else 0
+            if size != seen["size"]:
+                seen.update(size=size, since=time.monotonic())
+            return time.monotonic() - seen["since"] >= quiet_secs
+
+        poll_until(quiet, timeout, interval=0.02)     # still growing at the timeout: the caller reads what is there
 
 
 def checkpoint_step(train_dir: Union[str, os.PathLike]) -> int:

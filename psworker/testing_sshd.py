@@ -15,12 +15,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 import psutil
+
+from psworker.deadline import poll_until
 
 SSHD = "/usr/sbin/sshd"
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
@@ -144,14 +145,14 @@ Host *
 
 
 def _wait_listening(server: SshServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(_listening(h, server.port) for h in server.hosts):
+    def listening() -> bool:
         if server.proc.poll() is not None:
             raise RuntimeError(f"test sshd exited {server.proc.returncode} while starting\n{server.log_tail()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"test sshd: not accepting on {', '.join(server.hosts)} port {server.port} within "
-                               f"{timeout:g} s\n{server.log_tail()}")
-        time.sleep(0.1)
+        return all(_listening(h, server.port) for h in server.hosts)
+
+    if not poll_until(listening, timeout, interval=0.1):
+        raise TimeoutError(f"test sshd: not accepting on {', '.join(server.hosts)} port {server.port} within "
+                           f"{timeout:g} s\n{server.log_tail()}")
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -143,3 +143,30 @@ def test_no_launcher_room_imports_from_a_room_above():
             if low is not None and high is not None and high > low:
                 upward.append(f"{importer} -> {target}")
     assert not upward, "upward imports inside launcher/: " + ", ".join(sorted(upward))
+
+
+def top_level_names(tree: ast.Module) -> Set[str]:
+    """What a module defines at its top level (assignments, defs, classes, imports, names in if/try blocks)."""
+    names: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node in tree.body:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def test_every_name_in_all_is_defined():
+    """A module's `__all__` names only what it defines (a stale entry breaks `from m import *` and misleads)."""
+    stale = []
+    for name, path in sorted(all_modules().items()):
+        tree = ast.parse(path.read_text())
+        listed = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+        exported = [e.value for v in listed if isinstance(v, (ast.List, ast.Tuple)) for e in v.elts
+                    if isinstance(e, ast.Constant)]
+        stale += [f"{name}.{e}" for e in exported if e not in top_level_names(tree)]
+    assert not stale, stale

@@ -62,6 +62,8 @@ def test_the_plain_saver_is_tensorflows_own(tmp_path):
     assert "False ['ck.data-00000-of-00001', 'ck.index'" in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(NO_MEMCG is not None, reason=f"no memory cgroup here: {NO_MEMCG}")
 def test_the_memory_model_benchmark_quick_mode_prints_its_fit():
     """Two real 1-ps runs per size (train and save; restore and save), sampled in their cgroups: each ps holds more

@@ -33,6 +33,7 @@ from psworker.launcher.console.stopline import stop_line
 from psworker.launcher.supervisor import Supervisor
 from psworker.spec.plan import Task, chief_name, plan
 from psworker.spec import ClusterSpec
+from psworker.states import RunState
 
 __all__ = ["LaunchConfig", "SignalCatcher", "launch", "plan_tasks", "run_local", "stop_on_signals", "supervise"]
 
@@ -266,7 +267,8 @@ def _serve_metrics(endpoint: Optional[metrics_.Endpoint], config: LaunchConfig, 
 
 def run_end(result: RunResult, signum: Optional[int], code: int, seconds: float) -> RunEnd:
     """The record of how the run ended (`psworker status` shows it)."""
-    outcome = "stopped" if signum is not None and not result.ok else "succeeded" if result.ok else "failed"
+    outcome = (RunState.STOPPED if signum is not None and not result.ok else
+               RunState.SUCCEEDED if result.ok else RunState.FAILED)
     f = result.failure
     reason = f"{f.name} {f.reason or describe_returncode(f.returncode)}" if f is not None else result.reason
     return RunEnd(outcome=outcome, exit_status=code, reason=reason, seconds=round(seconds, 1),

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from psworker import exporter
 from psworker.errors import EXIT_PEER_GONE, EXIT_PREEMPTED
 from psworker.launcher.console.progress import TaskProgress
-from psworker.states import TaskState
+from psworker.states import RunState, TaskState
 from psworker.launcher.watch import STALL_JOBS
 
 __all__ = ["DEFAULT_STALL_SECS", "EXIT_CLASSES", "METRICS", "RUN_STATES", "Endpoint", "RunCollector", "exit_class",
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_STALL_SECS = 300.0      # `psworker_task_stalled` without --metrics_stall_secs or --stall_timeout_secs
 EXIT_CLASSES = ("ok", "error", "signal", "peer_gone", "preempted", "stalled", "memory_limit")
-RUN_STATES = ("starting", "running", "succeeded", "failed", "stopped")
+RUN_STATES = tuple(RunState)
 _CHECKPOINT = re.compile(r"-(\d+)\.index$")     # TF's `<prefix>-<step>.index`, written last (train/checkpoints.py)
 
 # name -> (type, labels, meaning): docs/operations.md's table is this (tests/test_metrics.py checks both against a

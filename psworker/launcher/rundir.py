@@ -17,6 +17,7 @@ import yaml
 
 from psworker.diskspace import write_atomically
 from psworker.errors import UsageError
+from psworker.states import RunState
 from psworker.spec import ClusterSpec, CountSpec, TrainConfig, dump_spec
 
 __all__ = ["ELASTIC_FILE", "END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir", "fresh_run_dir",
@@ -126,8 +127,8 @@ class RunEnd:
 
     def describe(self) -> str:
         """`succeeded in 61.3 s (exit 0) at 2026-12-02 18:30:01` and the like, for people."""
-        what = {"succeeded": "succeeded", "failed": "failed", "stopped": "was stopped"}.get(self.outcome, self.outcome)
-        why = f": {self.reason}" if self.reason and self.outcome != "succeeded" else ""
+        what = "was stopped" if self.outcome == RunState.STOPPED else self.outcome
+        why = f": {self.reason}" if self.reason and self.outcome != RunState.SUCCEEDED else ""
         return f"{what} after {self.seconds:.1f} s (exit {self.exit_status}) at {self.ended_at}{why}"
 
 

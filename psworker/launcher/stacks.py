@@ -11,6 +11,7 @@ faulthandler's format; otherwise its log says how to get the stacks.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from typing import Optional, Sequence
 import psutil
 
 from psworker import events, stackdump
+from psworker.deadline import poll_until
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.slot import Slot
 
@@ -108,7 +110,7 @@ class StackAsker:
                     backend.signal(slot.popen, signal.SIGCONT)
         if pending:
             logger.info("asked %s for their stacks (into their logs)", ", ".join(pending))
-        while pending:
+        def all_over() -> bool:
             now = time.monotonic()
             for name, (slot, wait) in list(pending.items()):
                 over = "exited" if slot.popen.poll() is not None else wait.over(now)
@@ -116,8 +118,9 @@ class StackAsker:
                     logger.warning("no stack dump from %s within %.0f s", name, self.wait_secs)
                 if over is not None:
                     del pending[name]
-            if pending:
-                time.sleep(_POLL_SECS)
+            return not pending
+
+        poll_until(all_over, math.inf, interval=_POLL_SECS)     # each wait ends itself (`wait.over`)
 
 
 def for_run(own_tasks: bool, local: bool) -> StackAsker:

@@ -5,6 +5,7 @@ everything at the end."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
+from psworker.deadline import poll_until
 from psworker.launcher import outcome, run_policy, runstate, watch
 from psworker.launcher.attempts import Attempts
 from psworker.launcher.by_hand import ByHand
@@ -22,7 +24,7 @@ from psworker.launcher.console.output import OutputCopier
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.console.progress import Progress
-from psworker.states import TaskState
+from psworker.states import RunState, TaskState
 from psworker.launcher.rollback import Rollbacks
 from psworker.launcher.console.report import RunResult, TaskFailure
 from psworker.launcher.rundir import task_log_name
@@ -202,15 +204,10 @@ class Supervisor(ByHand):
         Raises:
             TimeoutError: not ended after `timeout` seconds; the tasks keep running (call `stop`).
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            result = self.poll()
-            if result is not None:
-                return result
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"run not finished after {timeout} s; still running: "
-                                   f"{', '.join(self.pids()) or 'none'}")
-            time.sleep(POLL_INTERVAL_SECS)
+        result = poll_until(self.poll, math.inf if timeout is None else timeout, interval=POLL_INTERVAL_SECS)
+        if result is None:
+            raise TimeoutError(f"run not finished after {timeout} s; still running: {', '.join(self.pids()) or 'none'}")
+        return result
 
     def request_stop(self, reason: str, *, hard: bool = False) -> None:
         """Asks the next `poll`/`wait` to stop the run, the workers first (`stop_save_secs`); `hard` (a second
@@ -344,7 +341,7 @@ class Supervisor(ByHand):
         self._result = RunResult(ok, outcome.task_exits(self._slots.values(), failed), self._failure, reason)
         self._publish()
         if self._elastic is not None:
-            self._elastic.finish("succeeded" if ok else f"failed: {reason}")
+            self._elastic.finish(RunState.SUCCEEDED if ok else f"{RunState.FAILED}: {reason}")
         if self._output.errors:
             logger.error("%d error(s) while copying task output; the first: %r",
                          len(self._output.errors), self._output.errors[0][1])

@@ -155,4 +155,5 @@ class DoneReader:
                 self._stop.wait(POLL_SECS)
 
 
-__all__ = ["DONE", "JOINED", "LEFT", "encode", "decode", "done_queue", "send_done", "signal_done", "DoneReader", "SEND_DONE_SECS", "SEND_DONE_AFTER_FAILURE_SECS"]
+__all__ = ["encode", "decode", "done_queue", "send_done", "signal_done", "DoneReader", "SEND_DONE_SECS",
+           "SEND_DONE_AFTER_FAILURE_SECS"]

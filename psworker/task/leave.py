@@ -16,8 +16,8 @@ from psworker.task.done_queue import SEND_DONE_AFTER_FAILURE_SECS, signal_done
 
 log = logging.getLogger(__name__)
 
-SCALED_AWAY = signal.SIGUSR2
-PREEMPTED = signal.SIGTERM
+SCALE_AWAY_SIGNAL = signal.SIGUSR2
+PREEMPT_SIGNAL = signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class Reason:
     exit_code: int
 
 
-REASONS = {SCALED_AWAY: Reason(SCALED_AWAY, "scaled away", EXIT_OK),
-           PREEMPTED: Reason(PREEMPTED, "preempted", EXIT_PREEMPTED)}
+REASONS = {SCALE_AWAY_SIGNAL: Reason(SCALE_AWAY_SIGNAL, "scaled away", EXIT_OK),
+           PREEMPT_SIGNAL: Reason(PREEMPT_SIGNAL, "preempted", EXIT_PREEMPTED)}
 
 
 class LeaveOnSignal:
@@ -77,7 +77,7 @@ class LeaveOnSignal:
 
     def left(self) -> LeftJob:
         """The error a leaving worker exits with (its exit code by the reason)."""
-        reason = self.reason or REASONS[SCALED_AWAY]
+        reason = self.reason or REASONS[SCALE_AWAY_SIGNAL]
         return LeftJob(f"{self.name}: left the job ({reason.why}, {signal.Signals(reason.signum).name})",
                        exit_code=reason.exit_code)
 
@@ -105,4 +105,4 @@ class Member:
             signal_done(target, self.spec, self.index, kind=TaskState.LEFT, timeout_secs=SEND_DONE_AFTER_FAILURE_SECS)
 
 
-__all__ = ["LeaveOnSignal", "Member", "Reason", "REASONS", "SCALED_AWAY", "PREEMPTED"]
+__all__ = ["LeaveOnSignal", "Member", "Reason", "REASONS", "SCALE_AWAY_SIGNAL", "PREEMPT_SIGNAL"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Optiona
 import psutil
 
 from psworker.errors import SpecError, UsageError
+from psworker.states import RunState
 from psworker.launcher.backends.base import Backend, popen_task
 from psworker.launcher.ports import pick_free_ports, ports_in_use
 from psworker.spec.plan import Task
@@ -125,7 +126,36 @@ def _stopped(run_dir: Path) -> bool:
     from psworker.launcher.rundir import read_end
 
     end = read_end(run_dir)
-    return end is None or end.outcome == "stopped"
+    return end is None or end.outcome == RunState.STOPPED
+
+
+@contextlib.contextmanager
+def _tensorboard(port: Optional[int], run_dir: Path, console: TextIO) -> Iterator[None]:
+    """`--tensorboard_port`: TensorBoard on the run dir while inside (a re-executed launcher finds the pid its first
+    self started in the environment); after a run that was not stopped, on a terminal, it serves on until Ctrl-C."""
+    from psworker.launcher import tensorboard
+
+    pid = os.environ.get(TENSORBOARD_PID_ENV)
+    if port is not None and pid is None:
+        started, url = tensorboard.start_detached(str(run_dir), port)
+        pid = os.environ[TENSORBOARD_PID_ENV] = str(started)
+        os.environ[TENSORBOARD_URL_ENV] = url
+        after = "and after it until Ctrl-C" if tensorboard.keeps_serving(console) else "for as long as it lasts"
+        print(f"psworker: TensorBoard at {url} (127.0.0.1 only) shows the run from its first step, {after}",
+              file=console, flush=True)
+    if pid is None:
+        yield
+        return
+    try:
+        yield
+    finally:
+        if tensorboard.keeps_serving(console) and sys.exc_info()[0] is None and not _stopped(run_dir):
+            print(f"psworker: TensorBoard at {os.environ.get(TENSORBOARD_URL_ENV, '?')} serves the run until Ctrl-C",
+                  file=console, flush=True)
+            tensorboard.serve_until_interrupted(int(pid))
+        tensorboard.stop_pid(int(pid))
+        print(f"psworker: TensorBoard stopped with the run; psworker tensorboard --logdir {run_dir} serves it again",
+              file=console, flush=True)
 
 
 def isolate_network(mode: str, argv: Optional[Sequence[str]], shaped: bool = False) -> None:
@@ -218,40 +248,20 @@ class LocalBackend(Backend):
 
     @contextlib.contextmanager
     def session(self, run_dir: Path, console: TextIO) -> Iterator[None]:
-        """TensorBoard on the run dir, started on this host's network before the launcher moves into its private
-        namespace (a re-executed launcher finds its pid in the environment and stops it at the end); with
-        `--ps_memory_limit`, a check that memory cgroups can be made here first, and each ps's peak and the removal
-        of their cgroups at the end."""
-        from psworker.launcher import tensorboard
-
-        opts = self.options
+        """The run's surroundings, each a context manager on one stack: TensorBoard on the run dir (started on
+        this host's network, before the launcher moves into its private namespace), the namespace (`--network`),
+        and at the end each ps's memory peak (`--ps_memory_limit`, its cgroups removed) and each ps link's bytes.
+        The cgroup controller is probed once, by the CLI (`check_memory_plan`); `prepare` makes the cgroups."""
         self._run_dir = run_dir
-        if opts.ps_memory_limit_bytes is not None:
-            memory_cap_possible()
-        pid = os.environ.get(TENSORBOARD_PID_ENV)
-        if opts.tensorboard_port is not None and pid is None:
-            started, url = tensorboard.start_detached(str(run_dir), opts.tensorboard_port)
-            pid = os.environ[TENSORBOARD_PID_ENV] = str(started)
-            os.environ[TENSORBOARD_URL_ENV] = url
-            after = "and after it until Ctrl-C" if tensorboard.keeps_serving(console) else "for as long as it lasts"
-            print(f"psworker: TensorBoard at {url} (127.0.0.1 only) shows the run from its first step, {after}",
-                  file=console, flush=True)
-        try:
-            argv = opts.reexec_argv   # the re-executed launcher takes the run dir chosen here
-            isolate_network(opts.network, None if argv is None else [*argv[:1], "--train_dir", str(run_dir),
-                                                                      *argv[1:]], opts.ps_link_rate_bps is not None)
+        with contextlib.ExitStack() as stack:
+            stack.callback(self._report_link_bytes, console)
+            stack.enter_context(_tensorboard(self.options.tensorboard_port, run_dir, console))
+            stack.callback(self._end_memory_caps, console)
+            argv = self.options.reexec_argv   # the re-executed launcher takes the run dir chosen here
+            isolate_network(self.options.network,
+                            None if argv is None else [*argv[:1], "--train_dir", str(run_dir), *argv[1:]],
+                            self.options.ps_link_rate_bps is not None)
             yield
-        finally:
-            self._end_memory_caps(console)
-            if pid is not None:
-                if tensorboard.keeps_serving(console) and sys.exc_info()[0] is None and not _stopped(run_dir):
-                    print(f"psworker: TensorBoard at {os.environ.get(TENSORBOARD_URL_ENV, '?')} serves the run "
-                          "until Ctrl-C", file=console, flush=True)
-                    tensorboard.serve_until_interrupted(int(pid))
-                tensorboard.stop_pid(int(pid))
-                print(f"psworker: TensorBoard stopped with the run; psworker tensorboard --logdir {run_dir} serves it "
-                      "again", file=console, flush=True)
-            self._report_link_bytes(console)
 
     def prepare(self, spec: ClusterSpec, text: str) -> None:
         """`--ps_link_rate`: a shaped link per ps port on `lo` (we are root in the run's own namespace here);
