@@ -52,6 +52,29 @@ class Supervisor(ByHand):
     The run policy (`success`, `done_jobs`, the graces, `restart_policy`) is `psworker.launcher.run_policy`'s: it
     decides, this carries it out. When a task fails and is not restarted, every other task is stopped, and the first
     failure by time is the root cause.
+
+    Args:
+        tasks: what to run, e.g. `psworker.spec.plan.plan(...)`; names must be distinct.
+        log_dir: where `<job>-<index>.log` go; created on start.
+        backend: starts and signals the processes (e.g. `psworker.launcher.backends.local.LocalBackend()`).
+        console: where the `[job:index] `-prefixed copy goes; None: sys.stdout at construction.
+        console_filter: maps a task's output line and name to what the console shows (None: nothing); None: all.
+        console_window_secs: show a line that several tasks print within this window once (`[worker:0-7] `).
+        grace_period_secs: between SIGTERM and SIGKILL when stopping.
+        ps_exit_grace_secs: how long servers may take to exit by themselves once the run is done.
+        restart_policy: None (a failure ends the run), or e.g. a `psworker.launcher.policy.RestartPolicy`.
+        faults: injected faults (`psworker.launcher.inject`).
+        stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
+        done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
+        success: when the run has succeeded, and how long the other `done_jobs` tasks then get (default: all).
+        stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
+            (`psworker.launcher.stacks`); None: not asked.
+        elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
+            (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
+        scale_inbox: the run dir's `psworker scale` requests and state file
+            (`psworker.launcher.elastic.scale_inbox`).
+        run_dir: where to keep `tasks.json`, each task's pid, host, state and exit (`launcher.runstate`).
+        stop_save_secs: how long a stop by `request_stop` gives the chief to save before the ps go; 0: no wait.
     """
 
     _result: Optional[RunResult]
@@ -80,41 +103,27 @@ class Supervisor(ByHand):
         run_dir: Optional[str | os.PathLike] = None,
         stop_save_secs: float = 0.0,
     ) -> None:
-        """Args:
-            tasks: what to run, e.g. `psworker.spec.plan.plan(...)`; names must be distinct.
-            log_dir: where `<job>-<index>.log` go; created on start.
-            backend: starts and signals the processes (e.g. `psworker.launcher.backends.local.LocalBackend()`).
-            console: where the `[job:index] `-prefixed copy goes; None: sys.stdout at construction.
-            console_filter: maps a task's output line and name to what the console shows (None: nothing); None: all.
-            console_window_secs: show a line that several tasks print within this window once (`[worker:0-7] `).
-            grace_period_secs: between SIGTERM and SIGKILL when stopping.
-            ps_exit_grace_secs: how long servers may take to exit by themselves once the run is done.
-            restart_policy: None (a failure ends the run), or e.g. a `psworker.launcher.policy.RestartPolicy`.
-            faults: injected faults (`psworker.launcher.inject`).
-            stall_timeout_secs: kill (then judge, maybe restart) a worker whose step has not moved this long.
-            done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
-            success: when the run has succeeded, and how long the other `done_jobs` tasks then get (default: all).
-            stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
-                (`psworker.launcher.stacks`); None: not asked.
-            elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
-                (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
-            scale_inbox: the run dir's `psworker scale` requests and state file (`psworker.launcher.elastic.scale_inbox`).
-            run_dir: where to keep `tasks.json`, each task's pid, host, state and exit (`launcher.runstate`).
-            stop_save_secs: how long a stop by `request_stop` gives the chief to save before the ps go; 0: no wait.
-        """
         names = distinct_names(tasks)
         self._log_dir = Path(log_dir)
         self._slots = {t.name: Slot(t, self._log_dir / task_log_name(t.name)) for t in tasks}
-        self._backend, self._grace, self._stall, self._stacks = backend, grace_period_secs, stall_timeout_secs, stacks
+        self._backend = backend
+        self._grace = grace_period_secs
+        self._stall = stall_timeout_secs
+        self._stacks = stacks
         self._faults = list(faults)
         self._rules = Rules(done_jobs if done_jobs is not None else frozenset(t.job for t in tasks) - SERVER_JOBS,
                             success.deciding_task(names), success.worker_exit_grace_secs, ps_exit_grace_secs,
                             restart_policy)
         self.progress = Progress(names)
         self._lock = threading.RLock()
-        self._started, self._started_time, self._stop_request, self._hard_stop = False, 0.0, None, False
+        self._started = False
+        self._started_time = 0.0
+        self._stop_request = None
+        self._hard_stop = False
         self._stop_save_secs = stop_save_secs
-        self._result, self._failure, self._ending = None, None, Ending()    # `_ending`: once succeeded, its drain
+        self._result = None
+        self._failure = None
+        self._ending = Ending()     # once succeeded, its drain
         self._rollbacks = Rollbacks()
         self._taskfile = None if run_dir is None else runstate.TaskFile(Path(run_dir))
         self._output = OutputCopier(console if console is not None else sys.stdout, console_filter,
