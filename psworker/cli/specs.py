@@ -7,6 +7,7 @@ import json
 import sys
 
 from psworker import events
+from psworker.fast_path import fast_path
 from psworker.cli.flags import add_memory_limit_flag, add_model_flag, int_type, positive_float
 from psworker.errors import EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import ALL_JOBS, CountSpec, load_spec, merge_train
@@ -54,7 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.model is not None or args.ps_memory_limit is not None:
         model = merge_train(spec.train, {"model": args.model}).model if args.model else spec.train.model
         from psworker.train import plan_report
-        report = plan_report.placement_report(model, len(spec.ps), pack_transfers=spec.train.pack_transfers)
+        report = plan_report.placement_report(model, len(spec.ps), pack_transfers=fast_path(spec.train).pack)
         print()
         print(plan_report.describe(model, len(spec.ps), workers=len(spec.worker), step_rate=args.step_rate,
                                    bandwidth_gbps=args.bandwidth_gbps, report=report))

@@ -39,13 +39,38 @@ def parse_num_devices(value: Any, path: str, source: str) -> Union[int, str]:
     return value
 
 
+def parse_auto_bool(value: Any, path: str, source: str) -> Union[bool, str]:
+    """`true`/`false`, or `auto` (`fast_path` decides)."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return parse_bool(value, path, source)
+    except SpecError:
+        raise SpecError(source, path, f"expected true, false or auto, got {value!r}") from None
+
+
+def parse_auto_count(value: Any, path: str, source: str) -> Union[int, str]:
+    """A count >= 1, or `auto` (`fast_path` decides)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == AUTO:
+            return AUTO
+        if text.lstrip("-").isdigit():
+            value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(source, path, f"expected an integer or 'auto', got {_show(value)}")
+    if value < 1:
+        raise SpecError(source, path, f"must be >= 1, got {value} (or 'auto')")
+    return value
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return f"bool {str(value).lower()}"
     return "null" if value is None else f"{type(value).__name__} {value!r}"
 
 
-PARSERS = {"num_devices": parse_num_devices}
+PARSERS = {"num_devices": parse_num_devices, "concurrent_steps": parse_auto_count, "pack_transfers": parse_auto_bool}
 TYPE_PARSERS = {bool: parse_bool}
 
-__all__ = ["AUTO", "parse_bool", "parse_num_devices", "PARSERS", "TYPE_PARSERS"]
+__all__ = ["AUTO", "parse_bool", "parse_num_devices", "parse_auto_bool", "parse_auto_count", "PARSERS", "TYPE_PARSERS"]

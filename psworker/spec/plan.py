@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, TypeVar, Union
 
 from psworker.errors import SpecError
+from psworker.fast_path import fast_path
 from psworker.spec import (SCRIPT_JOBS, Address, ClusterSpec, CountSpec, build_cluster, check_elastic,
                            format_address, merge_train, parse_address)
 
@@ -108,7 +109,7 @@ def format_plan(spec: ClusterSpec, tasks: list[Task]) -> str:
     rows = [("TASK", "ADDRESS", "ROLE", "COMMAND")]
     rows += [(k.name, format_address(k.address), k.role, shlex.join(k.argv)) for k in tasks]
     widths = [max(len(r[c]) for r in rows) for c in range(3)]
-    lines = [header, ""]
+    lines = [header, *fast_path(t).lines(), ""]
     lines += ["  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows]
     if any(k.address.port == 0 for k in tasks):
         lines += ["", "ports shown as 'auto' are chosen when `psworker local` starts the cluster; tasks started "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from psworker.errors import SpecError, SpecProblems, describe_value, unknown_key
-from psworker.spec.fieldtypes import PARSERS, TYPE_PARSERS
+from psworker.spec.fieldtypes import AUTO, PARSERS, TYPE_PARSERS
 from psworker.models import registry as model_registry
 
 MODES = ("async", "sync")
@@ -114,15 +114,17 @@ class TrainConfig:
     transfer_dtype: str = _setting("float32", "dtype of the pulled weights and pushed gradients on the wire (cast "
                                               "on the sending side; variables stay float32 on the ps)",
                                    choices=lambda: TRANSFER_DTYPES, flag=False)
-    concurrent_steps: int = _setting(1, "async: steps a worker runs at once, each on its own batch (threads beside "
-                                        "the step loop): more hide the round trips to the ps as more workers "
-                                        "would, with their staleness; not in sync mode", flag=False)
-    pack_transfers: bool = _setting(False, "each ps's small variables (up to 1 MiB each) pulled as one tensor and "
-                                           "their gradients pushed as one, and a sparse table's row ids sent once "
-                                           "a step: fewer RPCs per step, for models of many small variables; "
-                                           "variables from 16 KiB (not 256 KiB) are split over the ps tasks, "
-                                           "evening out what each ps link carries",
-                                    metavar="{true,false}", flag=False)
+    concurrent_steps: Union[int, str] = _setting(
+        "auto", "async: steps a worker runs at once, each on its own batch (threads beside the step loop): more hide "
+                "the round trips to the ps as more workers would, with their staleness; not in sync mode; auto: 1 "
+                "(2 cost AUC at the same steps, issue 37; `psworker plan` says which and why)",
+        metavar="{N,auto}", flag=False)
+    pack_transfers: Union[bool, str] = _setting(
+        "auto", "each ps's small variables (up to 1 MiB each) pulled as one tensor and their gradients pushed as one, "
+                "and a sparse table's row ids sent once a step: fewer RPCs per step, for models of many small "
+                "variables; variables from 16 KiB (not 256 KiB) are split over the ps tasks, evening out what each ps "
+                "link carries; auto: on in between-graph runs, off in-graph",
+        metavar="{true,false,auto}", flag=False)
     allow_fresh_start: bool = _setting(False, "the chief starts from scratch when train_dir holds checkpoint files "
                                               "but none is usable (by default it refuses: exit 3)",
                                        metavar="{true,false}")
@@ -203,7 +205,7 @@ def _coerce(name: str, value: Any, path: str, source: str, from_strings: bool) -
 
 
 def _check_value(name: str, value: Any, path: str, source: str) -> None:
-    if value is None:
+    if value is None or (value == AUTO and name in PARSERS):
         return
     if name in _MINIMUM and value < _MINIMUM[name]:
         raise SpecError(source, path, f"must be >= {_MINIMUM[name]}, got {value}")
@@ -254,16 +256,17 @@ def _check_transfer_rules(config: TrainConfig, source: str, prefix: str) -> None
         raise SpecError(source, _join(prefix, "staged_vars"),
                         "staged variables are for async mode only (a sync step must compute on the weights of the "
                         "step it belongs to); drop staged_vars or use mode async")
-    if config.concurrent_steps > 1 and config.mode == "sync":
+    steps = 1 if config.concurrent_steps == AUTO else config.concurrent_steps   # auto: `fast_path` decides
+    if steps > 1 and config.mode == "sync":
         raise SpecError(source, _join(prefix, "concurrent_steps"),
                         "more than one step in flight is for async mode only (a sync step waits for the others'); "
                         "drop concurrent_steps or use mode async")
-    if config.concurrent_steps > 1 and config.staged_vars:
+    if steps > 1 and config.staged_vars:
         raise SpecError(source, _join(prefix, "concurrent_steps"),
                         "staged variables hold one step's values, for one step in flight; drop staged_vars or "
                         "concurrent_steps")
     for name, on in (("staged_vars", config.staged_vars), ("transfer_dtype", config.transfer_dtype != "float32"),
-                     ("pack_transfers", config.pack_transfers), ("concurrent_steps", config.concurrent_steps > 1)):
+                     ("pack_transfers", config.pack_transfers is True), ("concurrent_steps", steps > 1)):
         if on and config.replication == "in-graph":
             raise SpecError(source, _join(prefix, name), f"{name} is for between-graph replication only")
 

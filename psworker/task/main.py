@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from psworker import events, stackdump
+from psworker import events, fast_path, stackdump
 from psworker.errors import EXIT_OK, LeftJob, UsageError
 from psworker.spec import ClusterSpec, TrainConfig
 from psworker.tf_import import import_tensorflow
@@ -162,6 +162,7 @@ def _worker(spec: ClusterSpec, index: int, config: TrainConfig, allow_public_bin
     from psworker.train import devices
 
     config, server_config = devices.for_worker(config, name)   # --num_devices auto: every visible GPU
+    config = fast_path.resolve(config)   # pack_transfers, concurrent_steps auto: decided by the plan's rule
     server = srv.start_server(spec, "worker", index, config=server_config)
     from psworker.task import done_queue, replication, runner, shutdown
     from psworker.train.ingraph import CLIENT_INDEX

@@ -93,14 +93,13 @@ class DealerState:
                           self.ring_count, self.trained, self.pool_shard, self.pool_start, self.examples_trained]
         self.num_workers = num_workers
 
-    def count(self, index: int, batch_size, train_op):
-        """`train_op`, then the record of `batch_size` examples trained by worker `index`: the new train op.
-
-        Every op of it is on the dealer's ps, beside the global step that `train_op` updates last: a group on the
-        worker would cost the step a round trip per control edge (measured: the MLP at about half the steps/s)."""
+    def count(self, index: int, batch_size, train_op, claimed=None):
+        """`train_op`, then the record of `batch_size` examples trained by worker `index` (none unless `claimed`, when
+        given: `step_claim`): the new train op. Every op of it is on the dealer's ps: a group on the worker would cost
+        the step a round trip per control edge (measured: the MLP at about half the steps/s)."""
         import tensorflow as tf
 
-        n = tf.reshape(tf.cast(batch_size, tf.int64), [1])
+        n = tf.reshape(tf.cast(batch_size, tf.int64) * (1 if claimed is None else tf.cast(claimed, tf.int64)), [1])
         with tf.compat.v1.device(None), tf.compat.v1.device(self.trained.device), \
                 tf.control_dependencies([train_op]), tf.name_scope(f"{SCOPE}/count"):
             return tf.group(self.trained.scatter_add(tf.IndexedSlices(n, tf.constant([index]))),

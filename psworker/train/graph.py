@@ -117,7 +117,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     """
     import tensorflow as tf
 
-    from psworker.train import devices, transfer
+    from psworker.train import devices, step_claim, transfer
     from psworker.train.placement import GreedyByteStrategy, min_partition_bytes, partitioned_variables
 
     v1 = tf.compat.v1
@@ -134,7 +134,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             raise ValueError("sync mode needs a cluster")
         worker_device, placement, input_device = "", None, "/device:CPU:0"
     num_ps = len(cluster["ps"]) if cluster else 1
-    with tf.compat.v1.device(placement), partitioned_variables(num_ps, min_partition_bytes(config.pack_transfers)):
+    with tf.compat.v1.device(placement), partitioned_variables(num_ps, min_partition_bytes(transfer.options_of(config).packed)):
         global_step = v1.train.get_or_create_global_step()
         inputs = _inputs(model, config, dealing, global_step, input_device, task_index, num_workers)
         images, labels = inputs.batch
@@ -146,14 +146,14 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
         demand = TokensOnDemand(sync, global_step, config.max_steps) if sync is not None and elastic else None
         optimizer = sync or optimizer
-        apply_op = optimizer.apply_gradients(pulls.push(grads), global_step=global_step)
+        apply_op, claim = step_claim.apply_update(optimizer, pulls.push(grads), global_step, config, images)
         if demand is not None:
             demand.after_apply()
             apply_op = tf.group(apply_op, demand.register(task_index))
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
         train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls, grads, opt)
         if inputs.state is not None:   # after the update: a checkpoint never counts an example not trained on
-            train_op = inputs.state.count(task_index, tf.shape(images)[0], train_op)
+            train_op = inputs.state.count(task_index, tf.shape(images)[0], train_op, claim)
         reset = SyncRestartReset(sync, demand) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),

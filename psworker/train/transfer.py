@@ -47,9 +47,11 @@ class TransferOptions:
 
 
 def options_of(config) -> TransferOptions:
-    """The `TransferOptions` of a `TrainConfig`."""
+    """The `TransferOptions` of a `TrainConfig` (`pack_transfers` auto: `fast_path` decides)."""
+    from psworker.fast_path import fast_path
+
     return TransferOptions(staged=bool(config.staged_vars), dtype=config.transfer_dtype,
-                           packed=bool(config.pack_transfers))
+                           packed=fast_path(config).pack)
 
 
 class Pulls:
