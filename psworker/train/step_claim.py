@@ -10,8 +10,8 @@ passes `max_steps` and counts exactly the updates claimed; an unclaimed step's b
 
 The claim waits for the step's batch (a step whose input ran dry at the end of the epochs claims nothing), then
 runs on the ps beside the pulls and the compute, holding the lock only for its read and add; the update waits for
-its answer, which came long before the gradients. Moving averages (`finish_train_op`) are still updated by an unclaimed step (at most
-one per step in flight, at the very end): they follow the weights, which that step left unchanged.
+its answer, which came long before the gradients. Moving averages (`finish_train_op`) are still updated by an
+unclaimed step (at most one per step in flight, at the very end): they follow the weights, left unchanged.
 """
 
 from __future__ import annotations
