@@ -1,5 +1,5 @@
-"""The fast path by default (issue 37): `auto` packs between-graph transfers and runs 2 steps in flight in async
-between-graph runs without staged variables; explicit values win; `psworker plan` says which and why."""
+"""The fast path by default (issue 37): `auto` packs between-graph transfers and keeps 1 step in flight (2 cost AUC);
+explicit values win; `psworker plan` says which and why."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.cluster_utils import REPO, task_env
 
 
 @pytest.mark.parametrize("given, pack, steps", [
-    ({}, True, 2),
+    ({}, True, 1),
     ({"mode": "sync"}, True, 1),
     ({"staged_vars": "true"}, True, 1),
     ({"replication": "in-graph"}, False, 1),
@@ -43,7 +43,7 @@ def test_auto_is_a_value_of_both_flags_and_bad_values_are_refused():
 
 
 def test_plan_prints_the_transfer_path_and_the_steps_in_flight_with_why():
-    for spec, steps, why in (("local.yaml", 2, "auto: async between-graph"),
+    for spec, steps, why in (("local.yaml", 1, "auto: async between-graph: 2 in flight cost"),
                              ("local-sync.yaml", 1, "auto: a sync step waits")):
         done = subprocess.run([sys.executable, "-m", "psworker", "plan", str(REPO / "cluster_specs" / spec)],
                               env=task_env(), capture_output=True, text=True, timeout=120)
