@@ -193,7 +193,7 @@ def test_packed_transfers_cross_once_per_ps_each_way(train, caplog):
 
     caplog.set_level("INFO", logger="psworker.train.transfer")
     cluster = {"ps": ["h:1", "h:3"], "worker": ["h:2"]}
-    plain, _ = _mlp_graph(cluster=cluster, **train)
+    plain, _ = _mlp_graph(cluster=cluster, pack_transfers=False, **train)
     graph, tg = _mlp_graph(cluster=cluster, pack_transfers=True, **train)
     crossing = {(t.name, _job(op), _task(op if _job(op) == "ps" else t.op)) for op in _step_ops(tg.train_op)
                 for t in op.inputs if _job(t.op) != _job(op) and "resource" not in t.dtype.name}
