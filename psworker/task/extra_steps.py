@@ -28,13 +28,15 @@ FAILED_JOIN_SECS = 5.0   # how long the helpers are waited for when the step loo
 
 class ExtraSteps:
     """`count` helper threads running `train_op` with `options` (a step's deadline) beside the step loop, until the
-    `global_step` fetched with a step shows `last_step` reached. A context manager: on exit the helpers finish the
-    step they are in and end (joined, each for at most `join_secs`)."""
+    `global_step` fetched with a step shows `last_step` reached; `steps` counts their steps (with `claimed`, a bool
+    tensor of `step_claim`, only those that claimed a global step). A context manager: on exit the helpers finish
+    the step they are in and end (joined, each for at most `join_secs`)."""
 
     def __init__(self, count: int, train_op: Any, options: Any, name: str, join_secs: float, global_step: Any,
-                 last_step: int):
+                 last_step: int, claimed: Any = None):
         self._count = count
         self._train_op = train_op
+        self._claimed = [] if claimed is None else [claimed]   # `step_claim`: a step counts only if it claimed one
         self._global_step = global_step   # fetched with each step: a helper ends once it reaches `last_step`
         self._last_step = last_step
         self._options = options
@@ -94,7 +96,8 @@ class ExtraSteps:
         while got is not None:
             session, seen = got
             try:
-                step = session.run([self._train_op, self._global_step], options=self._options)[1]
+                _, step, *claimed = session.run([self._train_op, self._global_step, *self._claimed],
+                                                options=self._options)
             except (tf.errors.OpError, RuntimeError) as e:   # RuntimeError: a session the loop closed
                 with self._cond:
                     self.failures += 1
@@ -103,7 +106,7 @@ class ExtraSteps:
                 got, failed = self._next(seen), True
                 continue
             with self._cond:
-                self.steps += 1
+                self.steps += all(claimed)
             if failed:
                 log.info("%s: a helper's steps go on after a failed one", self._name)
             if step + 1 >= self._last_step:

@@ -180,7 +180,7 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         choice = first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
         extra = ExtraSteps(config.concurrent_steps - 1, tg.train_op, _step_options(config)[1], name,
                            join_secs=config.step_timeout_secs + GIVE_UP_GRACE_SECS, global_step=tg.global_step,
-                           last_step=config.max_steps)
+                           last_step=config.max_steps, claimed=tg.claimed)
         progress, hooks = hooks_of(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else (),
                                    extra_steps=lambda: extra.steps)
         watchdog = _watchdog(config, replication, name)

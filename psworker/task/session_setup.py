@@ -37,7 +37,7 @@ def hooks_of(config: TrainConfig, tg: Any, scaffold: Any, replication: Replicati
                              gated=chief_hooks(config, scaffold, name, kept) if replication.is_chief else (),
                              align_steps=(config.log_every_steps, config.save_checkpoint_steps),
                              stride=replication.workers * config.concurrent_steps, emit=emit, name=name,
-                             extra_steps=extra_steps,
+                             extra_steps=extra_steps, claimed=tg.claimed,
                              epochs=None if tg.dealer is None else (tg.dealer_state.examples_trained,
                                                                     tg.dealer.dealing.plan.num_examples,
                                                                     config.num_epochs))

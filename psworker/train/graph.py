@@ -1,10 +1,10 @@
 """One worker's training graph (between-graph replication) and the pieces every training graph shares.
 
-Async mode: each worker applies its own gradients. Sync mode: `SyncReplicasOptimizer` averages
-`replicas_to_aggregate` gradients per global step (fewer than the number of workers makes the rest backup workers
-whose stale gradients are dropped), with two changes: its inner update is capped at `max_steps` (`CappedOptimizer`,
-so the global step ends exactly there), and no tokens are queued up front (`SYNC_INIT_TOKENS`), so that each
-worker's first gradient belongs to the first step.
+Async mode: each worker applies its own gradients (with steps in flight, once it claimed a global step: `step_claim`).
+Sync mode: `SyncReplicasOptimizer` averages `replicas_to_aggregate` gradients per global step (fewer than the number
+of workers makes the rest backup workers whose stale gradients are dropped), with two changes: its inner update is
+capped at `max_steps` (`CappedOptimizer`, so the global step ends exactly there), and no tokens are queued up front
+(`SYNC_INIT_TOKENS`), so that each worker's first gradient belongs to the first step.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class TrainGraph:
     dealer: object = None       # dealt shards: this worker's dealer.DealerClient
     dealer_state: object = None  # dealt shards: the dealer.DealerState (its variables)
     input_init: object = None   # dealt shards: the input iterator's initializer (run with each new session)
+    claimed: object = None      # steps in flight: this step claimed a global step (`step_claim`), a bool tensor
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
             raise ValueError("sync mode needs a cluster")
         worker_device, placement, input_device = "", None, "/device:CPU:0"
     num_ps = len(cluster["ps"]) if cluster else 1
-    with tf.compat.v1.device(placement), partitioned_variables(num_ps, min_partition_bytes(transfer.options_of(config).packed)):
+    with v1.device(placement), partitioned_variables(num_ps, min_partition_bytes(transfer.options_of(config).packed)):
         global_step = v1.train.get_or_create_global_step()
         inputs = _inputs(model, config, dealing, global_step, input_device, task_index, num_workers)
         images, labels = inputs.batch
@@ -158,7 +159,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
                       pulls=pulls if pulls.options.active else None, dealer=inputs.client,
-                      dealer_state=inputs.state, input_init=inputs.init)
+                      dealer_state=inputs.state, input_init=inputs.init, claimed=claim)
 
 
 @dataclass(frozen=True)
@@ -220,9 +221,8 @@ def _gradients(model: Model, optimizer: Any, pulls: Any, images, labels, config:
         if config.num_devices > 1:
             from psworker.train import towers
 
-            grads, loss = towers.build_tower_gradients(
-                model, source, images, labels, config.num_devices, device_prefix=worker_device
-            )
+            grads, loss = towers.build_tower_gradients(model, source, images, labels, config.num_devices,
+                                                       device_prefix=worker_device)
         else:
             logits = model.inference(images, training=True)
             loss = model.loss(logits, labels)

@@ -37,7 +37,8 @@ class TrainLoopHook(_hook_base()):
     run several steps per step of its own), and once that may reach `last_step` it is read again after the step.
     A worker runs a step only while the global step it last read is below `last_step`, so training stops there as
     TF's `StopAtStepHook` does: at `last_step`, or a step or so past it per other worker taking the last steps at once
-    (a worker whose peers outran its stride within one of its steps may run one step more).
+    (a worker whose peers outran its stride within one of its steps may run one step more). With `claimed` (a bool
+    tensor, `step_claim`) a step counts as a local step only if it claimed a global step.
 
     Every `every_steps` local steps it prints `step 120, loss = 0.42 (1830.2 examples/sec; 0.035 sec/batch)`, with
     dealt shards (`epochs`) also the epoch: `step 120, loss = 0.42, epoch 1.37 of 3 (...)`. At the end of a session
@@ -46,8 +47,9 @@ class TrainLoopHook(_hook_base()):
 
     def __init__(self, loss, global_step, *, last_step: int, every_steps: int, examples_per_step: int,
                  gated: tuple = (), align_steps: tuple = (), stride: int = 1, emit=print, name: str = "worker",
-                 epochs: Optional[tuple] = None, extra_steps: Callable[[], int] = lambda: 0):
+                 epochs: Optional[tuple] = None, extra_steps: Callable[[], int] = lambda: 0, claimed=None):
         self._name = name
+        self._claimed = {} if claimed is None else {"claimed": claimed}   # fetched with every step
         self._extra_steps = extra_steps   # steps run beside this loop (threads), counted in examples/sec
         self._extra_at = 0
         self._epochs = epochs          # dealt shards: (examples-trained tensor, examples per epoch, num_epochs)
@@ -73,7 +75,7 @@ class TrainLoopHook(_hook_base()):
 
         for hook in self._gated:
             hook.begin()
-        self._quiet = tf.compat.v1.train.SessionRunArgs({"step": self._global_step})
+        self._quiet = tf.compat.v1.train.SessionRunArgs({"step": self._global_step, **self._claimed})
         self._t0 = time.monotonic()
 
     def after_create_session(self, session, coord):
@@ -96,7 +98,7 @@ class TrainLoopHook(_hook_base()):
             return self._quiet
         import tensorflow as tf
 
-        fetches = {"step": self._global_step, "loss": self._loss}
+        fetches = {"step": self._global_step, "loss": self._loss, **self._claimed}
         if self._epochs is not None:
             fetches["examples"] = self._epochs[0]
         for i, hook in enumerate(self._gated):
@@ -107,7 +109,7 @@ class TrainLoopHook(_hook_base()):
 
     def after_run(self, run_context, run_values):
         results = run_values.results
-        self.local_steps += 1
+        self.local_steps += bool(results.get("claimed", True))   # an unclaimed step updated nothing
         step = int(results["step"])
         self._learn_stride(step)
         self.last_global_step = step
