@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from psworker.errors import SpecError
-from psworker.fast_path import fast_path, resolve
+from psworker.spec.fast_path import fast_path, resolve
 from psworker.spec import TrainConfig, merge_train
 from tests.cluster_utils import REPO, task_env
 
@@ -29,6 +29,12 @@ def test_auto_follows_the_rule_and_explicit_values_win(given, pack, steps):
     resolved = resolve(config)
     assert (resolved.pack_transfers, resolved.concurrent_steps) == (pack, steps)
     assert resolve(resolved) == resolved
+
+
+def test_auto_packs_nothing_in_one_process_without_servers_but_an_explicit_true_does():
+    assert not fast_path(TrainConfig(), servers=False).pack
+    assert "without servers" in fast_path(TrainConfig(), servers=False).pack_reason
+    assert fast_path(TrainConfig(pack_transfers=True), servers=False).pack
 
 
 def test_auto_is_a_value_of_both_flags_and_bad_values_are_refused():

@@ -7,7 +7,7 @@ import json
 import sys
 
 from psworker import events
-from psworker.fast_path import fast_path
+from psworker.spec.fast_path import fast_path
 from psworker.cli.flags import add_memory_limit_flag, add_model_flag, int_type, positive_float
 from psworker.errors import EXIT_OK, EXIT_USAGE, PsworkerError, UsageError
 from psworker.spec import ALL_JOBS, CountSpec, load_spec, merge_train

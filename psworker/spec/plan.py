@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, TypeVar, Union
 
 from psworker.errors import SpecError
-from psworker.fast_path import fast_path
+from psworker.spec.fast_path import fast_path
 from psworker.spec import (SCRIPT_JOBS, Address, ClusterSpec, CountSpec, build_cluster, check_elastic,
                            format_address, merge_train, parse_address)
 

@@ -16,9 +16,9 @@ import os
 import sys
 import time
 
-from psworker import events, fast_path, stackdump
+from psworker import events, stackdump
 from psworker.errors import EXIT_OK, LeftJob, UsageError
-from psworker.spec import ClusterSpec, TrainConfig
+from psworker.spec import ClusterSpec, TrainConfig, fast_path
 from psworker.tf_import import import_tensorflow
 
 log = logging.getLogger(__name__)

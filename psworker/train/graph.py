@@ -134,14 +134,14 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         if config.mode == "sync":
             raise ValueError("sync mode needs a cluster")
         worker_device, placement, input_device = "", None, "/device:CPU:0"
-    num_ps = len(cluster["ps"]) if cluster else 1
-    with v1.device(placement), partitioned_variables(num_ps, min_partition_bytes(transfer.options_of(config).packed)):
+    num_ps, transfers = len(cluster["ps"]) if cluster else 1, transfer.options_of(config, servers=bool(cluster))
+    with v1.device(placement), partitioned_variables(num_ps, min_partition_bytes(transfers.packed)):
         global_step = v1.train.get_or_create_global_step()
         inputs = _inputs(model, config, dealing, global_step, input_device, task_index, num_workers)
         images, labels = inputs.batch
         opt = optimization(model, config, global_step, config.batch_size * config.num_devices, num_workers)
         lr, optimizer, ema = opt.learning_rate, opt.optimizer, opt.ema
-        pulls = transfer.Pulls(transfer.options_of(config), worker_device)
+        pulls = transfer.Pulls(transfers, worker_device)
         grads, loss = _gradients(model, optimizer, pulls, images, labels, config, worker_device)
         log_tables(opt.ema)
         sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None

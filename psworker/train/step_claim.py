@@ -48,7 +48,7 @@ def apply_update(optimizer: Any, grads_and_vars: Any, global_step: Any, config: 
     else the plain update that adds to `global_step` after it (sync: capped by `graph.CappedOptimizer`), None."""
     import tensorflow as tf
 
-    from psworker.fast_path import fast_path
+    from psworker.spec.fast_path import fast_path
 
     # One step in flight needs no claim: its cond's switches of the gradients land on the worker (a test of packed
     # transfers counts 2 crossings per ps more), not measured yet; with steps in flight an exact end comes first.

@@ -46,12 +46,13 @@ class TransferOptions:
         return self.staged or self.dtype != "float32" or self.packed
 
 
-def options_of(config) -> TransferOptions:
-    """The `TransferOptions` of a `TrainConfig` (`pack_transfers` auto: `fast_path` decides)."""
-    from psworker.fast_path import fast_path
+def options_of(config, servers: bool = True) -> TransferOptions:
+    """The `TransferOptions` of a `TrainConfig` (`pack_transfers` auto: `fast_path` decides; `servers`: False for a
+    graph of one process without a cluster)."""
+    from psworker.spec.fast_path import fast_path
 
     return TransferOptions(staged=bool(config.staged_vars), dtype=config.transfer_dtype,
-                           packed=fast_path(config).pack)
+                           packed=fast_path(config, servers).pack)
 
 
 class Pulls:

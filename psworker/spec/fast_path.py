@@ -3,12 +3,12 @@
 `pack_transfers` and `concurrent_steps` default to `auto`; `fast_path` turns `auto` into a value by a rule, and an
 explicit value (spec or flag) always wins. The rule, from measurements (issue 37, its closing note):
 
-- packed transfers: between-graph replication (in-graph has no per-worker pull to pack). Only the transport changes,
-  not the update; measured at no loss of throughput on the MLP and a gain on criteo.
+- packed transfers: between-graph replication with servers (in-graph has no per-worker pull to pack, one process
+  without servers no transfer). Only the transport changes, not the update (the same bytes in fewer tensors).
 - steps in flight: 1 (`AUTO_STEPS_IN_FLIGHT`). 2 in flight are correct in async between-graph runs without staged
   variables (each step claims its global step, `train.step_claim`: a run ends exactly at max_steps, dealt data
   stays exactly-once) and were ~1.3x the steps/s on criteo 1 ps + 1 worker, but cost 0.005-0.007 AUC at 400 steps
-  (interleaved pairs, seed 1), and the issue asks for no AUC loss at a fixed step count: `--concurrent_steps 2`.
+  (interleaved pairs, seed 1), and the issue asks for no AUC loss at a fixed step count: `--set concurrent_steps=2`.
 
 Pure: no TensorFlow, no I/O.
 """
@@ -40,12 +40,14 @@ class FastPath:
                 f"steps in flight per worker: {self.steps_in_flight}: {self.steps_reason}")
 
 
-def _pack(config) -> tuple[bool, str]:
+def _pack(config, servers: bool) -> tuple[bool, str]:
     if config.pack_transfers != AUTO:
         return bool(config.pack_transfers), f"pack_transfers {str(bool(config.pack_transfers)).lower()} was given"
     if config.replication == "in-graph":
         return False, "auto: in-graph replication pulls no per-worker copy to pack"
-    return True, "auto: between-graph replication (--pack_transfers false turns it off)"
+    if not servers:
+        return False, "auto: one process without servers has no transfer to pack"
+    return True, "auto: between-graph replication (--set pack_transfers=false turns it off)"
 
 
 def _steps(config) -> tuple[int, str]:
@@ -58,12 +60,13 @@ def _steps(config) -> tuple[int, str]:
     if config.staged_vars:
         return 1, "auto: staged variables hold one step's values"
     return AUTO_STEPS_IN_FLIGHT, ("auto: async between-graph: 2 in flight cost 0.006 AUC on criteo at 400 steps "
-                                  "(issue 37); --concurrent_steps 2 for ~1.3x the steps/s, ending exactly at max_steps")
+                                  "(issue 37); --set concurrent_steps=2 for ~1.3x the steps/s, ending exactly at max_steps")
 
 
-def fast_path(config) -> FastPath:
-    """The transfer path and steps in flight of `config` (a `TrainConfig`), each with its reason."""
-    pack, pack_reason = _pack(config)
+def fast_path(config, servers: bool = True) -> FastPath:
+    """The transfer path and steps in flight of `config` (a `TrainConfig`), each with its reason; `servers`: False
+    for a graph built in one process without a cluster (`build_train_graph(cluster=None)`)."""
+    pack, pack_reason = _pack(config, servers)
     steps, steps_reason = _steps(config)
     return FastPath(pack, steps, pack_reason, steps_reason)
 
