@@ -39,7 +39,8 @@ in-process one. An in-process run is unshaped, so with `--ps_link_rate none,...`
         --ps_link_rate none,100mbit --batch_size 256 --steps 120 --repeat 3                  # issue 28's table
 
 `--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
-runs it unstaged); likewise "psworker packed" (`--pack_transfers true`), "psworker 2 in flight"
+runs it unstaged); likewise "psworker unpacked" (`--set pack_transfers=false`: packing is on by default, issue
+37), "psworker packed" (`--pack_transfers true`), "psworker 2 in flight"
 (`--concurrent_steps 2`), "psworker 2 in flight packed" (both) and "psworker 2 in flight packed nospin" (both,
 and `PSWORKER_TF_THREAD_SPINNING=off`). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
 reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
@@ -318,6 +319,7 @@ _IN_FLIGHT_PACKED = ["--concurrent_steps", "2", "--pack_transfers", "true"]
 # psworker with flags, run only when named in --variants (the in-process column runs psworker without them)
 OPT_IN = {
     "psworker staged": ["--staged_vars", "true"],
+    "psworker unpacked": ["--set", "pack_transfers=false"],   # the default before issue 37
     "psworker packed": ["--pack_transfers", "true"],
     "psworker 2 in flight": ["--concurrent_steps", "2"],
     "psworker 2 in flight packed": _IN_FLIGHT_PACKED,
