@@ -56,8 +56,9 @@ def criteo_dir(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_two_steps_in_flight_train_criteo_and_deal_every_example_once(criteo_dir, tmp_path):
     """1 ps + 1 worker, two steps in flight, packed: the helper steps too, the held-out AUC shows the planted
-    signal learned, the run ends within a step in flight of max_steps, and the examples trained are exactly the
-    global steps' batches, none dealt again."""
+    signal learned, the run ends exactly at max_steps (each step claims its global step: `step_claim`), the local
+    steps are the global steps (an unclaimed step counts none), and the examples trained are exactly the global
+    steps' batches, none dealt again."""
     steps, batch = 400, 64
     spec = write_spec(tmp_path / "criteo.yaml", num_ps=1, num_workers=1, model="criteo", batch_size=batch)
     run = run_launcher([str(spec), "--train_dir", str(tmp_path / "train"), "--data_dir", str(criteo_dir),
@@ -68,7 +69,7 @@ def test_two_steps_in_flight_train_criteo_and_deal_every_example_once(criteo_dir
     done = DONE.search(run.output)
     assert done and int(done[3]) > 0 and int(done[2]) > int(done[3]), run.output[-3000:]
     final = checkpoint_step(tmp_path / "train")
-    assert steps <= final <= steps + 2, final
+    assert final == steps, final
     assert int(done[2]) == final, (done[0], final)   # one worker: its steps are every global step
     auc = AUC.search(run.output)
     assert auc and float(auc[1]) >= 0.7, run.output[-3000:]
@@ -152,6 +153,34 @@ def test_helpers_step_only_after_the_loop_and_come_back_after_a_failed_session()
         ended.stepped(second)
         _wait(lambda: not ended._threads[0].is_alive(), "the helper ending at the last step")
     assert 199 <= second.run(step) <= 200
+
+
+def test_a_helper_counts_only_the_steps_that_claimed_a_global_step():
+    """In one process: steps claim their global step below 20 (`step_claim.claim_step`, the claim of two steps in
+    flight); the loop steps once, then a helper steps on, past 20. The global step ends at exactly 20, and the
+    helper counts 19 steps however many it ran (`runs` counts every run, claimed or not)."""
+    import tensorflow as tf
+
+    from psworker.task.extra_steps import ExtraSteps
+    from psworker.train.step_claim import claim_step
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        step = v1.train.get_or_create_global_step()
+        runs = v1.Variable(0, dtype=tf.int64, name="runs", use_resource=True)
+        claimed = claim_step(step, 20)
+        train_op = tf.group(claimed, runs.assign_add(1))
+        init = v1.global_variables_initializer()
+    sess = v1.Session(graph=graph)
+    sess.run(init)
+    extra = ExtraSteps(1, train_op, None, "worker:0", join_secs=30, global_step=step, last_step=10 ** 9,
+                       claimed=claimed)
+    with extra:
+        assert sess.run([train_op, claimed])[1]
+        extra.stepped(sess)
+        _wait(lambda: sess.run(runs) >= 40, "the helper stepping past the last claim")
+    assert (sess.run(step), extra.steps) == (20, 19)
 
 
 def _wait(condition, what: str, secs: float = 60.0) -> None:
