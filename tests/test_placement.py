@@ -17,7 +17,8 @@ def _cifar_graph(mode: str, task_index: int = 0):
     from psworker.train.plan_report import _NoDataModel
 
     graph = tf.Graph()
-    config = TrainConfig(model="cifar10", batch_size=2, mode=mode, max_steps=10)
+    # unpacked: variables split from 256 KiB (packed, the default, splits from 16 KiB: one more here)
+    config = TrainConfig(model="cifar10", batch_size=2, mode=mode, max_steps=10, pack_transfers=False)
     with graph.as_default():
         tg = build_train_graph(_NoDataModel(models.get("cifar10")), config, cluster=CLUSTER, task_index=task_index)
     return graph, tg
