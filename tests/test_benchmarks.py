@@ -1,0 +1,77 @@
+"""Every benchmark is a tested command: each file in benchmarks/ runs its `--quick` mode (seconds, tiny steps and
+data) as a real subprocess, and its figure line must show sane numbers, so a change that breaks a benchmark fails
+here. `pytest -k benchmark` runs them all (ids `benchmark-NAME`); the figures themselves come from full runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+NUM = r"(-?[\d,]*\.?\d+(?:e[-+]?\d+)?)"    # a figure: every captured number must be finite and > 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """A benchmark's quick run: its extra arguments, the figure lines it must print (each a regex whose groups are
+    figures that must be positive), its time bound and what it needs (`None`, or a `conftest.COMPONENTS` name)."""
+
+    figures: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    timeout: float = 120.0
+    needs: str | None = None
+
+
+CASES: dict[str, Case] = {
+    "cifar10": Case((rf"^1 ps \+ 1 worker \(async\)\s+{NUM}\s+{NUM}\s+worker:0 {NUM}",
+                     rf"^one process, no servers \(fed by the pipeline\)\s+{NUM}")),
+}
+HELPERS = {"pss_peer": "benchmarks/peers.py's peer (its cluster and in-process runs are run there)",
+           "compare": "runs peers.py's psworker side between checkouts"}
+
+
+def test_every_benchmark_has_a_case() -> None:
+    """A new file in benchmarks/ gets a case here (or is named a helper of one that has)."""
+    files = {p.stem for p in BENCHMARKS.glob("*.py")}
+    assert files - HELPERS.keys() - CASES.keys() == set(), "benchmarks without a quick case"
+    assert set(CASES) <= files
+
+
+def _figures(name: str, case: Case, out: str) -> list[float]:
+    found = []
+    for figure in case.figures:
+        m = re.search(figure, out, re.MULTILINE)
+        assert m, f"{name} --quick printed no line like {figure!r}:\n{out[-4000:]}"
+        found += [float(g.replace(",", "")) for g in m.groups() if g is not None]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(CASES), ids=lambda n: f"benchmark-{n}")
+def test_benchmark_quick(name: str, tmp_path: Path) -> None:
+    """`python benchmarks/NAME.py --quick` exits 0 and prints its figure lines with positive, finite numbers."""
+    case = CASES[name]
+    if case.needs is not None:
+        from tests.conftest import skip_or_fail
+        from tests.benchmark_needs import missing
+
+        reason = missing(case.needs)
+        if reason:
+            skip_or_fail(case.needs, reason)
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp_path))
+    try:
+        done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *case.args], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=case.timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{name} --quick ran past {case.timeout:.0f} s:\n{(e.stdout or b'')[-4000:]!r}")
+    assert done.returncode == 0, f"{name} --quick exited {done.returncode}:\n{done.stdout[-4000:]}"
+    figures = _figures(name, case, done.stdout)
+    assert figures and all(math.isfinite(f) and f > 0 for f in figures), (name, figures, done.stdout[-2000:])
