@@ -29,7 +29,10 @@ def _timed(fn, repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one repeat (seconds, for tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat = 1
     import tensorflow as tf
 
     from psworker import models

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,9 +31,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from psworker import events  # noqa: E402
 from psworker.testing import write_spec  # noqa: E402
-
-STEP = re.compile(r"^\[worker:\d+\] step (\d+), loss")
 SETTINGS = ("static", "dealt")
 
 
@@ -71,9 +69,9 @@ def steps_per_sec(spec: Path, train_dir: Path, dealing: str, timeout: float) -> 
     deadline = time.monotonic() + timeout
     try:
         for line in proc.stdout:
-            m = STEP.match(line)
-            if m:
-                seen.append((time.monotonic(), int(m.group(1)), _cpu_seconds(launcher)))
+            m = events.parse_step(line)
+            if m is not None and m.task is not None:
+                seen.append((time.monotonic(), m.step.step, _cpu_seconds(launcher)))
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run not done after {timeout} s")
         if proc.wait(timeout=60) != 0:
@@ -97,13 +95,17 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--log_every_steps", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="one round of 100 steps (for tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.max_steps, args.log_every_steps = 1, 100, 10
     results: dict[str, list[float]] = {s: [] for s in SETTINGS}
     cpu: dict[str, list[dict]] = {s: [] for s in SETTINGS}
     load = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp:
         train = {"model": args.model, "max_steps": args.max_steps, "batch_size": args.batch_size,
-                 "log_every_steps": 50, "save_checkpoint_secs": 600.0}
+                 "log_every_steps": args.log_every_steps, "save_checkpoint_secs": 600.0}
         if args.synthetic_cifar:
             from psworker.data.cifar10_files import write_synthetic
 

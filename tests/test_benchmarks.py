@@ -33,6 +33,15 @@ class Case:
 CASES: dict[str, Case] = {
     "cifar10": Case((rf"^1 ps \+ 1 worker \(async\)\s+{NUM}\s+{NUM}\s+worker:0 {NUM}",
                      rf"^one process, no servers \(fed by the pipeline\)\s+{NUM}")),
+    "checkpoint_check": Case((rf"^checkpoint {NUM} MB: cheap check {NUM} ms, full check {NUM} ms, restore {NUM} ms",)),
+    "console_lines": Case((rf"^{NUM} console lines, exit 0, ",)),
+    "stacks": Case((rf"^stop 2 live tasks, asked\s+median\s+{NUM} ms", rf"^stop 2 live tasks, not asked\s+median\s+{NUM} ms",
+                    r"^asking adds -?\d+ ms \(median\): (?:OK|OVER)")),
+    "straggler": Case((rf"^baseline: {NUM} s of training to step {NUM}",
+                       rf"^with stop:worker:2@step=20,for=2: {NUM} s of training to step {NUM}")),
+    "dealt": Case(tuple(rf"^round 0 {s}: {NUM} global steps/s" for s in ("static", "dealt"))),
+    "elastic": Case((rf"^\| 1 \| {NUM} \| 1.00 \|", rf"^\| 2 \| {NUM} \| {NUM} \|")),
+    "staged_loss": Case(tuple(rf"^rate 0.1 {v}\s+mean loss last 3 steps {NUM}" for v in ("plain", "staged", "delayed"))),
 }
 HELPERS = {"pss_peer": "benchmarks/peers.py's peer (its cluster and in-process runs are run there)",
            "compare": "runs peers.py's psworker side between checkouts"}
