@@ -121,7 +121,10 @@ def main() -> None:
     parser.add_argument("--period_secs", type=float, default=0.3, help="... of every this many seconds")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--quick", action="store_true", help="2 epochs (for tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.epochs, args.rounds = 2, 1
     os.environ.update({"PSWORKER_MODELS": positions.__name__, positions.STEP_SECS_ENV: str(args.step_secs),
                        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     load = [os.getloadavg()]

@@ -75,7 +75,10 @@ def main(argv=None) -> int:
     p.add_argument("--data_dir", help="CIFAR-10 records (default: a synthetic set in a temporary folder)")
     p.add_argument("--chief_last", action="store_true", help="also time the chief started after the others")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help="one run of the MLP, 10 steps (for tests/test_benchmarks.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.runs, args.model, args.max_steps = 1, "mlp", 10
     variants = []
     for text in args.variants:
         name, sep, checkout = text.partition("=")

@@ -35,6 +35,7 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))   # run from a checkout without installing
 
+from psworker import events  # noqa: E402
 from psworker.testing import LocalCluster, log_time  # noqa: E402
 
 WORKER_EXIT_GOAL_S = 1.0
@@ -105,7 +106,7 @@ def run_timeouts(workdir: Path) -> dict[str, float]:
         out["startup_timeout_3s"] = round(took, 3)
     with LocalCluster(workdir / "gone", num_workers=1, train=dict(max_steps=1_000_000, log_every_steps=50),
                       args={"ps:0": ["--workers_gone_timeout_secs", "3"]}) as c:
-        c.wait_for_log("worker:0", r"^step \d+, loss", 180)
+        c.wait_for_log("worker:0", events.Step, 180)
         c.kill("worker:0")
         killed = c.exited_at["worker:0"]
         c.wait_exit("ps:0", 120)
@@ -140,7 +141,10 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="mlp")
     p.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
     p.add_argument("--data_dir", default=None, help="cifar10: its records (default: a synthetic set in --workdir)")
+    p.add_argument("--quick", action="store_true", help="40 steps (seconds, for tests/test_benchmarks.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.max_steps = 40
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="psworker-lifecycle-"))
 
     if args.model == "cifar10" and args.data_dir is None:   # a small synthetic set in the real record format

@@ -46,6 +46,9 @@ REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {"base": [], "staged": ["--staged_vars", "true"], "bf16": ["--transfer_dtype", "bfloat16"],
             "staged+bf16": ["--staged_vars", "true", "--transfer_dtype", "bfloat16"], "sync": ["--mode", "sync"]}
 
+QUICK = {"shapes": "1x1", "variants": "base,staged", "in_process": True, "steps": 30, "intervals": 5,
+         "batch_size": 16, "repeat": 1}
+
 
 def role_of(proc: psutil.Process, root: int) -> str:
     """`launcher` (the `psworker local` process), `ps:N` / `worker:N` (a task, from its argv), else `other`."""
@@ -279,10 +282,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}, a tiny "
+                                                        "synthetic set")
     if argv[:1] == ["_in_process"]:
         print(json.dumps(in_process(p.parse_args(argv[1:]))))
         return 0
     args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so that a running cluster is stopped (see cluster_run)
     variants = [v for v in args.variants.split(",") if v]
     args.env_variants = dict(args.env_variant)
@@ -291,6 +298,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--variants: unknown {', '.join(sorted(unknown))}")
     with tempfile.TemporaryDirectory(prefix="psworker-overlap-") as tmp:
         workdir = Path(tmp)
+        if args.data_dir is None and args.quick:
+            from psworker.data.cifar10_files import write_synthetic
+
+            args.data_dir = str(workdir / "data")
+            write_synthetic(args.data_dir, train_per_class=10, test_per_class=2)
         if args.data_dir is None:
             args.data_dir = str(workdir / "data")
             subprocess.run([sys.executable, "-m", "psworker", "data", "cifar10-synthetic", "--data_dir",

@@ -65,12 +65,16 @@ from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-RATE_LINE = re.compile(r"^\[(worker:\d+)\] step \d+, loss = [0-9.naif]+ \(([0-9.]+) examples/sec;", re.MULTILINE)
+sys.path.insert(0, str(REPO))
+
+from psworker import events  # noqa: E402  (this checkout's step-line parser, whichever checkout a run is of)
+
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILINE)
 LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
 DONE = re.compile(r"done at global step (\d+) after \d+ local steps")
 STOP_GRACE_S = 30.0
+QUICK = {"models": "mlp", "shapes": "1", "variants": "psworker,pss", "steps": 10, "mlp_factor": 3, "intervals": 3}
 PSWORKER_MODEL = {"cnn": "cifar10", "mlp": "mlp", "criteo": "criteo"}
 AUC_LINE = re.compile(r"auc = ([0-9.]+), logloss = ([0-9.]+)")
 SITECUSTOMIZE = '''\
@@ -229,10 +233,7 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
     started = time.monotonic()
     done = _run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag), *flags]
                 + (["--ps_link_rate", rate] if rate else []), env, args.timeout, what, cwd=workdir)
-    per_worker: dict[str, list[float]] = {}
-    for worker, rate in RATE_LINE.findall(done.stdout):
-        per_worker.setdefault(worker, []).append(float(rate))
-    steady = {w: statistics.mean(r[1:]) for w, r in per_worker.items() if len(r) > 1}
+    steady = {w: r for w, r in events.steady_rates(events.step_records(done.stdout)).items() if w is not None}
     warmup = warmup_steps(steps)
     auc = AUC_LINE.search(done.stdout)
     return {**({"auc": float(auc[1])} if auc else {}),
@@ -470,7 +471,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--criteo_dir", help="Criteo day files (default: `psworker data criteo-synthetic "
                                         "--rows_per_day 50000` in a temporary folder)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}")
     args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
     args.models_list = [m for m in args.models.split(",") if m]
     try:
         args.shapes_list = [parse_shape(t) for t in args.shapes.split(",") if t]

@@ -149,7 +149,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no_ssh", action="store_true", help="leave out the SSH measurements")
+    parser.add_argument("--quick", action="store_true", help="one round (for tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat = 1
     rounds: list[dict[str, float]] = []
     for _ in range(args.repeat):
         rounds.append({**grpc_probes(), **session_give_up()})

@@ -129,7 +129,10 @@ def main(argv=None) -> int:
     p.add_argument("--in_process_ms", type=float, default=89.6,
                    help="CPU ms of one CNN step in one process (overlap.py's in-process CPU-s per 1,000 examples x "
                         "64 examples; default: 1.40 CPU-s/1k, measured quietly)")
+    p.add_argument("--quick", action="store_true", help="one repeat of 20 steps (for tests/test_benchmarks.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeat = 20, 1
     cluster, local = [], []
     for r in range(args.repeat):
         cluster.append(one_round("cluster", args.steps))

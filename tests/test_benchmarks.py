@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_or_fail
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 NUM = r"(-?[\d,]*\.?\d+(?:e[-+]?\d+)?)"    # a figure: every captured number must be finite and > 0
@@ -41,8 +43,39 @@ CASES: dict[str, Case] = {
                        rf"^with stop:worker:2@step=20,for=2: {NUM} s of training to step {NUM}")),
     "dealt": Case(tuple(rf"^round 0 {s}: {NUM} global steps/s" for s in ("static", "dealt"))),
     "elastic": Case((rf"^\| 1 \| {NUM} \| 1.00 \|", rf"^\| 2 \| {NUM} \| {NUM} \|")),
+    "first_step": Case((rf"^  this worker:0\s+{NUM}  ", rf"^  this worker:1\s+{NUM}  ")),
+    "lifecycle": Case((rf"^final global step\s+{NUM}\s+{NUM}$", rf"^global steps/s\s+{NUM}\s+{NUM}$",
+                       rf"^in-process steps/s\s+{NUM}  \({NUM} examples/s\)$",
+                       rf"^goal startup_timeout_3s <= 6 s: {NUM} s ", rf"^goal workers_gone_timeout_3s <= 6 s: {NUM} s "),
+                      timeout=240),
+    "ps_memory": Case((rf"^ps:0: anonymous memory peak {NUM} MiB, page cache peak \d+ MiB",
+                       rf"--ps_memory_limit 1.0 GiB \(1,024 MiB\) per ps; peak memory .*: ps:0 {NUM} MiB / {NUM} MiB"),
+                      needs="memcg"),
+    "response_times": Case((rf"^grpc: 5 probes of a live server\s+{NUM}\s+{NUM}",
+                            rf"^session: give up after max_wait 1.5 s\s+{NUM}\s+{NUM}",
+                            rf"^ssh: check 4 hosts, 2 refused\s+{NUM}\s+{NUM}",
+                            rf"^psworker ssh: refused host, until exit\s+{NUM}\s+{NUM}"), needs="sshd"),
+    "dealt_straggler": Case(tuple(rf"^round 0 {s}: max/min updates per example {NUM} \(\d+ / \d+\), steps .*, "
+                                  rf"speed ratio {NUM}$" for s in ("static", "dealt"))),
     "staged_loss": Case(tuple(rf"^rate 0.1 {v}\s+mean loss last 3 steps {NUM}" for v in ("plain", "staged", "delayed"))),
 }
+
+
+def _no_sshd() -> str | None:
+    from psworker.testing_sshd import why_no_sshd
+
+    reason = why_no_sshd()
+    return reason and f"no sshd: {reason}"
+
+
+def _no_memcg() -> str | None:
+    from psworker.launcher.cgroups import unavailable
+
+    reason = unavailable()
+    return reason and f"no memory cgroup here: {reason}"
+
+
+MISSING = {"sshd": _no_sshd, "memcg": _no_memcg}    # what a case needs -> why it is missing here (None: present)
 HELPERS = {"pss_peer": "benchmarks/peers.py's peer (its cluster and in-process runs are run there)",
            "compare": "runs peers.py's psworker side between checkouts"}
 
@@ -67,13 +100,9 @@ def _figures(name: str, case: Case, out: str) -> list[float]:
 def test_benchmark_quick(name: str, tmp_path: Path) -> None:
     """`python benchmarks/NAME.py --quick` exits 0 and prints its figure lines with positive, finite numbers."""
     case = CASES[name]
-    if case.needs is not None:
-        from tests.conftest import skip_or_fail
-        from tests.benchmark_needs import missing
-
-        reason = missing(case.needs)
-        if reason:
-            skip_or_fail(case.needs, reason)
+    reason = case.needs and MISSING[case.needs]()
+    if reason:
+        skip_or_fail(case.needs, reason)
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp_path))
     try:
         done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *case.args], cwd=tmp_path,
