@@ -143,7 +143,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--learning_rate", type=float, default=0.05)
     parser.add_argument("--in_graph", action="store_true", help="also time 1 ps + 2 workers in-graph")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per cluster run")
-    parser.add_argument("--quick", action="store_true", help=f"seconds, for the test: {QUICK}, tiny synthetic data, 1 ps + 1 worker only")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"seconds, for tests/test_benchmarks.py: {QUICK}, tiny synthetic data, 1 ps + 1 worker")
     args = parser.parse_args(argv)
     if args.quick:
         vars(args).update(QUICK)

@@ -37,7 +37,8 @@ CASES: dict[str, Case] = {
                      rf"^one process, no servers \(fed by the pipeline\)\s+{NUM}")),
     "checkpoint_check": Case((rf"^checkpoint {NUM} MB: cheap check {NUM} ms, full check {NUM} ms, restore {NUM} ms",)),
     "console_lines": Case((rf"^{NUM} console lines, exit 0, ",)),
-    "stacks": Case((rf"^stop 2 live tasks, asked\s+median\s+{NUM} ms", rf"^stop 2 live tasks, not asked\s+median\s+{NUM} ms",
+    "stacks": Case((rf"^stop 2 live tasks, asked\s+median\s+{NUM} ms",
+                    rf"^stop 2 live tasks, not asked\s+median\s+{NUM} ms",
                     r"^asking adds -?\d+ ms \(median\): (?:OK|OVER)")),
     "straggler": Case((rf"^baseline: {NUM} s of training to step {NUM}",
                        rf"^with stop:worker:2@step=20,for=2: {NUM} s of training to step {NUM}")),
@@ -46,10 +47,12 @@ CASES: dict[str, Case] = {
     "first_step": Case((rf"^  this worker:0\s+{NUM}  ", rf"^  this worker:1\s+{NUM}  ")),
     "lifecycle": Case((rf"^final global step\s+{NUM}\s+{NUM}$", rf"^global steps/s\s+{NUM}\s+{NUM}$",
                        rf"^in-process steps/s\s+{NUM}  \({NUM} examples/s\)$",
-                       rf"^goal startup_timeout_3s <= 6 s: {NUM} s ", rf"^goal workers_gone_timeout_3s <= 6 s: {NUM} s "),
+                       rf"^goal startup_timeout_3s <= 6 s: {NUM} s ",
+                       rf"^goal workers_gone_timeout_3s <= 6 s: {NUM} s "),
                       timeout=240),
     "ps_memory": Case((rf"^ps:0: anonymous memory peak {NUM} MiB, page cache peak \d+ MiB",
-                       rf"--ps_memory_limit 1.0 GiB \(1,024 MiB\) per ps; peak memory .*: ps:0 {NUM} MiB / {NUM} MiB"),
+                       rf"--ps_memory_limit 1.0 GiB \(1,024 MiB\) per ps; peak memory .*: ps:0 {NUM} MiB / "
+                       rf"{NUM} MiB"),
                       needs="memcg"),
     "response_times": Case((rf"^grpc: 5 probes of a live server\s+{NUM}\s+{NUM}",
                             rf"^session: give up after max_wait 1.5 s\s+{NUM}\s+{NUM}",
@@ -57,7 +60,12 @@ CASES: dict[str, Case] = {
                             rf"^psworker ssh: refused host, until exit\s+{NUM}\s+{NUM}"), needs="sshd"),
     "dealt_straggler": Case(tuple(rf"^round 0 {s}: max/min updates per example {NUM} \(\d+ / \d+\), steps .*, "
                                   rf"speed ratio {NUM}$" for s in ("static", "dealt"))),
-    "staged_loss": Case(tuple(rf"^rate 0.1 {v}\s+mean loss last 3 steps {NUM}" for v in ("plain", "staged", "delayed"))),
+    "staged_loss": Case(tuple(rf"^rate 0.1 {v}\s+mean loss last 3 steps {NUM}"
+                              for v in ("plain", "staged", "delayed"))),
+    "transfer_floor": Case((rf"^{NUM} MB each way per step: cluster {NUM} CPU-ms per step, one process {NUM}; ",)),
+    "peers": Case((rf"^mlp\s+psworker\s+{NUM}$", rf"^mlp\s+pss\s+{NUM}$", rf"^mlp\s+psworker / pss\s+{NUM}x$")),
+    "pss_peer": Case((rf"^pss mlp 1 ps \+ 1 worker\(s\): {NUM} examples/s \({NUM} steps/s\)",
+                      r'"link_bytes": \[\[[1-9]'), needs="netns"),
 }
 
 
@@ -75,9 +83,15 @@ def _no_memcg() -> str | None:
     return reason and f"no memory cgroup here: {reason}"
 
 
-MISSING = {"sshd": _no_sshd, "memcg": _no_memcg}    # what a case needs -> why it is missing here (None: present)
-HELPERS = {"pss_peer": "benchmarks/peers.py's peer (its cluster and in-process runs are run there)",
-           "compare": "runs peers.py's psworker side between checkouts"}
+def _no_netns() -> str | None:
+    from psworker.launcher import netns, shaping
+
+    return shaping.missing_tool() or (None if netns.available() else "no network namespace here")
+
+
+# what a case needs -> why it is missing here (None: present)
+MISSING = {"sshd": _no_sshd, "memcg": _no_memcg, "netns": _no_netns}
+HELPERS: dict[str, str] = {}    # a file of benchmarks/ that is only imported by others, with why it has no case
 
 
 def test_every_benchmark_has_a_case() -> None:
