@@ -346,11 +346,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
     p.add_argument("--timeline_dir", help="also write the last traced step of each variant as a Chrome trace")
-    p.add_argument("--quick", action="store_true", help="the MLP, one round of 10 steps, 2 traced (for "
+    p.add_argument("--quick", action="store_true", help="the MLP, one round of 20 steps, 2 traced (for "
                                                         "tests/test_benchmarks.py)")
     args = p.parse_args(argv)
     if args.quick:
-        args.models, args.steps, args.mlp_factor, args.rounds, args.warmup, args.trace_steps = "mlp", 5, 2, 1, 2, 2
+        args.models, args.steps, args.mlp_factor, args.rounds, args.warmup, args.trace_steps = "mlp", 10, 2, 1, 2, 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     models = [m for m in args.models.split(",") if m]
     variants = [v for m in models for v in (("cnn", "cnn ema@worker", "cnn -ema") if m == "cnn" else (m,))]

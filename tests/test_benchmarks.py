@@ -1,9 +1,10 @@
 """Every benchmark is a tested command: each file in benchmarks/ runs its `--quick` mode (seconds, tiny steps and
-data) as a real subprocess, and its figure line must show sane numbers, so a change that breaks a benchmark fails
+data) as a real subprocess, and its figure lines must show sane numbers, so a change that breaks a benchmark fails
 here. `pytest -k benchmark` runs them all (ids `benchmark-NAME`); the figures themselves come from full runs."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -28,8 +30,9 @@ class Case:
 
     figures: tuple[str, ...]
     args: tuple[str, ...] = ()
-    timeout: float = 120.0
+    timeout: float = 240.0
     needs: str | None = None
+    last_json: Callable[[dict], bool] | None = None    # a test of the JSON object on the last line
 
 
 CASES: dict[str, Case] = {
@@ -64,6 +67,20 @@ CASES: dict[str, Case] = {
                               for v in ("plain", "staged", "delayed"))),
     "transfer_floor": Case((rf"^{NUM} MB each way per step: cluster {NUM} CPU-ms per step, one process {NUM}; ",)),
     "peers": Case((rf"^mlp\s+psworker\s+{NUM}$", rf"^mlp\s+pss\s+{NUM}$", rf"^mlp\s+psworker / pss\s+{NUM}x$")),
+    # per task 14 states and 7 restart classes; per worker its step, examples/s, seconds since its step, stalled; the
+    # last exit codes of the 2 tasks restarted; the run's 5 states and its 7 gauges
+    "metrics_overhead": Case((rf"^metrics: launcher CPU {NUM} s off, {NUM} s on \(scraped every 1 s\): [-+][0-9.]+% of "
+                              rf"the run's {NUM} CPU-s \(1 ps \+ 2 step-printing scripts, medians of 1; goal < 1%: "
+                              rf"(?:OK|OVER)\); scrape at 4 ps \+ 24 workers: {NUM} ms median, {NUM} ms worst, "
+                              rf"{NUM} series",),
+                             last_json=lambda f: f["scrapes_during_runs"] >= 1
+                             and f["scrape_series"] == 28 * (14 + 7) + 24 * 4 + 2 + 5 + 7),
+    "in_flight": Case(tuple(rf"^\s+{t}\s+{k}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$"
+                            for t in ("unpacked", "packed") for k in (1, 2, 3))),
+    "profile_step": Case((rf"^  MonitoredSession \+ TrainLoopHook\s+{NUM}\s+{NUM}\s+{NUM}$",
+                          rf"^CPU per step, worker \+ ps, against in-process: {NUM} / {NUM} ms = {NUM}x",
+                          rf"^traced step \(FULL_TRACE, bare session\): wall {NUM} ms",
+                          rf"^  worker: pull variables from ps \(RecvTensor\)\s+{NUM}$")),
     "pss_peer": Case((rf"^pss mlp 1 ps \+ 1 worker\(s\): {NUM} examples/s \({NUM} steps/s\)",
                       r'"link_bytes": \[\[[1-9]'), needs="netns"),
 }
@@ -127,3 +144,6 @@ def test_benchmark_quick(name: str, tmp_path: Path) -> None:
     assert done.returncode == 0, f"{name} --quick exited {done.returncode}:\n{done.stdout[-4000:]}"
     figures = _figures(name, case, done.stdout)
     assert figures and all(math.isfinite(f) and f > 0 for f in figures), (name, figures, done.stdout[-2000:])
+    if case.last_json is not None:
+        last = json.loads(done.stdout.strip().splitlines()[-1])
+        assert case.last_json(last), (name, last)
