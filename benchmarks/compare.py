@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.set_defaults(criteo_factor=1, criteo_dir=None)   # peers.psworker_run reads them (criteo: not compared here)
     p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}; variants "
                                                         "default to this checkout, async and sync")
     args = p.parse_args(argv)

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {"base": [], "staged": ["--staged_vars", "true"], "bf16": ["--transfer_dtype", "bfloat16"],
             "staged+bf16": ["--staged_vars", "true", "--transfer_dtype", "bfloat16"], "sync": ["--mode", "sync"]}
 
-QUICK = {"shapes": "1x1", "variants": "base,staged", "in_process": True, "steps": 30, "intervals": 5,
+QUICK = {"shapes": "1x1", "variants": "staged", "in_process": True, "steps": 30, "intervals": 5,
          "batch_size": 16, "repeat": 1}
 
 

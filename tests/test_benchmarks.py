@@ -8,8 +8,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,6 +23,7 @@ from tests.conftest import skip_or_fail
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 NUM = r"(-?[\d,]*\.?\d+(?:e[-+]?\d+)?)"    # a figure: every captured number must be finite and > 0
+JOBS = int(os.environ.get("PSWORKER_BENCHMARK_JOBS", "3"))   # quick runs at once
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,7 @@ CASES: dict[str, Case] = {
     "lifecycle": Case((rf"^final global step\s+{NUM}\s+{NUM}$", rf"^global steps/s\s+{NUM}\s+{NUM}$",
                        rf"^in-process steps/s\s+{NUM}  \({NUM} examples/s\)$",
                        rf"^goal startup_timeout_3s <= 6 s: {NUM} s ",
-                       rf"^goal workers_gone_timeout_3s <= 6 s: {NUM} s "),
-                      timeout=240),
+                       rf"^goal workers_gone_timeout_3s <= 6 s: {NUM} s ")),
     "ps_memory": Case((rf"^ps:0: anonymous memory peak {NUM} MiB, page cache peak \d+ MiB",
                        rf"--ps_memory_limit 1.0 GiB \(1,024 MiB\) per ps; peak memory .*: ps:0 {NUM} MiB / "
                        rf"{NUM} MiB"),
@@ -81,6 +83,11 @@ CASES: dict[str, Case] = {
                           rf"^CPU per step, worker \+ ps, against in-process: {NUM} / {NUM} ms = {NUM}x",
                           rf"^traced step \(FULL_TRACE, bare session\): wall {NUM} ms",
                           rf"^  worker: pull variables from ps \(RecvTensor\)\s+{NUM}$")),
+    "overlap": Case((rf"^in-process\s+{NUM}\s+{NUM}\s+1.00\s+1$",
+                     rf"^1x1\s+staged\s+{NUM}\s+{NUM}\s+{NUM}\s+1$",
+                     rf"^1x1\s+staged\s+[\d.]+\s+{NUM}\s+{NUM}$")),   # CPU: launcher, ps:0, worker:0
+    "compare": Case((rf"^  1w async\s+{NUM}  \(1.00x\)  samples {NUM}$",
+                     rf"^  1w sync\s+{NUM}  \({NUM}x\)  samples {NUM}$")),
     "pss_peer": Case((rf"^pss mlp 1 ps \+ 1 worker\(s\): {NUM} examples/s \({NUM} steps/s\)",
                       r'"link_bytes": \[\[[1-9]'), needs="netns"),
 }
@@ -127,23 +134,85 @@ def _figures(name: str, case: Case, out: str) -> list[float]:
     return found
 
 
+@dataclass(frozen=True)
+class QuickRun:
+    """What one quick run left: its exit code (None: killed at its time bound) and its output (stderr included)."""
+
+    returncode: int | None
+    output: str
+
+
+class QuickRuns:
+    """The selected cases' quick runs, `JOBS` at a time in threads (most of a quick run waits: process start-ups,
+    the servers' handshakes, timeouts that are the figure), each in its own process group, ended at `close()`."""
+
+    def __init__(self, names: list[str], workdir: Path) -> None:
+        self._workdir, self._procs = workdir, []
+        self._pool = ThreadPoolExecutor(JOBS, thread_name_prefix="benchmark")
+        self.runs: dict[str, Future] = {n: self._pool.submit(self._run, n) for n in names}
+
+    def _run(self, name: str) -> QuickRun:
+        case, cwd = CASES[name], self._workdir / name
+        cwd.mkdir()
+        env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(cwd))
+        proc = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *case.args], cwd=cwd,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        self._procs.append(proc)
+        try:
+            out, _ = proc.communicate(timeout=case.timeout)
+            return QuickRun(proc.returncode, out)
+        except subprocess.TimeoutExpired:
+            _end(proc)
+            return QuickRun(None, proc.communicate()[0])
+
+    def close(self) -> None:
+        for run in self.runs.values():
+            run.cancel()
+        for proc in list(self._procs):
+            _end(proc)
+        self._pool.shutdown(wait=True)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Ends a quick run and whatever it started in its process group (SIGTERM, then SIGKILL after 30 s)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="session")
+def quick_runs(request, tmp_path_factory):
+    """Starts every selected case's quick run at once (`JOBS` at a time); a case needing what is missing is left
+    out (its test skips, or fails under PSWORKER_REQUIRE)."""
+    names = [item.callspec.params["name"] for item in request.session.items
+             if getattr(item, "originalname", None) == "test_benchmark_quick"]
+    runs = QuickRuns([n for n in names if not (CASES[n].needs and MISSING[CASES[n].needs]())],
+                     tmp_path_factory.mktemp("benchmarks"))
+    yield runs.runs
+    runs.close()
+
+
 @pytest.mark.parametrize("name", sorted(CASES), ids=lambda n: f"benchmark-{n}")
-def test_benchmark_quick(name: str, tmp_path: Path) -> None:
+def test_benchmark_quick(name: str, quick_runs: dict[str, Future]) -> None:
     """`python benchmarks/NAME.py --quick` exits 0 and prints its figure lines with positive, finite numbers."""
     case = CASES[name]
     reason = case.needs and MISSING[case.needs]()
     if reason:
         skip_or_fail(case.needs, reason)
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp_path))
-    try:
-        done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *case.args], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=case.timeout)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{name} --quick ran past {case.timeout:.0f} s:\n{(e.stdout or b'')[-4000:]!r}")
-    assert done.returncode == 0, f"{name} --quick exited {done.returncode}:\n{done.stdout[-4000:]}"
-    figures = _figures(name, case, done.stdout)
-    assert figures and all(math.isfinite(f) and f > 0 for f in figures), (name, figures, done.stdout[-2000:])
+    done = quick_runs[name].result()
+    assert done.returncode is not None, f"{name} --quick ran past {case.timeout:.0f} s:\n{done.output[-4000:]}"
+    assert done.returncode == 0, f"{name} --quick exited {done.returncode}:\n{done.output[-4000:]}"
+    figures = _figures(name, case, done.output)
+    assert figures and all(math.isfinite(f) and f > 0 for f in figures), (name, figures, done.output[-2000:])
     if case.last_json is not None:
-        last = json.loads(done.stdout.strip().splitlines()[-1])
+        last = json.loads(done.output.strip().splitlines()[-1])
         assert case.last_json(last), (name, last)
