@@ -68,7 +68,8 @@ def run_once(checkout: str, args, chief_last: bool) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("variants", nargs="*", default=["this=."], help="NAME=CHECKOUT (default: this=.)")
+    p.add_argument("variants", nargs="*", default=[f"this={Path(__file__).resolve().parent.parent}"],
+                   help="NAME=CHECKOUT (default: this checkout)")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--model", default="cifar10", choices=["cifar10", "mlp"])
     p.add_argument("--max_steps", type=int, default=40)

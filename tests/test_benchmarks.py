@@ -11,6 +11,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,10 +138,13 @@ def _figures(name: str, case: Case, out: str) -> list[float]:
 
 @dataclass(frozen=True)
 class QuickRun:
-    """What one quick run left: its exit code (None: killed at its time bound) and its output (stderr included)."""
+    """What one quick run left: its exit code (None: ended at its time bound), its output (stderr included), and
+    its wall and CPU seconds (user + system, its reaped descendants included)."""
 
     returncode: int | None
     output: str
+    wall_s: float
+    cpu_s: float
 
 
 class QuickRuns:
@@ -155,38 +160,44 @@ class QuickRuns:
         case, cwd = CASES[name], self._workdir / name
         cwd.mkdir()
         env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(cwd))
+        began = time.monotonic()
         proc = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *case.args], cwd=cwd,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         self._procs.append(proc)
+        reaped, late = threading.Event(), threading.Event()
+        timer = threading.Timer(case.timeout, _end_group, (proc.pid, reaped, late))
+        timer.start()
         try:
-            out, _ = proc.communicate(timeout=case.timeout)
-            return QuickRun(proc.returncode, out)
-        except subprocess.TimeoutExpired:
-            _end(proc)
-            return QuickRun(None, proc.communicate()[0])
+            out = proc.stdout.read()
+            _, status, usage = os.wait4(proc.pid, 0)   # not Popen.wait: the rusage is the figure's CPU
+        finally:
+            reaped.set()
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return QuickRun(None if late.is_set() else proc.returncode, out, time.monotonic() - began,
+                        usage.ru_utime + usage.ru_stime)
 
     def close(self) -> None:
         for run in self.runs.values():
             run.cancel()
         for proc in list(self._procs):
-            _end(proc)
+            if proc.returncode is None:
+                _end_group(proc.pid, threading.Event(), threading.Event())
         self._pool.shutdown(wait=True)
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Ends a quick run and whatever it started in its process group (SIGTERM, then SIGKILL after 30 s)."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+def _end_group(pid: int, reaped: threading.Event, late: threading.Event) -> None:
+    """Ends a quick run's process group: SIGTERM (a launcher stops its tasks), SIGKILL if it is not reaped within
+    30 s; `late` tells its reader why it ended."""
+    late.set()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(proc.pid, sig)
-            proc.wait(wait)
-            return
+            os.killpg(pid, sig)
         except ProcessLookupError:
             return
-        except subprocess.TimeoutExpired:
-            continue
+        if reaped.wait(30):
+            return
 
 
 @pytest.fixture(scope="session")
@@ -199,6 +210,15 @@ def quick_runs(request, tmp_path_factory):
                      tmp_path_factory.mktemp("benchmarks"))
     yield runs.runs
     runs.close()
+    done = {n: r.result() for n, r in runs.runs.items() if r.done() and not r.cancelled() and r.exception() is None}
+    if done:   # each run's wall and CPU seconds, shown past pytest's output capture
+        report = request.config.pluginmanager.get_plugin("terminalreporter")
+        with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+            report.write_line(f"\nbenchmark quick runs ({JOBS} at a time): wall s, CPU s")
+            for name, run in sorted(done.items(), key=lambda kv: -kv[1].cpu_s):
+                report.write_line(f"  {name:<18}{run.wall_s:7.1f}{run.cpu_s:8.1f}")
+            report.write_line(f"  {'(sum)':<18}{sum(r.wall_s for r in done.values()):7.1f}"
+                              f"{sum(r.cpu_s for r in done.values()):8.1f}")
 
 
 @pytest.mark.parametrize("name", sorted(CASES), ids=lambda n: f"benchmark-{n}")
