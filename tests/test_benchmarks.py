@@ -166,7 +166,7 @@ class QuickRuns:
                                 start_new_session=True)
         self._procs.append(proc)
         reaped, late = threading.Event(), threading.Event()
-        timer = threading.Timer(case.timeout, _end_group, (proc.pid, reaped, late))
+        timer = threading.Timer(case.timeout, _end_group, (proc.pid, reaped, late, cwd))
         timer.start()
         try:
             out = proc.stdout.read()
@@ -174,6 +174,7 @@ class QuickRuns:
         finally:
             reaped.set()
             timer.cancel()
+            timer.join(120)   # a time bound that fired ends the run's strays first
         proc.returncode = os.waitstatus_to_exitcode(status)
         return QuickRun(None if late.is_set() else proc.returncode, out, time.monotonic() - began,
                         usage.ru_utime + usage.ru_stime)
@@ -183,21 +184,41 @@ class QuickRuns:
             run.cancel()
         for proc in list(self._procs):
             if proc.returncode is None:
-                _end_group(proc.pid, threading.Event(), threading.Event())
+                _end_group(proc.pid, threading.Event(), threading.Event(), self._workdir)
         self._pool.shutdown(wait=True)
 
 
-def _end_group(pid: int, reaped: threading.Event, late: threading.Event) -> None:
-    """Ends a quick run's process group: SIGTERM (a launcher stops its tasks), SIGKILL if it is not reaped within
-    30 s; `late` tells its reader why it ended."""
+def _end_group(pid: int, reaped: threading.Event, late: threading.Event, workdir: Path) -> None:
+    """Ends a quick run: SIGTERM to its process group (a launcher stops its tasks), SIGKILL if it is not reaped
+    within 30 s, then whatever it started in a session of its own (a launcher, its tasks, servers: found by their
+    command line or folder under `workdir`); `late` tells its reader why it ended."""
     late.set()
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
-            return
+            break
         if reaped.wait(30):
-            return
+            break
+    _end_strays(str(workdir))
+
+
+def _end_strays(workdir: str) -> None:
+    import psutil
+
+    strays = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and (workdir in " ".join(p.cmdline()) or p.cwd().startswith(workdir)):
+                strays.append(p)
+        except psutil.Error:
+            continue
+    for p in strays:
+        p.terminate()
+    _, alive = psutil.wait_procs(strays, timeout=30)
+    for p in alive:
+        p.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 @pytest.fixture(scope="session")
