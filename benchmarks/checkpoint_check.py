@@ -10,11 +10,15 @@ then a JSON line.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout
 
 
 def _timed(fn, repeat: int) -> float:
@@ -33,7 +37,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.train import checkpoints

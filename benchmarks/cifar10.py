@@ -49,7 +49,8 @@ def _timed_runs(sess, fetch, *, warmup: int, steps: int) -> float:
 
 def input_pipeline_rate(data_dir: str, batch_size: int, steps: int, warmup: int) -> float:
     """Examples/s of the training input pipeline alone (one shard of one, as a lone worker reads)."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.data import cifar10 as data
 
@@ -72,7 +73,8 @@ class _FixedBatchModel:
         return getattr(self._model, name)
 
     def train_inputs(self, spec):
-        import tensorflow as tf
+        from psworker.tf_import import import_tensorflow
+        tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
         images, labels = self._model.train_inputs(spec)
         return (tf.compat.v1.get_local_variable("fixed_images", initializer=images),
@@ -86,7 +88,8 @@ def single_process_rates(data_dir: str, batch_size: int, steps: int, warmup: int
     The graph is the trainer's own (`trainer.build_train_graph` with no cluster: loss, learning rate, gradient
     descent, moving averages) on a plain session.
     """
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.models.cifar10 import Cifar10Model
     from psworker.spec import TrainConfig

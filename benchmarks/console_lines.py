@@ -43,10 +43,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=24)
     parser.add_argument("--max_steps", type=int, default=3000)
     parser.add_argument("--save", metavar="PATH", help="also write the console there")
-    parser.add_argument("--quick", action="store_true", help="1 ps + 2 workers, 40 steps (tests/test_benchmarks.py)")
+    parser.add_argument("--quick", action="store_true", help="1 ps + 1 worker, 20 steps (tests/test_benchmarks.py)")
     args = parser.parse_args()
     if args.quick:
-        args.ps, args.workers, args.max_steps = 1, 2, 40
+        args.ps, args.workers, args.max_steps = 1, 1, 20
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp, "cluster.yaml")
         spec.write_text(yaml.safe_dump({"cluster": {"ps": ["localhost:auto"] * args.ps,

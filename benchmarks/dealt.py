@@ -58,10 +58,10 @@ def _cpu_seconds(launcher: psutil.Process) -> dict[str, float]:
 
 
 def steps_per_sec(spec: Path, train_dir: Path, dealing: str, timeout: float) -> tuple[float, dict[str, float]]:
-    """Runs `psworker local` with `--data_dealing dealing`: global steps per second between the step lines, and
+    """Runs `psworker local` with `--set data_dealing=DEALING`: global steps per second between the step lines, and
     each task's CPU milliseconds per global step over the same stretch."""
     argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--console", "plain",
-            "--data_dealing", dealing]
+            "--set", f"data_dealing={dealing}"]
     proc = subprocess.Popen(argv, env=_task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     launcher = psutil.Process(proc.pid)
@@ -96,10 +96,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--log_every_steps", type=int, default=50)
-    parser.add_argument("--quick", action="store_true", help="one round of 100 steps (for tests/test_benchmarks.py)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="one round of 40 steps, 1 ps + 1 worker (for "
+                                                             "tests/test_benchmarks.py)")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.max_steps, args.log_every_steps = 1, 100, 10
+        args.rounds, args.max_steps, args.log_every_steps, args.workers = 1, 40, 5, 1
     results: dict[str, list[float]] = {s: [] for s in SETTINGS}
     cpu: dict[str, list[dict]] = {s: [] for s in SETTINGS}
     load = [os.getloadavg()]
@@ -116,7 +118,7 @@ def main() -> None:
         print(f"load average before: {' '.join(f'{x:.2f}' for x in load[0])}", flush=True)
         for r in range(args.rounds):
             for setting in SETTINGS if r % 2 == 0 else SETTINGS[::-1]:
-                spec = write_spec(Path(tmp) / f"{setting}{r}.yaml", num_ps=1, num_workers=2, **train)
+                spec = write_spec(Path(tmp) / f"{setting}{r}.yaml", num_ps=1, num_workers=args.workers, **train)
                 rate, used = steps_per_sec(spec, Path(tmp) / f"train-{setting}{r}", setting, args.timeout)
                 results[setting].append(rate)
                 cpu[setting].append(used)

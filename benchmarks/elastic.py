@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import statistics
@@ -36,7 +37,11 @@ sys.path.insert(0, str(REPO))
 from psworker import events  # noqa: E402
 
 PHASES = (1, 2, 4)
-QUICK = {"repeat": 1, "phase_secs": 3.0, "settle_secs": 1.0, "log_every_steps": 10, "phases": (1, 2)}
+# quick: the position-logging model, whose step sleeps 20 ms (psworker/models/positions.py): the workers that train
+# while a joiner imports TensorFlow cost little CPU (the MLP trains flat out, ~60 CPU-s on a loaded machine)
+QUICK = {"repeat": 1, "phase_secs": 1.0, "settle_secs": 0.5, "log_every_steps": 10, "phases": (1, 2),
+         "model": "positions"}
+QUICK_ENV = {"PSWORKER_MODELS": "psworker.models.positions", "PSWORKER_POSITIONS_STEP_SECS": "0.02"}
 JOINED = re.compile(r"^psworker: worker:(\d+) joined at global step \d+$")
 
 
@@ -95,7 +100,7 @@ def write_spec(path: Path, args: argparse.Namespace) -> Path:
     doc = {"cluster": {"ps": ["127.0.0.1:auto"],
                        "worker": {"addresses": ["127.0.0.1:auto"] * max(args.phases), "min": 1,
                                   "start": args.phases[0]}},
-           "train": {"model": "mlp", "mode": "async", "batch_size": args.batch_size, "max_steps": 10 ** 9,
+           "train": {"model": args.model, "mode": "async", "batch_size": args.batch_size, "max_steps": 10 ** 9,
                      "log_every_steps": args.log_every_steps}}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -114,12 +119,25 @@ def rate(samples: list[tuple[float, int]], start: float) -> Optional[float]:
     return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
-def one_run(args: argparse.Namespace, workdir: Path) -> dict[int, Optional[float]]:
+def phase_rate(run: Console, start: float, args: argparse.Namespace) -> float:
+    """The rate from `start` over --phase_secs, or longer until two step lines fall in it (a loaded machine's
+    workers may print fewer): a quick run's figure is never missing for want of lines."""
+    time.sleep(max(0.0, start + args.phase_secs - time.monotonic()))
+    end, deadline = start + args.phase_secs, start + args.timeout_secs
+    while (found := rate(run.steps_until(end), start)) is None:
+        if time.monotonic() > deadline or run.proc.poll() is not None:
+            raise SystemExit(f"fewer than two step lines within {args.timeout_secs:g} s of the phase's start")
+        time.sleep(0.1)
+        end = time.monotonic()
+    return found
+
+
+def one_run(args: argparse.Namespace, workdir: Path) -> dict[int, float]:
     """One run scaled through PHASES; returns global steps/s per worker count."""
     train_dir = workdir / "train"
     run = Console([sys.executable, "-m", "psworker", "local", str(write_spec(workdir / "elastic.yaml", args)),
                    "--train_dir", str(train_dir)], workdir)
-    rates: dict[int, Optional[float]] = {}
+    rates: dict[int, float] = {}
     try:
         begin = run.wait_for(is_step, 1, args.timeout_secs)
         joined = 0
@@ -130,10 +148,8 @@ def one_run(args: argparse.Namespace, workdir: Path) -> dict[int, Optional[float
                 print(f"  {done.stdout.strip() or done.stderr.strip()}", flush=True)
                 joined += workers - args.phases[n - 1]
                 begin = run.wait_for(JOINED, joined, args.timeout_secs)
-            start = begin + args.settle_secs
-            time.sleep(max(0.0, start + args.phase_secs - time.monotonic()))
-            rates[workers] = rate(run.steps_until(start + args.phase_secs), start)
-            print(f"  {workers} worker(s): {rates[workers] or 0:.1f} global steps/s", flush=True)
+            rates[workers] = phase_rate(run, begin + args.settle_secs, args)
+            print(f"  {workers} worker(s): {rates[workers]:.1f} global steps/s", flush=True)
     finally:
         run.end()
     return rates
@@ -147,11 +163,13 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--log_every_steps", type=int, default=50)
     p.add_argument("--timeout_secs", type=float, default=300.0)
+    p.add_argument("--model", default="mlp")
     p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}")
     args = p.parse_args()
     args.phases = PHASES
     if args.quick:
         vars(args).update(QUICK)
+        os.environ.update(QUICK_ENV)
     samples: dict[int, list[float]] = {w: [] for w in args.phases}
     for r in range(args.repeat):
         print(f"repeat {r + 1}/{args.repeat}", flush=True)

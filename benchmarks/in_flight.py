@@ -53,7 +53,8 @@ def measure(sess, train_op, global_step, procs, threads: int, steps: int) -> tup
 def _build(args, cluster: dict, server, packed: bool):
     """(session, train op, global step) of worker 0's criteo graph, packed or not. Both graphs name the same
     variables on the same ps, as two workers' graphs do: they train one model."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.spec import TrainConfig
@@ -77,7 +78,8 @@ def _build(args, cluster: dict, server, packed: bool):
 def run(args, cluster: dict, ps_pid: int) -> dict:
     """Both graphs, then the interleaved rounds; returns {(packed, threads): (wall, cpu) medians}."""
     import psutil
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.task.server import session_config
 
@@ -114,7 +116,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         args.criteo_dir = tempfile.mkdtemp(prefix="in-flight-criteo-")
         write_synthetic(args.criteo_dir, days=3, rows_per_day=args.rows_per_day)
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     tf.compat.v1.disable_eager_execution()
     ports = pss_peer.free_ports(2)

@@ -5,8 +5,8 @@ Not a test: run it by hand, e.g.
     python benchmarks/overlap.py --ps_link_rate 100mbit --shapes 1x1,1x2,2x2 --repeat 3
     python benchmarks/overlap.py --shapes 1x1 --variants base,staged --in_process   # unshaped, CPU vs one process
 
-For every shape (`PSxWORKERS`) and variant (base: float32, no staging; staged: `--staged_vars true`; bf16:
-`--transfer_dtype bfloat16`; staged+bf16; sync: `--mode sync`, for "sync not slower") it runs `psworker local` on
+For every shape (`PSxWORKERS`) and variant (base: float32, no staging; staged: `--set staged_vars=true`; bf16:
+`--set transfer_dtype=bfloat16`; staged+bf16; sync: `--mode sync`, for "sync not slower") it runs `psworker local` on
 the CIFAR-10 CNN (synthetic data unless --data_dir), async, batch 64 per worker, and measures after the warm-up
 (the first 10% of the global steps):
   - examples/s: global steps/s from the workers' own summaries (global step and wall time), times the batch;
@@ -43,8 +43,9 @@ from typing import Optional
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = {"base": [], "staged": ["--staged_vars", "true"], "bf16": ["--transfer_dtype", "bfloat16"],
-            "staged+bf16": ["--staged_vars", "true", "--transfer_dtype", "bfloat16"], "sync": ["--mode", "sync"]}
+VARIANTS = {"base": [], "staged": ["--set", "staged_vars=true"], "bf16": ["--set", "transfer_dtype=bfloat16"],
+            "staged+bf16": ["--set", "staged_vars=true", "--set", "transfer_dtype=bfloat16"],
+            "sync": ["--mode", "sync"]}
 
 QUICK = {"shapes": "1x1", "variants": "staged", "in_process": True, "steps": 30, "intervals": 5,
          "batch_size": 16, "repeat": 1}
@@ -122,12 +123,11 @@ class CpuSampler:
 
 def summaries(train_dir: Path, workers: int) -> list[tuple[float, int]]:
     """(wall time, global step) of every worker's summaries, once every worker has written one."""
-    import tensorflow as tf
+    from peers import summary_points   # benchmarks/peers.py: read without TensorFlow
 
     points, firsts = [], []
     for i in range(workers):
-        mine = [(e.wall_time, e.step) for f in sorted((train_dir / f"worker_{i}").glob("events.out.tfevents*"))
-                for e in tf.compat.v1.train.summary_iterator(str(f)) if e.summary.value]
+        mine = summary_points(train_dir / f"worker_{i}")
         if not mine:
             raise RuntimeError(f"worker:{i} wrote no summaries under {train_dir}")
         firsts.append(min(mine)[0])
@@ -188,7 +188,8 @@ def cluster_run(shape: str, variant: str, args, workdir: Path, tag: str) -> dict
 
 def in_process(args) -> dict:
     """The `_in_process` subcommand: the same graph in this process, no servers; CPU of this process."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.spec import TrainConfig

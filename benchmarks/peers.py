@@ -38,9 +38,9 @@ in-process one. An in-process run is unshaped, so with `--ps_link_rate none,...`
     python benchmarks/peers.py --models criteo --variants psworker,pss --shapes 0,1x1,2x2,4x4 \
         --ps_link_rate none,100mbit --batch_size 256 --steps 120 --repeat 3                  # issue 28's table
 
-`--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
-runs it unstaged); likewise "psworker packed" (`--pack_transfers true`), "psworker 2 in flight"
-(`--concurrent_steps 2`), "psworker 2 in flight packed" (both) and "psworker 2 in flight packed nospin" (both,
+`--variants "psworker,psworker staged,pss"` adds psworker with `--set staged_vars=true` (opt-in; the in-process column
+runs it unstaged); likewise "psworker packed" (`--set pack_transfers=true`), "psworker 2 in flight"
+(`--set concurrent_steps=2`), "psworker 2 in flight packed" (both) and "psworker 2 in flight packed nospin" (both,
 and `PSWORKER_TF_THREAD_SPINNING=off`). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
 reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
 with every number.
@@ -56,6 +56,7 @@ import re
 import resource
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -167,7 +168,8 @@ def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, 
     """The `_psworker_in_process` subcommand: psworker's own graph and MonitoredSession, no servers. A model with
     an AUC (criteo) trains `steps` in all (warm-up included, as many examples as a cluster run's global steps),
     saves a checkpoint and reports the held-out AUC as `psworker eval` computes it."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.spec import TrainConfig
@@ -248,18 +250,33 @@ def warmup_steps(steps: int) -> int:
     return max(5, steps // 10)
 
 
+def summary_points(folder: Path) -> list[tuple[float, int]]:
+    """(wall time, global step) of every summary in `folder`'s event files, read without TensorFlow (its import
+    costs seconds of CPU): TFRecord framing (length, its CRC, the record, its CRC) around TensorBoard's Event."""
+    from tensorboard.compat.proto import event_pb2
+
+    points = []
+    for path in sorted(folder.glob("events.out.tfevents*")):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):
+            (size,) = struct.unpack_from("<Q", data, at)
+            if at + 12 + size + 4 > len(data):
+                break   # a record still being written
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + size])
+            at += 12 + size + 4
+            if event.summary.value:
+                points.append((event.wall_time, event.step))
+    return points
+
+
 def steady_rate(train_dir: Path, workers: int, warmup: int, what: str) -> float:
     """Global steps/s after the warm-up, from the workers' own summaries (global step and wall time, written every
     `log_every_steps`): from the first one at a global step >= `warmup` written once every worker trains, to the
     last one. The first steps of a run (graph setup, the input pipeline's first shuffle buffer, autotuning) are
     up to 20% slower than the rest; PSS and the in-process runs leave theirs out too."""
-    import tensorflow as tf
-
     points, firsts = [], []
     for i in range(workers):
-        files = sorted((train_dir / f"worker_{i}").glob("events.out.tfevents*"))
-        mine = [(e.wall_time, e.step) for f in files for e in tf.compat.v1.train.summary_iterator(str(f))
-                if e.summary.value]
+        mine = summary_points(train_dir / f"worker_{i}")
         if not mine:
             raise RuntimeError(f"{what}: worker:{i} wrote no summaries under {train_dir}")
         firsts.append(min(mine)[0])
@@ -315,12 +332,12 @@ def pss_run(model: str, workers: int, *, ema: bool, args, num_ps: int = 1, rate:
 
 # --------------------------------------------------------------------------------------------- table
 
-_IN_FLIGHT_PACKED = ["--concurrent_steps", "2", "--pack_transfers", "true"]
+_IN_FLIGHT_PACKED = ["--set", "concurrent_steps=2", "--set", "pack_transfers=true"]
 # psworker with flags, run only when named in --variants (the in-process column runs psworker without them)
 OPT_IN = {
-    "psworker staged": ["--staged_vars", "true"],
-    "psworker packed": ["--pack_transfers", "true"],
-    "psworker 2 in flight": ["--concurrent_steps", "2"],
+    "psworker staged": ["--set", "staged_vars=true"],
+    "psworker packed": ["--set", "pack_transfers=true"],
+    "psworker 2 in flight": ["--set", "concurrent_steps=2"],
     "psworker 2 in flight packed": _IN_FLIGHT_PACKED,
     "psworker 2 in flight packed nospin": _IN_FLIGHT_PACKED,   # with OPT_IN_ENV's
 }

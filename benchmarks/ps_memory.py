@@ -7,7 +7,7 @@ variables, their copies, the runtime) and the page cache (`cache`) peak apart:
 
     PYTHONPATH=$PWD PSWORKER_MODELS=criteo_big python benchmarks/ps_memory.py cluster_specs/criteo-4ps.yaml \\
         --model criteo_big --data_dir /tmp/criteo --max_steps 300 --batch_size 256 --ps_memory_limit 2.4GiB \\
-        --save_checkpoint_secs 600
+        --checkpoint_every 600s
 
 Prints the launcher's output, then one line per ps and a JSON line. `--quick` (for tests/test_benchmarks.py) runs
 1 ps + 1 worker of the MLP for 20 steps under a 1 GiB cap instead.
@@ -41,7 +41,7 @@ def quick_argv(workdir: Path) -> list[str]:
     from psworker.testing import write_spec
 
     spec = write_spec(workdir / "quick.yaml", num_ps=1, num_workers=1, model="mlp", max_steps=20, log_every_steps=5)
-    return [str(spec), "--train_dir", str(workdir / "train"), "--no_live", "--ps_memory_limit", "1GiB"]
+    return [str(spec), "--train_dir", str(workdir / "train"), "--console", "plain", "--ps_memory_limit", "1GiB"]
 
 
 def main(argv: list[str]) -> int:

@@ -53,7 +53,8 @@ def timed(fn: Callable[[], object]) -> float:
 def grpc_probes() -> dict[str, float]:
     """One round of the gRPC probe measurements (a fresh address and TF server each time)."""
     import grpc
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.launcher.ports import pick_free_ports
     from psworker.task.server import is_reachable
@@ -77,7 +78,8 @@ def grpc_probes() -> dict[str, float]:
 
 
 def session_give_up() -> dict[str, float]:
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.train.session import FastSessionCreator
 

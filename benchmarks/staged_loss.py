@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _model(variant: str):
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
 
@@ -47,7 +48,8 @@ def _model(variant: str):
 
 def losses(variant: str, rate: float, steps: int, data_dir: str, batch_size: int = 128) -> list[float]:
     """The loss of every step of one in-process run."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.spec import TrainConfig
     from psworker.train.graph import build_train_graph
@@ -77,7 +79,8 @@ def main() -> None:
     if args.quick:
         args.steps, args.window, args.batch_size = 6, 3, 16
         args.data_dir, synthetic = args.data_dir + "-quick", {"train_per_class": 10, "test_per_class": 2}
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.data import cifar10, cifar10_files
 

@@ -4,10 +4,12 @@ here. `pytest -k benchmark` runs them all (ids `benchmark-NAME`); the figures th
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -48,12 +50,11 @@ CASES: dict[str, Case] = {
     "stacks": Case((rf"^stop 2 live tasks, asked\s+median\s+{NUM} ms",
                     rf"^stop 2 live tasks, not asked\s+median\s+{NUM} ms",
                     r"^asking adds -?\d+ ms \(median\): (?:OK|OVER)")),
-    "straggler": Case((rf"^baseline: {NUM} s of training to step {NUM}",
-                       rf"^with stop:worker:2@step=20,for=2: {NUM} s of training to step {NUM}")),
+    "straggler": Case((rf"^with stop:worker:1@step=10,for=1: {NUM} s of training to step {NUM}",)),
     "dealt": Case(tuple(rf"^round 0 {s}: {NUM} global steps/s" for s in ("static", "dealt"))),
     "elastic": Case((rf"^\| 1 \| {NUM} \| 1.00 \|", rf"^\| 2 \| {NUM} \| {NUM} \|")),
     "first_step": Case((rf"^  this worker:0\s+{NUM}  ", rf"^  this worker:1\s+{NUM}  ")),
-    "lifecycle": Case((rf"^final global step\s+{NUM}\s+{NUM}$", rf"^global steps/s\s+{NUM}\s+{NUM}$",
+    "lifecycle": Case((rf"^final global step\s+{NUM}$", rf"^global steps/s\s+{NUM}$",
                        rf"^in-process steps/s\s+{NUM}  \({NUM} examples/s\)$",
                        rf"^goal startup_timeout_3s <= 6 s: {NUM} s ",
                        rf"^goal workers_gone_timeout_3s <= 6 s: {NUM} s ")),
@@ -65,8 +66,8 @@ CASES: dict[str, Case] = {
                             rf"^session: give up after max_wait 1.5 s\s+{NUM}\s+{NUM}",
                             rf"^ssh: check 4 hosts, 2 refused\s+{NUM}\s+{NUM}",
                             rf"^psworker ssh: refused host, until exit\s+{NUM}\s+{NUM}"), needs="sshd"),
-    "dealt_straggler": Case(tuple(rf"^round 0 {s}: max/min updates per example {NUM} \(\d+ / \d+\), steps .*, "
-                                  rf"speed ratio {NUM}$" for s in ("static", "dealt"))),
+    "dealt_straggler": Case((rf"^round 0 dealt: max/min updates per example {NUM} \(\d+ / \d+\), steps .*, "
+                             rf"speed ratio {NUM}$",)),
     "staged_loss": Case(tuple(rf"^rate 0.1 {v}\s+mean loss last 3 steps {NUM}"
                               for v in ("plain", "staged", "delayed"))),
     "transfer_floor": Case((rf"^{NUM} MB each way per step: cluster {NUM} CPU-ms per step, one process {NUM}; ",)),
@@ -117,13 +118,15 @@ def _no_netns() -> str | None:
 
 # what a case needs -> why it is missing here (None: present)
 MISSING = {"sshd": _no_sshd, "memcg": _no_memcg, "netns": _no_netns}
-HELPERS: dict[str, str] = {}    # a file of benchmarks/ that is only imported by others, with why it has no case
+# a file of benchmarks/ without a case here, with why: only imported by others, or run by a test of its own
+ELSEWHERE: dict[str, str] = {"ps_memory_model": "tests/test_ps_memory_model.py runs its --quick and checks its fit"}
 
 
 def test_every_benchmark_has_a_case() -> None:
-    """A new file in benchmarks/ gets a case here (or is named a helper of one that has)."""
+    """A new file in benchmarks/ gets a case here (or names the test that runs it)."""
     files = {p.stem for p in BENCHMARKS.glob("*.py")}
-    assert files - HELPERS.keys() - CASES.keys() == set(), "benchmarks without a quick case"
+    assert files - ELSEWHERE.keys() - CASES.keys() == set(), "benchmarks without a quick case"
+    assert all((REPO / test.split()[0]).is_file() for test in ELSEWHERE.values())
     assert set(CASES) <= files
 
 
@@ -257,3 +260,68 @@ def test_benchmark_quick(name: str, quick_runs: dict[str, Future]) -> None:
     if case.last_json is not None:
         last = json.loads(done.output.strip().splitlines()[-1])
         assert case.last_json(last), (name, last)
+
+
+# a benchmark command in the README or docs/: in a code block's line or an inline code span, environment first
+SHOWN = re.compile(r"(?:^|\s)((?:[A-Z_]+=\S+ )*)python3? (benchmarks/(\w+)\.py\b[^`\n#]*)")
+PLACEHOLDERS = ("[", "<", "...")    # a usage line, not a command
+
+
+def shown_benchmark_commands() -> list[tuple[str, str, list[str]]]:
+    """(where, benchmark, argv) of every benchmark command the README and docs show (figures name them); argv
+    starts with the environment's assignments."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+        lines = [line for _, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)
+                 for line in body.replace("\\\n", " ").splitlines()]
+        spans = re.findall(r"`([^`]*)`", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M))
+        for snippet in lines + [s.replace("\n", " ") for s in spans]:
+            m = SHOWN.search(snippet)
+            if m and not any(p in m.group(2) for p in PLACEHOLDERS):
+                found.append((f"{path.relative_to(REPO)}: python {m.group(2).strip()}", m.group(3),
+                              shlex.split(m.group(1)) + shlex.split(m.group(2))[1:]))
+    return found
+
+
+class _Parsed(Exception):
+    """Raised in place of running a benchmark once its command line parsed."""
+
+
+def test_the_docs_show_benchmark_commands_that_exist():
+    shown = {name for _, name, _ in shown_benchmark_commands()}
+    assert len(shown) >= 15, sorted(shown)
+    assert shown <= {p.stem for p in BENCHMARKS.glob("*.py")}, sorted(shown - {p.stem for p in BENCHMARKS.glob("*.py")})
+
+
+@pytest.mark.parametrize("where, name, argv", shown_benchmark_commands(), ids=lambda v: v if isinstance(v, str) and
+                         v.startswith(("README", "docs")) else "")
+def test_every_shown_benchmark_command_parses(where, name, argv, monkeypatch, capsys, tmp_path):
+    """As the benchmark parses it (its own argparse; ps_memory.py's arguments are `psworker local`'s), stopped
+    before it runs anything: a flag renamed or dropped fails here, not when someone re-makes a figure."""
+    env = dict(a.split("=", 1) for a in argv if re.match(r"^[A-Z_]+=", a))
+    argv = argv[len(env):]
+    if name == "ps_memory":   # psworker local's command line, checked as tests/test_docs.py checks one
+        from tests.test_docs import test_every_shown_command_parses
+
+        test_every_shown_command_parses(where, env, ["local", *argv], tmp_path, monkeypatch)
+        return
+    import argparse
+    import runpy
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parse(self, args, namespace)
+        raise _Parsed()
+
+    module = runpy.run_path(str(BENCHMARKS / f"{name}.py"), run_name=f"benchmark_{name}")
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", [f"benchmarks/{name}.py", *argv])
+    main = module["main"]
+    takes_argv = any(p.default is inspect.Parameter.empty for p in inspect.signature(main).parameters.values())
+    with pytest.raises(_Parsed):
+        try:
+            main(argv) if takes_argv else main()
+        except SystemExit as exc:
+            pytest.fail(f"{where}: exit {exc.code}: {capsys.readouterr().err.strip()[-2000:]}")
