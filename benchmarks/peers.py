@@ -75,7 +75,9 @@ FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILIN
 LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
 DONE = re.compile(r"done at global step (\d+) after \d+ local steps")
 STOP_GRACE_S = 30.0
-QUICK = {"models": "mlp", "shapes": "1", "variants": "psworker,pss", "steps": 10, "mlp_factor": 3, "intervals": 3}
+# quick: both sides in one process each (2 TensorFlow processes, not 5); their cluster runs are the quick runs of
+# compare.py (psworker_run) and pss_peer.py (the script pss_run starts)
+QUICK = {"models": "mlp", "shapes": "0", "variants": "psworker,pss", "steps": 10, "mlp_factor": 3, "intervals": 3}
 PSWORKER_MODEL = {"cnn": "cifar10", "mlp": "mlp", "criteo": "criteo"}
 AUC_LINE = re.compile(r"auc = ([0-9.]+), logloss = ([0-9.]+)")
 SITECUSTOMIZE = '''\
