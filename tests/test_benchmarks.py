@@ -89,7 +89,10 @@ CASES: dict[str, Case] = {
                           rf"^  worker: pull variables from ps \(RecvTensor\)\s+{NUM}$")),
     "overlap": Case((rf"^in-process\s+{NUM}\s+{NUM}\s+1.00\s+1$",
                      rf"^1x1\s+staged\s+{NUM}\s+{NUM}\s+{NUM}\s+1$",
-                     rf"^1x1\s+staged\s+[\d.]+\s+{NUM}\s+{NUM}$")),   # CPU: launcher, ps:0, worker:0
+                     # CPU per process: ps:0's and worker:0's, the last two columns (the launcher's, and an
+                     # 'other' column where one was seen, may be 0)
+                     rf"^CPU-s per 1,000 examples, per process \(medians\)\n.* ps:0\s+worker:0\n"
+                     rf"1x1\s+staged(?:\s+[\d.]+)*\s+{NUM}\s+{NUM}$")),
     "compare": Case((rf"^  1w async\s+{NUM}  \(1.00x\)  samples {NUM}$",
                      rf"^  1w sync\s+{NUM}  \({NUM}x\)  samples {NUM}$")),
     "pss_peer": Case((rf"^pss mlp 1 ps \+ 1 worker\(s\): {NUM} examples/s \({NUM} steps/s\)",
