@@ -10,11 +10,15 @@ then a JSON line.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout
 
 
 def _timed(fn, repeat: int) -> float:
@@ -29,8 +33,12 @@ def _timed(fn, repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one repeat (seconds, for tests/test_benchmarks.py)")
     args = parser.parse_args()
-    import tensorflow as tf
+    if args.quick:
+        args.repeat = 1
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.train import checkpoints

@@ -4,6 +4,7 @@ Not a test: run it by hand, e.g.
 
     python benchmarks/cifar10.py                      # synthetic data in a temporary folder
     python benchmarks/cifar10.py --steps 100 --batch_size 32 --data_dir data/cifar10 --in_graph
+    python benchmarks/cifar10.py --quick              # seconds: tiny data, steps and batch (tests/test_benchmarks.py)
 
 Measures, side by side in one run (examples/s; every setup uses the same per-worker batch):
   - the input pipeline alone (read, decode, distort, batch) in this process;
@@ -22,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,9 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-RATE_LINE = re.compile(r"^\[(worker:\d+)\] step \d+, loss = [0-9.naif]+ \(([0-9.]+) examples/sec;", re.MULTILINE)
+from psworker import events  # noqa: E402
+
+QUICK = {"batch_size": 8, "steps": 12, "local_steps": 4, "warmup": 1, "log_every_steps": 3}
 
 
 def _timed_runs(sess, fetch, *, warmup: int, steps: int) -> float:
@@ -48,7 +49,8 @@ def _timed_runs(sess, fetch, *, warmup: int, steps: int) -> float:
 
 def input_pipeline_rate(data_dir: str, batch_size: int, steps: int, warmup: int) -> float:
     """Examples/s of the training input pipeline alone (one shard of one, as a lone worker reads)."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.data import cifar10 as data
 
@@ -71,7 +73,8 @@ class _FixedBatchModel:
         return getattr(self._model, name)
 
     def train_inputs(self, spec):
-        import tensorflow as tf
+        from psworker.tf_import import import_tensorflow
+        tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
         images, labels = self._model.train_inputs(spec)
         return (tf.compat.v1.get_local_variable("fixed_images", initializer=images),
@@ -85,7 +88,8 @@ def single_process_rates(data_dir: str, batch_size: int, steps: int, warmup: int
     The graph is the trainer's own (`trainer.build_train_graph` with no cluster: loss, learning rate, gradient
     descent, moving averages) on a plain session.
     """
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.models.cifar10 import Cifar10Model
     from psworker.spec import TrainConfig
@@ -125,10 +129,7 @@ def cluster_rate(workdir: Path, data_dir: str, *, num_workers: int, replication:
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"psworker local ({name}) failed with {done.returncode}:\n{done.stdout[-3000:]}")
-    per_worker: dict[str, list[float]] = {}
-    for worker, rate in RATE_LINE.findall(done.stdout):
-        per_worker.setdefault(worker, []).append(float(rate))
-    steady = {w: statistics.mean(r[1:]) for w, r in per_worker.items() if len(r) > 1}
+    steady = {w: r for w, r in events.steady_rates(events.step_records(done.stdout)).items() if w is not None}
     if not steady:
         raise RuntimeError(f"{name}: too few progress lines; raise --steps or lower --log_every_steps")
     return {"examples_per_sec": sum(steady.values()), "per_worker": steady, "wall_secs": wall}
@@ -145,7 +146,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--learning_rate", type=float, default=0.05)
     parser.add_argument("--in_graph", action="store_true", help="also time 1 ps + 2 workers in-graph")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per cluster run")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"seconds, for tests/test_benchmarks.py: {QUICK}, tiny synthetic data, 1 ps + 1 worker")
     args = parser.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory(prefix="psworker-bench-") as tmp:
@@ -155,7 +160,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             from psworker.data.cifar10_files import write_synthetic
 
             data_dir = str(workdir / "data")
-            write_synthetic(data_dir)
+            write_synthetic(data_dir, **({"train_per_class": 10, "test_per_class": 2} if args.quick else {}))
         data_dir = os.path.abspath(data_dir)
 
         results: dict = {"batch_size": args.batch_size, "cpus": os.cpu_count(), "steps": args.steps,
@@ -166,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         fed, fixed = single_process_rates(data_dir, args.batch_size, args.local_steps, args.warmup,
                                           args.learning_rate)
         results["one_process"], results["one_process_fixed_batch"] = fed, fixed
-        setups = [("1ps_1worker", 1, "between-graph"), ("1ps_2workers", 2, "between-graph")]
+        setups = [("1ps_1worker", 1, "between-graph"), ("1ps_2workers", 2, "between-graph")][:1 if args.quick else 2]
         if args.in_graph:
             setups.append(("1ps_2workers_in_graph", 2, "in-graph"))
         clusters = {}

@@ -54,6 +54,9 @@ if _spec:
     devices.server_config, devices.ps_server_config = server_config, ps_server_config
 '''
 
+QUICK = {"model": "mlp", "shapes": "1", "steps": 10, "mlp_factor": 3, "intervals": 3, "repeat": 1}
+REPO = Path(__file__).resolve().parent.parent
+
 
 def parse_variant(text: str) -> dict:
     name, sep, rest = text.partition("=")
@@ -91,7 +94,7 @@ def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, si
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("variants", nargs="+", help="NAME=CHECKOUT[:mode=sync][:threads=A/B/C/D][:grpc=NAME=VALUE,...]")
+    p.add_argument("variants", nargs="*", help="NAME=CHECKOUT[:mode=sync][:threads=A/B/C/D][:grpc=NAME=VALUE,...]")
     p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
     p.add_argument("--shapes", default="1,2", help="workers per cluster (1 ps each), comma-separated")
     p.add_argument("--steps", type=int, default=200, help="CNN global steps per run (MLP: x --mlp_factor)")
@@ -102,7 +105,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.set_defaults(criteo_factor=1, criteo_dir=None)   # peers.psworker_run reads them (criteo: not compared here)
+    p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}; variants "
+                                                        "default to this checkout, async and sync")
     args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
+        args.variants = args.variants or [f"async={REPO}", f"sync={REPO}:mode=sync"]
+    if not args.variants:
+        p.error("give at least one variant, NAME=CHECKOUT[:key=value...]")
     try:
         variants = [parse_variant(v) for v in args.variants]
     except ValueError as exc:

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from psworker import events  # noqa: E402
+
 
 def kind_of(line: str) -> str:
     """A console line's kind: the launcher's own, a step line, or a task's line without numbers."""
@@ -27,9 +31,9 @@ def kind_of(line: str) -> str:
         return "status"
     if line.startswith("psworker: "):
         return "launcher: " + re.sub(r"\d+", "#", line[10:])[:40]
-    text = line.partition("] ")[2]
-    if re.match(r"step \d+", text):
+    if events.parse_step(line) is not None:
         return "step"
+    text = line.partition("] ")[2]
     return re.sub(r"\d+(\.\d+)?", "#", text)[:60]
 
 
@@ -39,7 +43,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=24)
     parser.add_argument("--max_steps", type=int, default=3000)
     parser.add_argument("--save", metavar="PATH", help="also write the console there")
+    parser.add_argument("--quick", action="store_true", help="1 ps + 1 worker, 20 steps (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.ps, args.workers, args.max_steps = 1, 1, 20
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp, "cluster.yaml")
         spec.write_text(yaml.safe_dump({"cluster": {"ps": ["localhost:auto"] * args.ps,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,9 +31,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from psworker import events  # noqa: E402
 from psworker.testing import write_spec  # noqa: E402
-
-STEP = re.compile(r"^\[worker:\d+\] step (\d+), loss")
 SETTINGS = ("static", "dealt")
 
 
@@ -60,10 +58,10 @@ def _cpu_seconds(launcher: psutil.Process) -> dict[str, float]:
 
 
 def steps_per_sec(spec: Path, train_dir: Path, dealing: str, timeout: float) -> tuple[float, dict[str, float]]:
-    """Runs `psworker local` with `--data_dealing dealing`: global steps per second between the step lines, and
+    """Runs `psworker local` with `--set data_dealing=DEALING`: global steps per second between the step lines, and
     each task's CPU milliseconds per global step over the same stretch."""
     argv = [sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(train_dir), "--console", "plain",
-            "--data_dealing", dealing]
+            "--set", f"data_dealing={dealing}"]
     proc = subprocess.Popen(argv, env=_task_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     launcher = psutil.Process(proc.pid)
@@ -71,9 +69,9 @@ def steps_per_sec(spec: Path, train_dir: Path, dealing: str, timeout: float) -> 
     deadline = time.monotonic() + timeout
     try:
         for line in proc.stdout:
-            m = STEP.match(line)
-            if m:
-                seen.append((time.monotonic(), int(m.group(1)), _cpu_seconds(launcher)))
+            m = events.parse_step(line)
+            if m is not None and m.task is not None:
+                seen.append((time.monotonic(), m.step.step, _cpu_seconds(launcher)))
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run not done after {timeout} s")
         if proc.wait(timeout=60) != 0:
@@ -97,13 +95,19 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--log_every_steps", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="one round of 40 steps, 1 ps + 1 worker (for "
+                                                             "tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.max_steps, args.log_every_steps, args.workers = 1, 40, 5, 1
     results: dict[str, list[float]] = {s: [] for s in SETTINGS}
     cpu: dict[str, list[dict]] = {s: [] for s in SETTINGS}
     load = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp:
         train = {"model": args.model, "max_steps": args.max_steps, "batch_size": args.batch_size,
-                 "log_every_steps": 50, "save_checkpoint_secs": 600.0}
+                 "log_every_steps": args.log_every_steps, "save_checkpoint_secs": 600.0}
         if args.synthetic_cifar:
             from psworker.data.cifar10_files import write_synthetic
 
@@ -114,7 +118,7 @@ def main() -> None:
         print(f"load average before: {' '.join(f'{x:.2f}' for x in load[0])}", flush=True)
         for r in range(args.rounds):
             for setting in SETTINGS if r % 2 == 0 else SETTINGS[::-1]:
-                spec = write_spec(Path(tmp) / f"{setting}{r}.yaml", num_ps=1, num_workers=2, **train)
+                spec = write_spec(Path(tmp) / f"{setting}{r}.yaml", num_ps=1, num_workers=args.workers, **train)
                 rate, used = steps_per_sec(spec, Path(tmp) / f"train-{setting}{r}", setting, args.timeout)
                 results[setting].append(rate)
                 cpu[setting].append(used)

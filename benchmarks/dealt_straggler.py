@@ -121,14 +121,19 @@ def main() -> None:
     parser.add_argument("--period_secs", type=float, default=0.3, help="... of every this many seconds")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: static, dealt")
+    parser.add_argument("--quick", action="store_true", help="2 epochs, dealt only (for tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.epochs, args.rounds, args.settings = 2, 1, "dealt"
+    settings = tuple(s for s in SETTINGS if s in args.settings.split(","))
     os.environ.update({"PSWORKER_MODELS": positions.__name__, positions.STEP_SECS_ENV: str(args.step_secs),
                        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     load = [os.getloadavg()]
-    runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
+    runs: dict[str, list[dict]] = {s: [] for s in settings}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for setting in SETTINGS if r % 2 == 0 else SETTINGS[::-1]:
+            for setting in settings if r % 2 == 0 else settings[::-1]:
                 got = one_run(Path(tmp) / f"{setting}{r}", setting, args)
                 runs[setting].append(got)
                 print(f"round {r} {setting}: max/min updates per example {got['ratio']:.2f} ({got['max']} / "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import statistics
@@ -26,14 +27,28 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from psworker import events  # noqa: E402
+
 PHASES = (1, 2, 4)
-STEP = re.compile(r"^\[worker:\d+\] step (\d+), loss = ")
+# quick: the position-logging model, whose step sleeps 20 ms (psworker/models/positions.py): the workers that train
+# while a joiner imports TensorFlow cost little CPU (the MLP trains flat out, ~60 CPU-s on a loaded machine)
+QUICK = {"repeat": 1, "phase_secs": 1.0, "settle_secs": 0.5, "log_every_steps": 10, "phases": (1, 2),
+         "model": "positions"}
+QUICK_ENV = {"PSWORKER_MODELS": "psworker.models.positions", "PSWORKER_POSITIONS_STEP_SECS": "0.02"}
 JOINED = re.compile(r"^psworker: worker:(\d+) joined at global step \d+$")
+
+
+def is_step(line: str) -> bool:
+    """A worker's step line on the console."""
+    found = events.parse_step(line)
+    return found is not None and found.task is not None
 
 
 class Console:
@@ -50,22 +65,25 @@ class Console:
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
 
-    def wait_for(self, pattern: re.Pattern, count: int, timeout: float) -> float:
-        """The time of the `count`-th line matching `pattern`; fails after `timeout` s or if the run ends."""
+    def wait_for(self, pattern: re.Pattern | Callable[[str], bool], count: int, timeout: float) -> float:
+        """The time of the `count`-th line matching `pattern` (a regex or a test); fails after `timeout` s or if the
+        run ends."""
+        found = pattern if callable(pattern) else pattern.search
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            hits = [t for t, line in list(self.lines) if pattern.search(line)]
+            hits = [t for t, line in list(self.lines) if found(line)]
             if len(hits) >= count:
                 return hits[count - 1]
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)
         tail = "\n".join(line for _, line in self.lines[-30:])
-        raise SystemExit(f"no {count} x {pattern.pattern!r} within {timeout:g} s:\n{tail}")
+        raise SystemExit(f"no {count} x {getattr(pattern, 'pattern', 'step line')!r} within {timeout:g} s:\n{tail}")
 
     def steps_until(self, end: float) -> list[tuple[float, int]]:
         """(time, global step) of every step line read by `end`."""
-        return [(t, int(m.group(1))) for t, line in list(self.lines) if t <= end for m in [STEP.search(line)] if m]
+        return [(t, r.step.step) for t, line in list(self.lines) if t <= end for r in [events.parse_step(line)]
+                if r is not None and r.task is not None]
 
     def end(self) -> None:
         if self.proc.poll() is None:
@@ -80,8 +98,9 @@ class Console:
 
 def write_spec(path: Path, args: argparse.Namespace) -> Path:
     doc = {"cluster": {"ps": ["127.0.0.1:auto"],
-                       "worker": {"addresses": ["127.0.0.1:auto"] * max(PHASES), "min": 1, "start": PHASES[0]}},
-           "train": {"model": "mlp", "mode": "async", "batch_size": args.batch_size, "max_steps": 10 ** 9,
+                       "worker": {"addresses": ["127.0.0.1:auto"] * max(args.phases), "min": 1,
+                                  "start": args.phases[0]}},
+           "train": {"model": args.model, "mode": "async", "batch_size": args.batch_size, "max_steps": 10 ** 9,
                      "log_every_steps": args.log_every_steps}}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -100,26 +119,37 @@ def rate(samples: list[tuple[float, int]], start: float) -> Optional[float]:
     return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
-def one_run(args: argparse.Namespace, workdir: Path) -> dict[int, Optional[float]]:
+def phase_rate(run: Console, start: float, args: argparse.Namespace) -> float:
+    """The rate from `start` over --phase_secs, or longer until two step lines fall in it (a loaded machine's
+    workers may print fewer): a quick run's figure is never missing for want of lines."""
+    time.sleep(max(0.0, start + args.phase_secs - time.monotonic()))
+    end, deadline = start + args.phase_secs, start + args.timeout_secs
+    while (found := rate(run.steps_until(end), start)) is None:
+        if time.monotonic() > deadline or run.proc.poll() is not None:
+            raise SystemExit(f"fewer than two step lines within {args.timeout_secs:g} s of the phase's start")
+        time.sleep(0.1)
+        end = time.monotonic()
+    return found
+
+
+def one_run(args: argparse.Namespace, workdir: Path) -> dict[int, float]:
     """One run scaled through PHASES; returns global steps/s per worker count."""
     train_dir = workdir / "train"
     run = Console([sys.executable, "-m", "psworker", "local", str(write_spec(workdir / "elastic.yaml", args)),
                    "--train_dir", str(train_dir)], workdir)
-    rates: dict[int, Optional[float]] = {}
+    rates: dict[int, float] = {}
     try:
-        begin = run.wait_for(STEP, 1, args.timeout_secs)
+        begin = run.wait_for(is_step, 1, args.timeout_secs)
         joined = 0
-        for n, workers in enumerate(PHASES):
+        for n, workers in enumerate(args.phases):
             if n:
                 done = subprocess.run([sys.executable, "-m", "psworker", "scale", str(train_dir), "--workers",
                                        str(workers)], capture_output=True, text=True, timeout=120)
                 print(f"  {done.stdout.strip() or done.stderr.strip()}", flush=True)
-                joined += workers - PHASES[n - 1]
+                joined += workers - args.phases[n - 1]
                 begin = run.wait_for(JOINED, joined, args.timeout_secs)
-            start = begin + args.settle_secs
-            time.sleep(max(0.0, start + args.phase_secs - time.monotonic()))
-            rates[workers] = rate(run.steps_until(start + args.phase_secs), start)
-            print(f"  {workers} worker(s): {rates[workers] or 0:.1f} global steps/s", flush=True)
+            rates[workers] = phase_rate(run, begin + args.settle_secs, args)
+            print(f"  {workers} worker(s): {rates[workers]:.1f} global steps/s", flush=True)
     finally:
         run.end()
     return rates
@@ -133,8 +163,14 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--log_every_steps", type=int, default=50)
     p.add_argument("--timeout_secs", type=float, default=300.0)
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}")
     args = p.parse_args()
-    samples: dict[int, list[float]] = {w: [] for w in PHASES}
+    args.phases = PHASES
+    if args.quick:
+        vars(args).update(QUICK)
+        os.environ.update(QUICK_ENV)
+    samples: dict[int, list[float]] = {w: [] for w in args.phases}
     for r in range(args.repeat):
         print(f"repeat {r + 1}/{args.repeat}", flush=True)
         with tempfile.TemporaryDirectory(prefix="psworker-elastic-") as tmp:
@@ -144,7 +180,7 @@ def main() -> None:
     base = statistics.median(samples[1]) if samples[1] else None
     print(f"\n| workers | global steps/s (median of {args.repeat}) | x 1 worker | each repeat |")
     print("|---|---|---|---|")
-    for workers in PHASES:
+    for workers in args.phases:
         values = samples[workers]
         med = statistics.median(values) if values else None
         print(f"| {workers} | {med or 0:.1f} | {med / base if med and base else 0:.2f} | "

@@ -68,14 +68,18 @@ def run_once(checkout: str, args, chief_last: bool) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("variants", nargs="*", default=["this=."], help="NAME=CHECKOUT (default: this=.)")
+    p.add_argument("variants", nargs="*", default=[f"this={Path(__file__).resolve().parent.parent}"],
+                   help="NAME=CHECKOUT (default: this checkout)")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--model", default="cifar10", choices=["cifar10", "mlp"])
     p.add_argument("--max_steps", type=int, default=40)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: a synthetic set in a temporary folder)")
     p.add_argument("--chief_last", action="store_true", help="also time the chief started after the others")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help="one run of the MLP, 10 steps (for tests/test_benchmarks.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.runs, args.model, args.max_steps = 1, "mlp", 10
     variants = []
     for text in args.variants:
         name, sep, checkout = text.partition("=")

@@ -53,7 +53,8 @@ def measure(sess, train_op, global_step, procs, threads: int, steps: int) -> tup
 def _build(args, cluster: dict, server, packed: bool):
     """(session, train op, global step) of worker 0's criteo graph, packed or not. Both graphs name the same
     variables on the same ps, as two workers' graphs do: they train one model."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.spec import TrainConfig
@@ -77,7 +78,8 @@ def _build(args, cluster: dict, server, packed: bool):
 def run(args, cluster: dict, ps_pid: int) -> dict:
     """Both graphs, then the interleaved rounds; returns {(packed, threads): (wall, cpu) medians}."""
     import psutil
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.task.server import session_config
 
@@ -86,7 +88,7 @@ def run(args, cluster: dict, ps_pid: int) -> dict:
     built = {packed: _build(args, cluster, server, packed) for packed in (False, True)}
     procs = [psutil.Process(), psutil.Process(ps_pid)]
     for sess, train_op, step in built.values():
-        measure(sess, train_op, step, procs, 1, 30)   # warm-up
+        measure(sess, train_op, step, procs, 1, min(30, args.steps))   # warm-up
     got: dict[tuple[bool, int], list[tuple[float, float]]] = {(p, k): [] for p in built for k in THREADS}
     for _ in range(args.rounds):
         for packed, (sess, train_op, step) in built.items():
@@ -102,14 +104,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--batch_size", type=int, default=256)
     p.add_argument("--steps", type=int, default=600, help="global steps per thread count and round")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rows_per_day", type=int, default=50_000, help="of the synthetic Criteo days")
+    p.add_argument("--quick", action="store_true", help="one round of 12 steps of batch 32 on 2,000 rows a day (for "
+                                                        "tests/test_benchmarks.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds, args.batch_size, args.rows_per_day = 12, 1, 32, 2000
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.criteo_dir is None:
         from psworker.data.criteo_synthetic import write_synthetic
 
         args.criteo_dir = tempfile.mkdtemp(prefix="in-flight-criteo-")
-        write_synthetic(args.criteo_dir, days=3, rows_per_day=50_000)
-    import tensorflow as tf
+        write_synthetic(args.criteo_dir, days=3, rows_per_day=args.rows_per_day)
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     tf.compat.v1.disable_eager_execution()
     ports = pss_peer.free_ports(2)

@@ -16,7 +16,8 @@ step, a ps within `PS_EXIT_GOAL_S`; a timeout of T s ends the task within T + `T
 Prints a table, then as its LAST line one JSON object (keys: first_step_s, exit_s, async_steps_per_s,
 sync_steps_per_s, inprocess_steps_per_s, ...).
 
-    python benchmarks/lifecycle.py [--max_steps 1500] [--batch_size 64] [--model mlp]
+    python benchmarks/lifecycle.py [--max_steps 1500] [--batch_size 64] [--model mlp] [--modes async,sync]
+    python benchmarks/lifecycle.py --quick      # async only, 20 steps (tests/test_benchmarks.py)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))   # run from a checkout without installing
 
+from psworker import events  # noqa: E402
 from psworker.testing import LocalCluster, log_time  # noqa: E402
 
 WORKER_EXIT_GOAL_S = 1.0
@@ -61,14 +63,14 @@ class ClusterRun:
     wall_s: float
 
 
-def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, model: str,
+def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, model: str, num_workers: int = 2,
                 data_dir: Optional[str] = None) -> ClusterRun:
-    """Starts ps:0, worker:0 and worker:1 together (as `psworker local` does) and measures them."""
+    """Starts ps:0 and the workers together (as `psworker local` does) and measures them."""
     workdir.mkdir(parents=True)
     train = dict(model=model, mode=mode, max_steps=max_steps, batch_size=batch_size, data_dir=data_dir,
                  log_every_steps=max(1, max_steps // 4))
     began = time.time()
-    with LocalCluster(workdir, train=train) as cluster:
+    with LocalCluster(workdir, num_workers=num_workers, train=train) as cluster:
         codes = cluster.wait_exits(600)
         failed = {n: code for n, code in codes.items() if code != 0}
         if failed:
@@ -89,7 +91,7 @@ def run_cluster(mode: str, workdir: Path, *, max_steps: int, batch_size: int, mo
     later = max(first_at, key=first_at.get)
     start_step = int(firsts[later].group(1))
     steps_per_s = (final_step - start_step) / max(final_at - first_at[later], 1e-9)
-    per_step = batch_size * (2 if mode == "sync" else 1)   # sync: one global step averages 2 workers' batches
+    per_step = batch_size * (len(workers) if mode == "sync" else 1)   # sync: a global step averages every batch
     return ClusterRun(mode, first_step_s, after_import_s, imports, exit_s, steps_per_s, steps_per_s * per_step, final_step,
                       time.time() - began)
 
@@ -98,14 +100,14 @@ def run_timeouts(workdir: Path) -> dict[str, float]:
     """Seconds from start to exit of a worker whose ps never comes (startup timeout 3 s), and seconds from killing
     the only worker to the exit of its ps (workers-gone timeout 3 s)."""
     out = {}
-    with LocalCluster(workdir / "startup", args={"worker:1": ["--startup_timeout_secs", "3"]}, start=False) as c:
+    with LocalCluster(workdir / "startup", args={"worker:1": ["--set", "startup_timeout_secs=3"]}, start=False) as c:
         c.start("worker:1")
         c.wait_exit("worker:1", 120)
         took = c.exited_at["worker:1"] - c.started_at["worker:1"] - _import_s(c, "worker:1")
         out["startup_timeout_3s"] = round(took, 3)
     with LocalCluster(workdir / "gone", num_workers=1, train=dict(max_steps=1_000_000, log_every_steps=50),
                       args={"ps:0": ["--workers_gone_timeout_secs", "3"]}) as c:
-        c.wait_for_log("worker:0", r"^step \d+, loss", 180)
+        c.wait_for_log("worker:0", events.Step, 180)
         c.kill("worker:0")
         killed = c.exited_at["worker:0"]
         c.wait_exit("ps:0", 120)
@@ -121,16 +123,33 @@ def _import_s(cluster: LocalCluster, name: str) -> float:
 def run_in_process(*, steps: int, batch_size: int, model: str, data_dir: Optional[str] = None) -> float:
     """Global steps/s of the same model and batch in this process, without servers."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    import tensorflow as tf
-
     from psworker import models
     from psworker.spec import TrainConfig
+    from psworker.tf_import import import_tensorflow
     from psworker.train.graph import train_in_process
 
-    tf.compat.v1.disable_eager_execution()
+    import_tensorflow().compat.v1.disable_eager_execution()   # without Keras and scikit-learn, as a task
     seconds, n = train_in_process(models.get(model), TrainConfig(model=model, batch_size=batch_size, data_dir=data_dir),
                                   steps=steps)
     return n / seconds
+
+
+def summary(runs: list[ClusterRun], inprocess: float, timeouts: dict[str, float], args) -> dict:
+    """The JSON line: the worst first step and exit over the modes run, each mode's rates and the timeouts."""
+    out = {
+        "first_step_s": max(v for r in runs for v in r.first_step_s.values()),
+        "first_step_after_import_s": max(v for r in runs for v in r.after_import_s.values()),
+        "exit_s": max(v for r in runs for v in r.exit_s.values()),
+        "inprocess_steps_per_s": round(inprocess, 2),
+        "first_step_s_by_mode": {r.mode: r.first_step_s for r in runs},
+        "exit_s_by_mode": {r.mode: r.exit_s for r in runs},
+        "timeouts_s": timeouts,
+        "model": args.model, "batch_size": args.batch_size, "max_steps": args.max_steps,
+    }
+    for r in runs:
+        out.update({f"{r.mode}_steps_per_s": round(r.steps_per_s, 2), f"{r.mode}_examples_per_s":
+                    round(r.examples_per_s, 1), f"{r.mode}_vs_inprocess": round(r.steps_per_s / inprocess, 3)})
+    return out
 
 
 def main(argv=None) -> int:
@@ -140,7 +159,13 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="mlp")
     p.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
     p.add_argument("--data_dir", default=None, help="cifar10: its records (default: a synthetic set in --workdir)")
+    p.add_argument("--modes", default="async,sync", help="comma-separated: async, sync")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="async only, 1 worker, 20 steps (seconds, for "
+                                                        "tests/test_benchmarks.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.max_steps, args.modes, args.workers = 20, "async", 1
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="psworker-lifecycle-"))
 
     if args.model == "cifar10" and args.data_dir is None:   # a small synthetic set in the real record format
@@ -149,24 +174,20 @@ def main(argv=None) -> int:
         args.data_dir = str(workdir / "cifar10-data")
         cifar10_files.write_synthetic(args.data_dir)
     runs = [run_cluster(mode, workdir / mode, max_steps=args.max_steps, batch_size=args.batch_size, model=args.model,
-                        data_dir=args.data_dir)
-            for mode in ("async", "sync")]
+                        num_workers=args.workers, data_dir=args.data_dir)
+            for mode in args.modes.split(",")]
     inprocess = run_in_process(steps=args.max_steps, batch_size=args.batch_size, model=args.model,
                                data_dir=args.data_dir)
     timeouts = run_timeouts(workdir / "timeouts")
 
     print(f"psworker lifecycle benchmark: {args.model}, batch {args.batch_size}, {args.max_steps} steps, "
-          f"1 ps + 2 workers on {os.cpu_count()} cores; logs in {workdir}")
-    print(f"{'':<36}{'async':>10}{'sync':>10}")
-    rows = [("first step after TF import, worker:0", lambda r: r.after_import_s["worker:0"]),
-            ("first step after TF import, worker:1", lambda r: r.after_import_s["worker:1"]),
-            ("  (from start - import, worker:0 (s))", lambda r: r.first_step_s["worker:0"]),
-            ("  (from start - import, worker:1 (s))", lambda r: r.first_step_s["worker:1"]),
-            ("  (TF import, worker:0 (s))", lambda r: r.import_s["worker:0"]),
-            ("  (TF import, worker:1 (s))", lambda r: r.import_s["worker:1"]),
-            ("exit (s) after last step, worker:0", lambda r: r.exit_s["worker:0"]),
-            ("exit (s) after last step, worker:1", lambda r: r.exit_s["worker:1"]),
-            ("exit (s) after last step, ps:0", lambda r: r.exit_s["ps:0"]),
+          f"1 ps + {args.workers} worker(s) on {os.cpu_count()} cores; logs in {workdir}")
+    print(f"{'':<36}" + "".join(f"{r.mode:>10}" for r in runs))
+    names = [f"worker:{i}" for i in range(args.workers)]
+    rows = [*[(f"first step after TF import, {n}", lambda r, n=n: r.after_import_s[n]) for n in names],
+            *[(f"  (from start - import, {n} (s))", lambda r, n=n: r.first_step_s[n]) for n in names],
+            *[(f"  (TF import, {n} (s))", lambda r, n=n: r.import_s[n]) for n in names],
+            *[(f"exit (s) after last step, {n}", lambda r, n=n: r.exit_s[n]) for n in names + ["ps:0"]],
             ("final global step", lambda r: r.final_step),
             ("global steps/s", lambda r: round(r.steps_per_s, 1)),
             ("examples/s", lambda r: round(r.examples_per_s)),
@@ -186,24 +207,7 @@ def main(argv=None) -> int:
     for name, secs in timeouts.items():
         print(f"goal {name} <= {3 + TIMEOUT_SLACK_S:g} s: {secs:.3f} s "
               f"{'OK' if 3 <= secs <= 3 + TIMEOUT_SLACK_S else 'OVER'}")
-    by_mode = {r.mode: r for r in runs}
-    summary = {
-        "first_step_s": max(v for r in runs for v in r.first_step_s.values()),
-        "first_step_after_import_s": max(v for r in runs for v in r.after_import_s.values()),
-        "exit_s": max(v for r in runs for v in r.exit_s.values()),
-        "async_steps_per_s": round(by_mode["async"].steps_per_s, 2),
-        "sync_steps_per_s": round(by_mode["sync"].steps_per_s, 2),
-        "inprocess_steps_per_s": round(inprocess, 2),
-        "async_examples_per_s": round(by_mode["async"].examples_per_s, 1),
-        "sync_examples_per_s": round(by_mode["sync"].examples_per_s, 1),
-        "async_vs_inprocess": round(by_mode["async"].steps_per_s / inprocess, 3),
-        "sync_vs_inprocess": round(by_mode["sync"].steps_per_s / inprocess, 3),
-        "first_step_s_by_mode": {r.mode: r.first_step_s for r in runs},
-        "exit_s_by_mode": {r.mode: r.exit_s for r in runs},
-        "timeouts_s": timeouts,
-        "model": args.model, "batch_size": args.batch_size, "max_steps": args.max_steps,
-    }
-    print(json.dumps(summary, sort_keys=True))
+    print(json.dumps(summary(runs, inprocess, timeouts, args), sort_keys=True))
     return 0
 
 

@@ -5,8 +5,8 @@ Not a test: run it by hand, e.g.
     python benchmarks/overlap.py --ps_link_rate 100mbit --shapes 1x1,1x2,2x2 --repeat 3
     python benchmarks/overlap.py --shapes 1x1 --variants base,staged --in_process   # unshaped, CPU vs one process
 
-For every shape (`PSxWORKERS`) and variant (base: float32, no staging; staged: `--staged_vars true`; bf16:
-`--transfer_dtype bfloat16`; staged+bf16; sync: `--mode sync`, for "sync not slower") it runs `psworker local` on
+For every shape (`PSxWORKERS`) and variant (base: float32, no staging; staged: `--set staged_vars=true`; bf16:
+`--set transfer_dtype=bfloat16`; staged+bf16; sync: `--mode sync`, for "sync not slower") it runs `psworker local` on
 the CIFAR-10 CNN (synthetic data unless --data_dir), async, batch 64 per worker, and measures after the warm-up
 (the first 10% of the global steps):
   - examples/s: global steps/s from the workers' own summaries (global step and wall time), times the batch;
@@ -43,8 +43,12 @@ from typing import Optional
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = {"base": [], "staged": ["--staged_vars", "true"], "bf16": ["--transfer_dtype", "bfloat16"],
-            "staged+bf16": ["--staged_vars", "true", "--transfer_dtype", "bfloat16"], "sync": ["--mode", "sync"]}
+VARIANTS = {"base": [], "staged": ["--set", "staged_vars=true"], "bf16": ["--set", "transfer_dtype=bfloat16"],
+            "staged+bf16": ["--set", "staged_vars=true", "--set", "transfer_dtype=bfloat16"],
+            "sync": ["--mode", "sync"]}
+
+QUICK = {"shapes": "1x1", "variants": "staged", "in_process": True, "steps": 30, "intervals": 5,
+         "batch_size": 16, "repeat": 1}
 
 
 def role_of(proc: psutil.Process, root: int) -> str:
@@ -119,12 +123,11 @@ class CpuSampler:
 
 def summaries(train_dir: Path, workers: int) -> list[tuple[float, int]]:
     """(wall time, global step) of every worker's summaries, once every worker has written one."""
-    import tensorflow as tf
+    from peers import summary_points   # benchmarks/peers.py: read without TensorFlow
 
     points, firsts = [], []
     for i in range(workers):
-        mine = [(e.wall_time, e.step) for f in sorted((train_dir / f"worker_{i}").glob("events.out.tfevents*"))
-                for e in tf.compat.v1.train.summary_iterator(str(f)) if e.summary.value]
+        mine = summary_points(train_dir / f"worker_{i}")
         if not mine:
             raise RuntimeError(f"worker:{i} wrote no summaries under {train_dir}")
         firsts.append(min(mine)[0])
@@ -185,7 +188,8 @@ def cluster_run(shape: str, variant: str, args, workdir: Path, tag: str) -> dict
 
 def in_process(args) -> dict:
     """The `_in_process` subcommand: the same graph in this process, no servers; CPU of this process."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.spec import TrainConfig
@@ -279,10 +283,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}, a tiny "
+                                                        "synthetic set")
     if argv[:1] == ["_in_process"]:
         print(json.dumps(in_process(p.parse_args(argv[1:]))))
         return 0
     args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so that a running cluster is stopped (see cluster_run)
     variants = [v for v in args.variants.split(",") if v]
     args.env_variants = dict(args.env_variant)
@@ -291,6 +299,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--variants: unknown {', '.join(sorted(unknown))}")
     with tempfile.TemporaryDirectory(prefix="psworker-overlap-") as tmp:
         workdir = Path(tmp)
+        if args.data_dir is None and args.quick:
+            from psworker.data.cifar10_files import write_synthetic
+
+            args.data_dir = str(workdir / "data")
+            write_synthetic(args.data_dir, train_per_class=10, test_per_class=2)
         if args.data_dir is None:
             args.data_dir = str(workdir / "data")
             subprocess.run([sys.executable, "-m", "psworker", "data", "cifar10-synthetic", "--data_dir",

@@ -38,10 +38,10 @@ in-process one. An in-process run is unshaped, so with `--ps_link_rate none,...`
     python benchmarks/peers.py --models criteo --variants psworker,pss --shapes 0,1x1,2x2,4x4 \
         --ps_link_rate none,100mbit --batch_size 256 --steps 120 --repeat 3                  # issue 28's table
 
-`--variants "psworker,psworker staged,pss"` adds psworker with `--staged_vars true` (opt-in; the in-process column
-runs it unstaged); likewise "psworker unpacked" (`--set pack_transfers=false`: packing is on by default, issue
-37), "psworker packed" (`--pack_transfers true`), "psworker 2 in flight"
-(`--concurrent_steps 2`), "psworker 2 in flight packed" (both) and "psworker 2 in flight packed nospin" (both,
+`--variants "psworker,psworker staged,pss"` adds psworker with `--set staged_vars=true` (opt-in; the in-process column
+runs it unstaged); likewise "psworker unpacked" (`--set pack_transfers=false`: packing is on by default, issue 37),
+"psworker packed" (`--set pack_transfers=true`), "psworker 2 in flight" (`--set concurrent_steps=2`), "psworker 2 in
+flight packed" (both) and "psworker 2 in flight packed nospin" (both,
 and `PSWORKER_TF_THREAD_SPINNING=off`). Runs are interleaved (each repeat runs every variant once), and the median over --repeat is
 reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000 examples) and last a JSON line
 with every number.
@@ -57,6 +57,7 @@ import re
 import resource
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -66,12 +67,18 @@ from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-RATE_LINE = re.compile(r"^\[(worker:\d+)\] step \d+, loss = [0-9.naif]+ \(([0-9.]+) examples/sec;", re.MULTILINE)
+sys.path.insert(0, str(REPO))
+
+from psworker import events  # noqa: E402  (this checkout's step-line parser, whichever checkout a run is of)
+
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 FIRST_STEP = re.compile(r"^.*first step done at global step (\d+)$", re.MULTILINE)
 LAST_STEP = re.compile(r"^.*last step done.*$", re.MULTILINE)
 DONE = re.compile(r"done at global step (\d+) after \d+ local steps")
 STOP_GRACE_S = 30.0
+# quick: both sides in one process each (2 TensorFlow processes, not 5); their cluster runs are the quick runs of
+# compare.py (psworker_run) and pss_peer.py (the script pss_run starts)
+QUICK = {"models": "mlp", "shapes": "0", "variants": "psworker,pss", "steps": 10, "mlp_factor": 3, "intervals": 3}
 PSWORKER_MODEL = {"cnn": "cifar10", "mlp": "mlp", "criteo": "criteo"}
 AUC_LINE = re.compile(r"auc = ([0-9.]+), logloss = ([0-9.]+)")
 SITECUSTOMIZE = '''\
@@ -164,7 +171,8 @@ def psworker_in_process(model: str, steps: int, batch_size: int, data_dir: str, 
     """The `_psworker_in_process` subcommand: psworker's own graph and MonitoredSession, no servers. A model with
     an AUC (criteo) trains `steps` in all (warm-up included, as many examples as a cluster run's global steps),
     saves a checkpoint and reports the held-out AUC as `psworker eval` computes it."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
     from psworker.spec import TrainConfig
@@ -230,10 +238,7 @@ def psworker_run(model: str, workers: int, *, ema: str, args, workdir: Path, sit
     started = time.monotonic()
     done = _run([sys.executable, "-m", "psworker", "local", str(spec), "--train_dir", str(workdir / tag), *flags]
                 + (["--ps_link_rate", rate] if rate else []), env, args.timeout, what, cwd=workdir)
-    per_worker: dict[str, list[float]] = {}
-    for worker, rate in RATE_LINE.findall(done.stdout):
-        per_worker.setdefault(worker, []).append(float(rate))
-    steady = {w: statistics.mean(r[1:]) for w, r in per_worker.items() if len(r) > 1}
+    steady = {w: r for w, r in events.steady_rates(events.step_records(done.stdout)).items() if w is not None}
     warmup = warmup_steps(steps)
     auc = AUC_LINE.search(done.stdout)
     return {**({"auc": float(auc[1])} if auc else {}),
@@ -248,18 +253,33 @@ def warmup_steps(steps: int) -> int:
     return max(5, steps // 10)
 
 
+def summary_points(folder: Path) -> list[tuple[float, int]]:
+    """(wall time, global step) of every summary in `folder`'s event files, read without TensorFlow (its import
+    costs seconds of CPU): TFRecord framing (length, its CRC, the record, its CRC) around TensorBoard's Event."""
+    from tensorboard.compat.proto import event_pb2
+
+    points = []
+    for path in sorted(folder.glob("events.out.tfevents*")):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):
+            (size,) = struct.unpack_from("<Q", data, at)
+            if at + 12 + size + 4 > len(data):
+                break   # a record still being written
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + size])
+            at += 12 + size + 4
+            if event.summary.value:
+                points.append((event.wall_time, event.step))
+    return points
+
+
 def steady_rate(train_dir: Path, workers: int, warmup: int, what: str) -> float:
     """Global steps/s after the warm-up, from the workers' own summaries (global step and wall time, written every
     `log_every_steps`): from the first one at a global step >= `warmup` written once every worker trains, to the
     last one. The first steps of a run (graph setup, the input pipeline's first shuffle buffer, autotuning) are
     up to 20% slower than the rest; PSS and the in-process runs leave theirs out too."""
-    import tensorflow as tf
-
     points, firsts = [], []
     for i in range(workers):
-        files = sorted((train_dir / f"worker_{i}").glob("events.out.tfevents*"))
-        mine = [(e.wall_time, e.step) for f in files for e in tf.compat.v1.train.summary_iterator(str(f))
-                if e.summary.value]
+        mine = summary_points(train_dir / f"worker_{i}")
         if not mine:
             raise RuntimeError(f"{what}: worker:{i} wrote no summaries under {train_dir}")
         firsts.append(min(mine)[0])
@@ -315,13 +335,13 @@ def pss_run(model: str, workers: int, *, ema: bool, args, num_ps: int = 1, rate:
 
 # --------------------------------------------------------------------------------------------- table
 
-_IN_FLIGHT_PACKED = ["--concurrent_steps", "2", "--pack_transfers", "true"]
+_IN_FLIGHT_PACKED = ["--set", "concurrent_steps=2", "--set", "pack_transfers=true"]
 # psworker with flags, run only when named in --variants (the in-process column runs psworker without them)
 OPT_IN = {
-    "psworker staged": ["--staged_vars", "true"],
+    "psworker staged": ["--set", "staged_vars=true"],
     "psworker unpacked": ["--set", "pack_transfers=false"],   # the default before issue 37
-    "psworker packed": ["--pack_transfers", "true"],
-    "psworker 2 in flight": ["--concurrent_steps", "2"],
+    "psworker packed": ["--set", "pack_transfers=true"],
+    "psworker 2 in flight": ["--set", "concurrent_steps=2"],
     "psworker 2 in flight packed": _IN_FLIGHT_PACKED,
     "psworker 2 in flight packed nospin": _IN_FLIGHT_PACKED,   # with OPT_IN_ENV's
 }
@@ -472,7 +492,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--criteo_dir", help="Criteo day files (default: `psworker data criteo-synthetic "
                                         "--rows_per_day 50000` in a temporary folder)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}")
     args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
     args.models_list = [m for m in args.models.split(",") if m]
     try:
         args.shapes_list = [parse_shape(t) for t in args.shapes.split(",") if t]

@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import pss_peer  # noqa: E402  (free ports, server subprocesses)
+from psworker.tf_import import import_tensorflow  # noqa: E402  (without Keras and scikit-learn, as a task)
 
 EMA_MARKERS = ("ExponentialMovingAverage", "moving_avg")
 RECV_TYPES = ("RecvTensor", "_Recv", "_HostRecv")
@@ -151,8 +152,7 @@ _SHIPPED: dict = {}
 
 def FetchEveryStep(fetches):   # noqa: N802 - a class built on demand (TensorFlow is imported late)
     """psworker's progress hook before issue #9, for comparison: fetches the loss and the global step every step."""
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     class _Hook(tf.compat.v1.train.SessionRunHook):
         def before_run(self, run_context):
             return tf.compat.v1.train.SessionRunArgs(fetches)
@@ -180,8 +180,7 @@ class InProcess:
     CPU column reads the idle ps)."""
 
     def __init__(self, model, config):
-        import tensorflow as tf
-
+        tf = import_tensorflow()
         from psworker.train.graph import build_train_graph
 
         self._graph = tf.Graph()
@@ -201,8 +200,7 @@ class InProcess:
 def profile_variant(variant: str, server, cluster: dict, ps_proc, args) -> dict:
     """Builds `variant`'s training graph as worker 0 and measures it (see the module docstring)."""
     import psutil
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     from psworker import models
     from psworker.spec import TrainConfig
     from psworker.task.session_setup import chief_hooks
@@ -346,7 +344,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
     p.add_argument("--timeline_dir", help="also write the last traced step of each variant as a Chrome trace")
+    p.add_argument("--quick", action="store_true", help="the MLP, a round of 20 steps, 2 traced (tests)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.steps, args.mlp_factor, args.rounds, args.warmup, args.trace_steps = "mlp", 10, 2, 1, 2, 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     models = [m for m in args.models.split(",") if m]
     variants = [v for m in models for v in (("cnn", "cnn ema@worker", "cnn -ema") if m == "cnn" else (m,))]
@@ -362,8 +363,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.criteo_dir = tempfile.mkdtemp(prefix="profile-criteo-")
         write_criteo(args.criteo_dir, days=3, rows_per_day=50_000)
 
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     tf.compat.v1.disable_eager_execution()
     ports = pss_peer.free_ports(2)
     cluster = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}

@@ -7,9 +7,10 @@ variables, their copies, the runtime) and the page cache (`cache`) peak apart:
 
     PYTHONPATH=$PWD PSWORKER_MODELS=criteo_big python benchmarks/ps_memory.py cluster_specs/criteo-4ps.yaml \\
         --model criteo_big --data_dir /tmp/criteo --max_steps 300 --batch_size 256 --ps_memory_limit 2.4GiB \\
-        --save_checkpoint_secs 600
+        --checkpoint_every 600s
 
-Prints the launcher's output, then one line per ps and a JSON line.
+Prints the launcher's output, then one line per ps and a JSON line. `--quick` (for tests/test_benchmarks.py) runs
+1 ps + 1 worker of the MLP for 20 steps under a 1 GiB cap instead.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from psworker.launcher.cgroups import own_memory_cgroup
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from psworker.launcher.cgroups import own_memory_cgroup  # noqa: E402
 
 SAMPLE_SECS = 0.1
 
@@ -32,7 +36,18 @@ def _stat(cgroup: Path) -> dict[str, int]:
         return {}
 
 
+def quick_argv(workdir: Path) -> list[str]:
+    """`psworker local`'s arguments for a quick run: 1 ps + 1 worker of the MLP, 20 steps, a 1 GiB cap."""
+    from psworker.testing import write_spec
+
+    spec = write_spec(workdir / "quick.yaml", num_ps=1, num_workers=1, model="mlp", max_steps=20, log_every_steps=5)
+    return [str(spec), "--train_dir", str(workdir / "train"), "--console", "plain", "--ps_memory_limit", "1GiB"]
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--quick"]:
+        with tempfile.TemporaryDirectory(prefix="psworker-ps-memory-") as tmp:
+            return main(quick_argv(Path(tmp)))
     if "--ps_memory_limit" not in argv:
         sys.exit("ps_memory.py: give psworker local's arguments, --ps_memory_limit among them")
     launcher = subprocess.Popen([sys.executable, "-m", "psworker", "local", *argv])

@@ -155,7 +155,7 @@ def measure(case: Case, args, work: Path, env: dict[str, str]) -> tuple[dict[int
     spec = write_spec(folder / "spec.yaml", num_ps=case.num_ps, num_workers=args.workers,
                       model=f"memmodel_{case.size}", batch_size=args.batch_size)
     common = [str(spec), "--train_dir", str(folder / "train"), "--data_dir", str(work / "data"),
-              "--ps_memory_limit", LIMIT, "--save_checkpoint_steps", str(args.save_every), "--log_every_steps", "5"]
+              "--ps_memory_limit", LIMIT, "--checkpoint_every", f"{args.save_every}steps", "--set", "log_every_steps=5"]
     saved = run_measured([*common, "--max_steps", str(args.steps)], env, folder / "launcher.log")
     restored = run_measured([*common, "--max_steps", str(args.steps + args.restore_steps)], env,
                             folder / "launcher.log")

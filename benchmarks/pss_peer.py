@@ -501,7 +501,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--learning_rate", type=float, default=0.1)
     p.add_argument("--ema", action="store_true", help="also update moving averages of the weights on the ps")
     p.add_argument("--data_dir", help="CIFAR-10 records (cnn), Criteo day files (criteo)")
+    p.add_argument("--quick", action="store_true", help="seconds, for tests/test_benchmarks.py: the MLP, 1 ps + 1 "
+                                                        "worker, 20 steps, each ps link shaped to 1gbit")
     args = p.parse_args(argv)
+    if args.quick:
+        args.model, args.ps, args.workers, args.steps, args.warmup, args.ps_link_rate = "mlp", 1, 1, 20, 3, "1gbit"
     if args.ps_link_rate is not None:
         from psworker.launcher.shaping import parse_rate
 

@@ -53,7 +53,8 @@ def timed(fn: Callable[[], object]) -> float:
 def grpc_probes() -> dict[str, float]:
     """One round of the gRPC probe measurements (a fresh address and TF server each time)."""
     import grpc
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.launcher.ports import pick_free_ports
     from psworker.task.server import is_reachable
@@ -77,7 +78,8 @@ def grpc_probes() -> dict[str, float]:
 
 
 def session_give_up() -> dict[str, float]:
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.train.session import FastSessionCreator
 
@@ -149,7 +151,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no_ssh", action="store_true", help="leave out the SSH measurements")
+    parser.add_argument("--quick", action="store_true", help="one round (for tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat = 1
     rounds: list[dict[str, float]] = []
     for _ in range(args.repeat):
         rounds.append({**grpc_probes(), **session_give_up()})

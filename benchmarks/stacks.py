@@ -62,7 +62,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tasks", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one repeat of 2 tasks (for tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat, args.tasks = 1, 2
     cases = {f"stop {args.tasks} live tasks, asked": (StackAsker(by_signal=True), False),
              f"stop {args.tasks} live tasks, not asked": (None, False),
              f"stop {args.tasks} exited tasks, asked": (StackAsker(by_signal=True), True)}

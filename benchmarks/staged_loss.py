@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _model(variant: str):
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker import models
 
@@ -45,9 +46,10 @@ def _model(variant: str):
     return MomentumZero()
 
 
-def losses(variant: str, rate: float, steps: int, data_dir: str) -> list[float]:
+def losses(variant: str, rate: float, steps: int, data_dir: str, batch_size: int = 128) -> list[float]:
     """The loss of every step of one in-process run."""
-    import tensorflow as tf
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.spec import TrainConfig
     from psworker.train.graph import build_train_graph
@@ -55,7 +57,7 @@ def losses(variant: str, rate: float, steps: int, data_dir: str) -> list[float]:
     v1 = tf.compat.v1
     with tf.Graph().as_default():
         v1.set_random_seed(1)
-        config = TrainConfig(model="cifar10", batch_size=128, seed=1, data_dir=data_dir, learning_rate=rate,
+        config = TrainConfig(model="cifar10", batch_size=batch_size, seed=1, data_dir=data_dir, learning_rate=rate,
                              staged_vars=variant != "plain")
         tg = build_train_graph(_model(variant), config, cluster=None, task_index=0)
         with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator()) as sess:
@@ -69,19 +71,27 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=240)
     p.add_argument("--window", type=int, default=40)
     p.add_argument("--data_dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "psworker-cifar10-synth"))
+    p.add_argument("--batch_size", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="6 steps of batch 16 on a tiny synthetic set, per variant "
+                                                        "(for tests/test_benchmarks.py)")
     args = p.parse_args()
-    import tensorflow as tf
+    synthetic = {}
+    if args.quick:
+        args.steps, args.window, args.batch_size = 6, 3, 16
+        args.data_dir, synthetic = args.data_dir + "-quick", {"train_per_class": 10, "test_per_class": 2}
+    from psworker.tf_import import import_tensorflow
+    tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
     from psworker.data import cifar10, cifar10_files
 
     tf.compat.v1.disable_eager_execution()
     if not os.path.isdir(os.path.join(args.data_dir, cifar10.BATCHES_DIR)):
-        cifar10_files.write_synthetic(args.data_dir)
+        cifar10_files.write_synthetic(args.data_dir, **synthetic)
     rows = []
     for rate in (float(r) for r in args.rates.split(",")):
         for variant in args.variants.split(","):
             start = time.perf_counter()
-            got = losses(variant, rate, args.steps, args.data_dir)
+            got = losses(variant, rate, args.steps, args.data_dir, args.batch_size)
             windows = [round(sum(got[i:i + args.window]) / len(got[i:i + args.window]), 3)
                        for i in range(0, len(got), args.window)]
             tail = got[200:240] or got[-args.window:]

@@ -23,8 +23,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout
 
 # The CIFAR-10 tutorial CNN's trainable variables (psworker/models/cifar10.py): 1,068,298 floats, 4.27 MB.
 SHAPES = [(5, 5, 3, 64), (64,), (5, 5, 64, 64), (64,), (2304, 384), (384,), (384, 192), (192,), (192, 10), (10,)]
@@ -117,7 +120,8 @@ def one_round(kind: str, steps: int) -> float:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_round"]:
-        import tensorflow as tf
+        from psworker.tf_import import import_tensorflow
+        tf = import_tensorflow()   # without Keras and scikit-learn, as a task
 
         tf.compat.v1.disable_eager_execution()
         steps = int(argv[argv.index("--steps") + 1])
@@ -129,7 +133,10 @@ def main(argv=None) -> int:
     p.add_argument("--in_process_ms", type=float, default=89.6,
                    help="CPU ms of one CNN step in one process (overlap.py's in-process CPU-s per 1,000 examples x "
                         "64 examples; default: 1.40 CPU-s/1k, measured quietly)")
+    p.add_argument("--quick", action="store_true", help="one repeat of 20 steps (for tests/test_benchmarks.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeat = 20, 1
     cluster, local = [], []
     for r in range(args.repeat):
         cluster.append(one_round("cluster", args.steps))

@@ -374,7 +374,7 @@ def assert_processes_gone(pids: Iterable[int], timeout: float = 10.0) -> None:
 
 def console_steps(text: str) -> list[tuple[str, int]]:
     """`(task, global step)` of every step line in a console's text (`[worker:0] step 120, loss = ...`), in order."""
-    return [(m["console_task"], int(m["step"])) for m in STEP_LINE.finditer(text) if m["console_task"] and m["step"]]
+    return [(r.task, r.step.step) for r in events.step_records(text) if r.task]
 
 
 def log_time(line: str) -> float:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from psworker import events
 from psworker.launcher.console.lines import by_task
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, run_launcher, task_env
@@ -73,9 +74,6 @@ def _gpus() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
 
-RATE = re.compile(r"^\[(worker:\d+)\] step \d+, loss = \S+ \(([0-9.]+) examples/sec", re.MULTILINE)
-
-
 @pytest.mark.slow
 def test_gpu_towers_train_and_report_their_throughput(tmp_path, cifar_dir):
     """On a GPU host: 2 workers with `--num_devices 1`, then `auto` (a tower on every GPU), both train; prints the
@@ -91,7 +89,7 @@ def test_gpu_towers_train_and_report_their_throughput(tmp_path, cifar_dir):
                            cwd=tmp_path, timeout=300)
         assert run.returncode == 0, run.output[-4000:]
         assert f"towers: {devices.count('/gpu:')} on {devices}" in by_task(run.output)["worker:0"], run.output[-4000:]
-        last = {who: float(rate) for who, rate in RATE.findall(run.output)}
+        last = {who: r[-1] for who, r in events.rates_by_task(events.step_records(run.output)).items() if who}
         assert last, run.output[-4000:]
         rates[towers] = sum(last.values())
     print(f"\ncifar10, 2 async workers, batch 128 per tower, {gpus} GPUs: examples/s with 1 tower per worker "

@@ -227,3 +227,21 @@ def test_the_stack_dump_lines_render_and_parse_back():
     asked = events.StacksRequested.now("worker:1", "stalled: no step line for 10 s", "SIGUSR1")
     assert events.StacksRequested.parse(asked.render()) == asked
     assert list(events.StacksRequested.finditer(f"x\n{asked.render()}\r\ny")) == [asked]
+
+
+def test_step_records_carry_each_lines_task_step_and_time():
+    """The step line read back in bulk (benchmarks, tests): the console's task, the `Step` (the epoch field of dealt
+    shards included), a log record's time; other lines are left out."""
+    rendered = [events.Step(10, 0.5, 100.0, 0.01, 0.5, 2).render(), events.Step(20, 0.4, 300.0, 0.01).render()]
+    logged = events.LogRecord(1796091831.25, "INFO", "root", None, rendered[1]).render()
+    text = "\n".join([f"[worker:0] {rendered[0]}", "[worker:0] TensorFlow imported in 1.0 s", f"[worker:1] {logged}",
+                      f"[worker:0] {rendered[1]}", rendered[0]])
+    records = events.step_records(text)
+    assert [(r.task, r.step.step, r.step.epoch) for r in records] == [("worker:0", 10, 0.5), ("worker:1", 20, None),
+                                                                        ("worker:0", 20, None), (None, 10, 0.5)]
+    assert records[1].time == pytest.approx(1796091831.25) and records[0].time is None
+    assert events.step_records(text.splitlines(), task="worker:1") == [records[1]]
+    assert events.parse_step("psworker: status: step 20/100") is None
+    assert events.rates_by_task(records) == {"worker:0": [100.0, 300.0], "worker:1": [300.0], None: [100.0]}
+    assert events.rates_by_task(records, skip=1) == {"worker:0": [300.0]}
+    assert events.steady_rates(records) == {"worker:0": 300.0}

@@ -5,7 +5,6 @@ alert rules checked and unit-tested with promtool."""
 from __future__ import annotations
 
 import functools
-import json
 import re
 import socket
 import subprocess
@@ -252,27 +251,6 @@ def test_prometheus_scrapes_the_tasks_of_a_cluster_started_by_hand(prometheus, m
     cluster.close()
     assert all(_closed(port) for port in ports.values()), "a task's metrics port is still open"
     assert_processes_gone(cluster.pids)
-
-
-@pytest.mark.slow
-def test_the_overhead_benchmark_quick_mode(tmp_path):
-    """benchmarks/metrics_overhead.py --quick runs a real launcher off/on pair (of step-printing scripts) and a 4 ps +
-    24 worker scrape, and prints its figure line and JSON (the figures are the benchmark's, asserted against no
-    goal here)."""
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "metrics_overhead.py"), "--quick"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
-    assert re.fullmatch(r"metrics: launcher CPU [0-9.]+ s off, [0-9.]+ s on \(scraped every 1 s\): [-+][0-9.]+% of "
-                        r"the run's [0-9.]+ CPU-s \(1 ps \+ 2 step-printing scripts, medians of 1; goal < 1%: "
-                        r"(OK|OVER)\); scrape "
-                        r"at 4 ps \+ 24 workers: [0-9.]+ ms median, [0-9.]+ ms worst, \d+ series, \d+ bytes",
-                        lines[-2]), lines[-2]
-    figures = json.loads(lines[-1])
-    assert figures["scrapes_during_runs"] >= 1 and figures["launcher_cpu_on_s"] > 0 and figures["run_cpu_s"] > 0
-    # per task 14 states and 7 restart classes; per worker its step, examples/s, seconds since its step, stalled; the
-    # last exit codes of the 2 tasks restarted; the run's 5 states and its 7 gauges
-    assert figures["scrape_series"] == 28 * (14 + 7) + 24 * 4 + 2 + 5 + 7 and figures["scrape_ms_median"] > 0
 
 
 NO_MEMCG = cgroups.unavailable()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from psworker import events
 from psworker.launcher import netns
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import Partition, run_launcher
@@ -37,7 +38,12 @@ train:
   log_every_steps: 50
   startup_timeout_secs: 90
 """
-_STEP = re.compile(r"^\[worker:0\] step \d+, loss")
+
+
+def _chief_step(line: str) -> bool:
+    """A step line of worker:0 on the console."""
+    found = events.parse_step(line)
+    return found is not None and found.task == "worker:0"
 
 
 class _PartitionRun:
@@ -54,7 +60,7 @@ class _PartitionRun:
     def __call__(self, lines, proc) -> bool:
         new, self.seen = lines[self.seen:], len(lines)
         for line in new:
-            if self.cut_at is None and _STEP.match(line):
+            if self.cut_at is None and _chief_step(line):
                 self.ps = yaml.safe_load((self.run_dir / "cluster.yaml").read_text())["cluster"]["ps"]
                 self.partition = Partition(proc.pid)
                 self.partition.cut([int(self.ps[1].rsplit(":", 1)[1])])
@@ -62,7 +68,7 @@ class _PartitionRun:
             elif self.cut_at is not None and self.healed_at is None and self.heal_at(self.ps[1]).search(line):
                 self.partition.heal()
                 self.healed_at = time.monotonic()
-            elif self.healed_at is not None and _STEP.match(line):
+            elif self.healed_at is not None and _chief_step(line):
                 self.stepped_at = time.monotonic()
                 return True
         return False

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import psutil
 import pytest
 
+from psworker import events
 from psworker.launcher import netns
 from psworker.testing import assert_processes_gone, port_listening
 from tests.cluster_utils import REPO, Launcher
@@ -25,8 +26,6 @@ pytestmark = pytest.mark.slow
 
 SPEC = str(REPO / "cluster_specs" / "local.yaml")
 ENDLESS = "1000000"          # max_steps: these runs end by a signal from the test
-# A task's step line as the console shows it (on a terminal it may follow the live view's last row on one line).
-STEP = re.compile(r"\[(worker:\d)\] step (\d+), loss = ")
 
 
 def _status(pid: int) -> Optional[str]:
@@ -37,7 +36,10 @@ def _status(pid: int) -> Optional[str]:
 
 
 def _steps(lines: Sequence[str], task: str) -> list[int]:
-    return [int(m.group(2)) for m in map(STEP.search, lines) if m and m.group(1) == task]
+    """`task`'s global steps in its console step lines (on a terminal one may follow the live view's last row on
+    one line: it is read from its console prefix on)."""
+    found = (events.parse_step(line[line.rfind(f"[{task}] "):]) for line in lines if f"[{task}] " in line)
+    return [r.step.step for r in found if r is not None and r.task == task]
 
 
 def _listening_ports(pid: int) -> set[int]:

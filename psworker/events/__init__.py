@@ -21,11 +21,13 @@ from psworker.events.process import (NewRun, RemotePid, Restart, StacksReady, St
                                      current_attempt)
 from psworker.events.training import (AucResult, CheckpointSaved, DataDealt, Exported, FirstStep, FoundComplete,
                                       ModelStart, PsDone, Precision, Step, StopSaved, TfImported, WorkerDone)
+from psworker.events.steps import StepRecord, parse_step, rates_by_task, steady_rates, step_records
 
 __all__ = ["LOG_FORMAT", "Event", "Step", "FirstStep", "WorkerDone", "FoundComplete", "PsDone", "TfImported",
            "Precision", "AucResult", "Exported", "StopSaved", "Restart", "DataDealt", "NewRun", "RemotePid",
            "TaskError", "Traceback", "KINDS", "CheckpointSaved", "ModelStart",
-           "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested"]
+           "parse_line", "last", "current_attempt", "LogRecord", "log_time", "StacksReady", "StacksRequested",
+           "StepRecord", "parse_step", "step_records", "rates_by_task", "steady_rates"]
 
 KINDS: tuple[type[Event], ...] = (Step, FirstStep, WorkerDone, FoundComplete, PsDone, TfImported, Precision,
                                   AucResult, Exported, Restart, NewRun, RemotePid, TaskError, Traceback, DataDealt,
