@@ -75,9 +75,7 @@ def one_run(workdir: Path, workers: int, max_steps: int, metrics: bool, scrape_e
     after = ["--", sys.executable, "-c", STEPS_SCRIPT, "{job_name}"] if quick else []
     port = pick_free_ports(1)[0]
     if metrics:
-        # `psworker run` has no --set (its note names it all the same): the old spelling is the one it takes
-        argv += ["--metrics_port", str(port), *(["--metrics_linger_secs", "0"] if quick else
-                                                ["--set", "metrics_linger_secs=0"])]
+        argv += ["--metrics_port", str(port), "--set", "metrics_linger_secs=0"]
     argv += after
     before, began = _children_cpu(), time.monotonic()
     proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

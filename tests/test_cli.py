@@ -364,3 +364,19 @@ def test_every_setting_written_as_a_flag_passes_the_flag_check():
 def test_the_subcommand_and_the_user_command_are_two_fields():
     args = cli._parse(["run", "c.yaml", "--", "python", "train.py"])
     assert args.command == "run" and args.user_command == ["python", "train.py"]
+
+
+def test_every_launcher_takes_its_settings_with_set_as_its_old_spelling_note_says(capsys):
+    """The old-spelling note of a launcher setting says `--set NAME=VALUE`: every launcher command takes it (`run`
+    too, which has no training settings and refuses one by name)."""
+    parser = cli.build_parser()
+    for argv in (["local", "s.yaml"], ["run", "s.yaml"], ["ssh", "s.yaml"], ["slurm", "launch", "s.yaml"],
+                 ["slurm", "submit", "s.yaml"]):
+        args = parser.parse_args([*argv, "--set", "grace_period_secs=3", "--set", "metrics_linger_secs=0"])
+        assert (args.grace_period_secs, args.metrics_linger_secs) == (3.0, 0.0), argv
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "s.yaml", "--set", "step_timeout_secs=3"])
+    assert "expected NAME=VALUE with NAME a setting (grace_period_secs, " in capsys.readouterr().err
+    args = parser.parse_args(["run", "s.yaml", "--metrics_linger_secs", "0"])
+    assert args.metrics_linger_secs == 0.0
+    assert "--metrics_linger_secs is old spelling; write --set metrics_linger_secs=0" in capsys.readouterr().err

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
-from psworker.errors import PsworkerError, SpecError
+from psworker.cli.values import int_type, non_negative_float, port_type, positive_float, value_type
+from psworker.errors import PsworkerError
 from psworker.launcher.backends.local import NETWORK_MODES
 
 if TYPE_CHECKING:
@@ -16,74 +17,6 @@ if TYPE_CHECKING:
 from psworker.spec.plan import AnySpec, with_train
 from psworker.spec import TRAIN_FIELDS, TRAIN_TYPES, ClusterSpec, CountSpec, TrainConfig
 from psworker.spec.train_config import DEFAULT_SAVE_CHECKPOINT_SECS, parse_setting, setting_doc
-
-T = TypeVar("T")
-MAX_PORT = 65535
-
-
-def value_type(check: Callable[[str], T], name: str) -> Callable[[str], T]:
-    """An argparse `type` from a check that raises ValueError or PsworkerError: a bad value is a usage error
-    (exit 2, `argument --flag: MESSAGE`)."""
-    def parse(text: str) -> T:
-        try:
-            return check(text)
-        except SpecError as e:
-            raise argparse.ArgumentTypeError(e.message) from None
-        except (ValueError, PsworkerError) as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    parse.__name__ = name
-    return parse
-
-
-def _whole_number(text: str, what: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ValueError(f"expected {what}, got {text!r}") from None
-
-
-def _port(text: str, free_ok: bool) -> int:
-    port = _whole_number(text, "a port number")
-    if not (0 if free_ok else 1) <= port <= MAX_PORT:
-        raise ValueError(f"port {port} is out of range {'0' if free_ok else '1'}-{MAX_PORT}"
-                         + (" (0: a free one)" if free_ok else ""))
-    return port
-
-
-def port_type(free_ok: bool = False) -> Callable[[str], int]:
-    """The one argparse type of every port flag: 1-65535, and 0 (a free port) where `free_ok`."""
-    return value_type(lambda text: _port(text, free_ok), "port")
-
-
-def int_type(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum`."""
-    def check(text: str) -> int:
-        value = _whole_number(text, "an integer")
-        if value < minimum:
-            raise ValueError(f"must be >= {minimum}, got {value}")
-        return value
-    return value_type(check, "int")
-
-
-def _number(text: str, zero_ok: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (0 <= value if zero_ok else 0 < value) or not value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number {'>=' if zero_ok else '>'} 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    return _number(text, zero_ok=False)
-
-
-def non_negative_float(text: str) -> float:
-    """An argparse type: a finite number >= 0."""
-    return _number(text, zero_ok=True)
-
 
 class _LiveChoices:
     """argparse `choices` read each time they are shown or checked (the model registry can grow)."""
@@ -138,10 +71,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    metavar="{Nsteps,Ns,Nm}", dest="checkpoint_every",
                    help="write a checkpoint every N global steps (500steps) or every N seconds (60s, 10m) (default: "
                         f"every {DEFAULT_SAVE_CHECKPOINT_SECS:g} s)")
-    g.add_argument("--set", action=_SetAction, default=None, metavar="NAME=VALUE", dest="settings",
-                   help="any setting of the spec's train section or of the launcher without a flag of its own, "
-                        "repeatable, e.g. --set step_timeout_secs=60 --set pack_transfers=false (docs/spec.md "
-                        "lists them)")
+    _add_set(p, train=True)
 
 
 def parse_interval(text: str) -> tuple[str, Union[int, float]]:
@@ -180,21 +110,44 @@ _NEW_SPELLING = {"save_checkpoint_steps": "--checkpoint_every NUMBERsteps", "sav
                  "--checkpoint_every NUMBERs", "verbose": "--console verbose", "no_live": "--console plain"}
 
 
+def _add_set(p: Any, train: bool) -> None:
+    """`--set NAME=VALUE`, once per command: launcher settings (`add_launch_flags`), and training settings too where
+    the command has them (`add_train_flags`)."""
+    existing = p._option_string_actions.get("--set")
+    if existing is not None:
+        existing.train = existing.train or train
+        existing.help = _SET_HELP[existing.train]
+        return
+    p.add_argument("--set", action=_SetAction, train=train, default=None, metavar="NAME=VALUE", dest="settings",
+                   help=_SET_HELP[train])
+
+
+_SET_HELP = {True: "any setting of the spec's train section or of the launcher without a flag of its own, "
+                   "repeatable, e.g. --set step_timeout_secs=60 --set pack_transfers=false (docs/spec.md lists them)",
+             False: "a launcher setting without a flag of its own, repeatable, e.g. --set grace_period_secs=30 "
+                    "(docs/spec.md lists them)"}
+
+
 class _SetAction(argparse.Action):
-    """`--set NAME=VALUE`: a training setting (checked as its flag would be) or a launcher setting that has no
-    flag of its own on this command (`LAUNCH_SETTINGS`), set on the namespace under its own name."""
+    """`--set NAME=VALUE`: a training setting (checked as its flag would be; on commands with training settings)
+    or a launcher setting that has no flag of its own on this command (`LAUNCH_SETTINGS`), set on the namespace
+    under its own name."""
+
+    def __init__(self, *args: Any, train: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.train = train
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: Optional[str] = None) -> None:
         name, eq, text = str(values).partition("=")
         name = name.strip()
-        known = sorted(set(TRAIN_FIELDS) | {n for n in LAUNCH_SETTINGS if hasattr(namespace, n)})
+        known = sorted(set(TRAIN_FIELDS if self.train else ()) | {n for n in LAUNCH_SETTINGS if hasattr(namespace, n)})
         if not eq or name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             parser.error(f"argument --set: expected NAME=VALUE with NAME a setting"
                          + (f" (did you mean {close[0]}?)" if close else f" ({', '.join(known)})")
                          + f", got {values!r}")
-        check = _setting_type(name) if name in TRAIN_FIELDS else LAUNCH_SETTINGS[name]
+        check = _setting_type(name) if name in TRAIN_FIELDS and self.train else LAUNCH_SETTINGS[name]
         try:
             setattr(namespace, name, check(text))
         except argparse.ArgumentTypeError as e:
@@ -305,6 +258,7 @@ def add_launch_flags(p: Any, network: bool = True) -> None:
     for name in ("verbose", "no_live"):
         p.add_argument(f"--{name}", nargs=0, action=_OldSpelling, help=argparse.SUPPRESS)
     add_metrics_flags(p)
+    _add_set(p, train=False)
 
 
 CONSOLE_MODES = ("auto", "plain", "verbose")
