@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))   # run from a checkout without installing
 
 from psworker.launcher.backends.local import LocalBackend  # noqa: E402
-from psworker.launcher.stacks import StackAsker  # noqa: E402
-from psworker.launcher.supervisor import Supervisor  # noqa: E402
+from psworker.launcher.supervise.stacks import StackAsker  # noqa: E402
+from psworker.launcher.supervise.supervisor import Supervisor  # noqa: E402
 from psworker.testing import ProgramTask, drive_until  # noqa: E402
 
 FAKE_TASKS = REPO / "tests" / "fake_tasks"       # the programs only: benchmarks import nothing of tests/

@@ -35,7 +35,7 @@ from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.ports import pick_free_ports
 from psworker.spec import ClusterSpec, load_spec
 from psworker.launcher.rundir import LOG_SUBDIR, SPEC_FILE, task_log_name
-from psworker.launcher.supervisor import Supervisor
+from psworker.launcher.supervise.supervisor import Supervisor
 
 STEP_LINE = events.Step.regex                                # a worker's progress line (global step)
 POLL_SECS = 0.05

@@ -95,7 +95,7 @@ def make_supervisor(tmp_path):
     (fake) tasks with a captured console and short grace periods (2 s, the ps 0.5 s) unless given; started with
     `start=True`. Every one made is stopped at teardown, and whatever it left is killed."""
     from psworker.launcher.backends.local import LocalBackend
-    from psworker.launcher.supervisor import Supervisor
+    from psworker.launcher.supervise.supervisor import Supervisor
 
     made: list[Supervisor] = []
 

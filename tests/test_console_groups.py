@@ -16,7 +16,7 @@ from psworker.launcher.console import folds
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.console.folds import exited_0
 from psworker.launcher.console.output import GROUP_WINDOW_SECS
-from psworker.launcher.supervisor import Supervisor
+from psworker.launcher.supervise.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, write_spec
 from tests.cluster_utils import run_launcher
 from psworker.testing import ProgramTask, drive_until

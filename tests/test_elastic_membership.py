@@ -28,7 +28,7 @@ from psworker.launcher.inject import parse_fault
 from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.rundir import ELASTIC_FILE, read_elastic_state
 from psworker.launcher.elastic.scale_inbox import ScaleInbox, request_scale
-from psworker.launcher.supervisor import Supervisor
+from psworker.launcher.supervise.supervisor import Supervisor
 from psworker.spec.addresses import Address
 from psworker.spec import Elastic
 

@@ -13,10 +13,11 @@ from typing import Dict, List, Optional, Set
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "psworker"
 
 # launcher/'s rooms, bottom first: a module may import from its own room or one below, never from one above.
-# A room is a folder (backends/: how a task's process starts; console/: what a person sees; elastic/: an elastic worker job at run time); the modules directly
-# in launcher/ are the top (supervision: the run loop and the launch skeleton) except GROUND, the run's shared
-# plumbing below every room (run dir layout, ports, children, cgroups).
-LAUNCHER_LAYERS = ("ground", "backends", "console", "elastic", "supervise")
+# A room is a folder (backends/: how a task's process starts; console/: what a person sees; elastic/: an elastic
+# worker job at run time; supervise/: the run loop and its policy); the modules directly in launcher/ are the
+# top (the launch skeleton, its config, metrics) except GROUND, the run's shared plumbing below every room (run
+# dir layout, ports, children, cgroups, the restart policy's settings).
+LAUNCHER_LAYERS = ("ground", "backends", "console", "elastic", "supervise", "top")
 GROUND = frozenset({"children", "rundir", "runstate", "ports", "shaping", "netns", "cgroups", "inject", "pipe_safe",
                     "policy", "tensorboard"})
 
@@ -113,7 +114,7 @@ def launcher_room(name: str, packages: Set[str]) -> Optional[int]:
     if len(parts) > 3 or name in packages:
         room = parts[2]
     else:
-        room = "ground" if parts[2] in GROUND else "supervise"
+        room = "ground" if parts[2] in GROUND else "top"
     return LAUNCHER_LAYERS.index(room)
 
 

@@ -1,4 +1,4 @@
-"""The run policy as pure functions (`psworker.launcher.run_policy`): exits in, verdicts and the drain out, no
+"""The run policy as pure functions (`psworker.launcher.supervise.run_policy`): exits in, verdicts and the drain out, no
 process started. The supervisor carrying them out is tested with real processes in test_supervisor.py,
 test_success_policy.py and test_restart_policy.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import signal
 
-from psworker.launcher import run_policy as rp
+from psworker.launcher.supervise import run_policy as rp
 from psworker.launcher.elastic import membership as ms
 from psworker.launcher.policy import RestartPolicy
 from psworker.launcher.console.progress import TaskProgress

@@ -1,5 +1,5 @@
 """The stacks of a stuck task: faulthandler's dump parsed back (`psworker.stackdump`, on real dumps), and the
-launcher asking a task for them before it kills a stalled one or stops those left (`psworker.launcher.stacks`):
+launcher asking a task for them before it kills a stalled one or stops those left (`psworker.launcher.supervise.stacks`):
 by SIGUSR1 for psworker's tasks, by py-spy for a user's program, over fake tasks (no TensorFlow) and through
 `psworker run`; then on real psworker tasks, a worker stalled by a stopped ps, locally and under the real Slurm
 (a failed ssh run's teardown: tests/test_ssh_launch.py; a step timeout's dump: tests/test_sync.py)."""
@@ -20,9 +20,9 @@ import threading
 import pytest
 
 from psworker import events, stackdump
-from psworker.launcher import stacks
+from psworker.launcher.supervise import stacks
 from psworker.launcher.console.report import format_report
-from psworker.launcher.supervisor import Supervisor
+from psworker.launcher.supervise.supervisor import Supervisor
 from psworker.testing import ProgramTask, assert_processes_gone, processes_naming
 from tests.cluster_utils import REPO, run_launcher
 from tests.fake_tasks.fakes import HERE, fake, drive_until, wait_for

@@ -314,7 +314,7 @@ def test_steps_per_sec_comes_from_the_timestamped_lines_since_the_step_last_went
 
 def test_a_rollback_is_one_line_with_the_steps_given_up():
     from psworker import events
-    from psworker.launcher.rollback import Rollbacks, rollback_line
+    from psworker.launcher.supervise.rollback import Rollbacks, rollback_line
 
     assert (rollback_line(["ps:1"], 5060, events.ModelStart("worker:0", "model.ckpt-4016"))
             == "ps:1 restarted: the model goes back from step 5,060 to the checkpoint of step 4,016 (1,044 steps "

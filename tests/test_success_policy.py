@@ -16,7 +16,7 @@ import pytest
 from psworker.cli import main
 from psworker.launcher.policy import ALL_WORKERS, CHIEF_OR_WORKER0, RestartPolicy, SuccessPolicy
 from psworker.launcher.console.report import format_report
-from psworker.launcher.supervisor import Supervisor
+from psworker.launcher.supervise.supervisor import Supervisor
 from psworker.testing import assert_processes_gone, checkpoint_step
 from tests.cluster_utils import REPO, run_launcher
 from tests.fake_tasks.fakes import fake, drive_until, task_state
@@ -170,7 +170,7 @@ def test_a_classic_script_whose_non_chief_cannot_start_ends_with_exit_0(tmp_path
 @pytest.fixture
 def supervise(make_supervisor, caplog):
     """Starts fake tasks under a chief-or-worker0 supervisor (stopped at teardown); the test drives its loop."""
-    caplog.set_level(logging.INFO, logger="psworker.launcher.supervisor")
+    caplog.set_level(logging.INFO, logger="psworker.launcher.supervise.supervisor")
 
     def start(tasks, grace: float = 60.0, **kwargs) -> Supervisor:
         return make_supervisor(tasks, start=True, ps_exit_grace_secs=0.2,

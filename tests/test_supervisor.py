@@ -16,7 +16,7 @@ from psworker.testing import ProgramTask
 from tests.fake_tasks.fakes import HERE, fake, kill_quietly, drive_until, task_state, wait_for, wait_gone
 from psworker.launcher.backends.local import LocalBackend
 from psworker.launcher.console.report import exit_status, format_report
-from psworker.launcher.supervisor import Supervisor
+from psworker.launcher.supervise.supervisor import Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -30,7 +30,7 @@ from psworker.launcher.console.report import (RunResult, describe_returncode, ex
 from psworker.launcher.rundir import (LOG_SUBDIR, RunEnd, check_earlier_run, choose_run_dir, task_log_name, write_end,
                                       write_run_dir)
 from psworker.launcher.console.stopline import stop_line
-from psworker.launcher.supervisor import Supervisor
+from psworker.launcher.supervise.supervisor import Supervisor
 from psworker.spec.plan import Task, chief_name, plan
 from psworker.spec import ClusterSpec
 from psworker.states import RunState
@@ -89,7 +89,7 @@ def supervise(tasks: Sequence[Task], processes: Backend, config: LaunchConfig, l
     Returns:
         The result, and the signal that stopped the launcher (None if none did).
     """
-    from psworker.launcher import stacks
+    from psworker.launcher.supervise import stacks
     from psworker.launcher.console.lines import ConsoleFilter
     from psworker.launcher.console.output import GROUP_WINDOW_SECS
     from psworker.launcher.elastic.scale_inbox import ScaleInbox

@@ -23,7 +23,7 @@ from psworker import exporter
 from psworker.errors import EXIT_PEER_GONE, EXIT_PREEMPTED
 from psworker.launcher.console.progress import TaskProgress
 from psworker.states import RunState, TaskState
-from psworker.launcher.watch import STALL_JOBS
+from psworker.launcher.supervise.watch import STALL_JOBS
 
 __all__ = ["DEFAULT_STALL_SECS", "EXIT_CLASSES", "METRICS", "RUN_STATES", "Endpoint", "RunCollector", "exit_class",
            "MetricsOptions", "RunFacts", "newest_checkpoint", "serving", "state_label"]

@@ -62,7 +62,7 @@ def _task_pid(popen: Any, local: bool) -> Optional[int]:
 
 
 def task_records(slots: Iterable[Any], progress: Any, local: bool) -> list[TaskRecord]:
-    """The records of the supervisor's slots (`launcher.slot.Slot`) as its `Progress` states them (`local`: the
+    """The records of the supervisor's slots (`launcher.supervise.slot.Slot`) as its `Progress` states them (`local`: the
     backend's pids are this machine's)."""
     states = progress.snapshot()
     here = socket.gethostname()

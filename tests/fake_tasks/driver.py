@@ -16,7 +16,7 @@ from fake_tasks.fakes import fake  # noqa: E402
 from psworker.launcher.backends.local import LocalBackend  # noqa: E402
 from psworker.launcher.launch import stop_on_signals  # noqa: E402
 from psworker.launcher.console.report import exit_status  # noqa: E402
-from psworker.launcher.supervisor import Supervisor  # noqa: E402
+from psworker.launcher.supervise.supervisor import Supervisor  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("log_dir")

@@ -30,7 +30,7 @@ PREEMPTED_CODES = (EXIT_PREEMPTED, -PREEMPT_SIGNAL, 128 + PREEMPT_SIGNAL)
 
 
 class Slot(Protocol):
-    """What this reads and sets of the supervisor's `launcher.slot.Slot` (that room is above this one)."""
+    """What this reads and sets of the supervisor's `launcher.supervise.slot.Slot` (that room is above this one)."""
 
     task: Any
     popen: Optional[subprocess.Popen]

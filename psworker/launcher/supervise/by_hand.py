@@ -1,5 +1,5 @@
 """The supervisor's controls by hand (tests, `psworker scale` through `Supervisor.scale`): scale an elastic job,
-read its membership, kill a task, wait for it, start it again. A base class of `launcher.supervisor.Supervisor`, whose
+read its membership, kill a task, wait for it, start it again. A base class of `launcher.supervise.supervisor.Supervisor`, whose
 state it uses."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import threading
 import time
 from typing import Optional
 
-from psworker.launcher.attempts import Attempts
+from psworker.launcher.supervise.attempts import Attempts
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.console.report import RunResult, describe_returncode
 from psworker.launcher.elastic.workers import ElasticWorkers
-from psworker.launcher.run_policy import Ending
-from psworker.launcher.slot import Slot
+from psworker.launcher.supervise.run_policy import Ending
+from psworker.launcher.supervise.slot import Slot
 
 __all__ = ["ByHand"]
 
-logger = logging.getLogger("psworker.launcher.supervisor")     # its lines are the supervisor's
+logger = logging.getLogger("psworker.launcher.supervise.supervisor")     # its lines are the supervisor's
 
 
 class ByHand:

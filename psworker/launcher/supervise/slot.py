@@ -15,7 +15,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 from psworker import errorfile, events
 from psworker.launcher.rundir import task_error_name
-from psworker.launcher.run_policy import TaskView
+from psworker.launcher.supervise.run_policy import TaskView
 
 __all__ = ["LOG_TAIL_LINES", "Slot", "TaskLike", "distinct_names"]
 

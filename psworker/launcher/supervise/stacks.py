@@ -26,7 +26,7 @@ import psutil
 from psworker import events, stackdump
 from psworker.deadline import poll_until
 from psworker.launcher.backends.base import ProcessBackend
-from psworker.launcher.slot import Slot
+from psworker.launcher.supervise.slot import Slot
 
 __all__ = ["DumpWait", "QUIET_SECS", "StackAsker", "WAIT_SECS", "for_run", "log_offset"]
 

@@ -12,8 +12,8 @@ from psworker.launcher.inject import Fault
 from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
-from psworker.launcher.slot import Slot
-from psworker.launcher.stacks import StackAsker
+from psworker.launcher.supervise.slot import Slot
+from psworker.launcher.supervise.stacks import StackAsker
 
 __all__ = ["STALL_JOBS", "fire_faults", "kill_after_stacks", "kill_stalled", "resume_stopped"]
 

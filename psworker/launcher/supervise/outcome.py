@@ -8,7 +8,7 @@ from typing import Iterable, Optional
 from psworker import events, stackdump
 from psworker.launcher.console.logtail import innermost_frames, tail_without_stacks
 from psworker.launcher.console.report import TaskExit, TaskFailure
-from psworker.launcher.slot import Slot
+from psworker.launcher.supervise.slot import Slot
 
 __all__ = ["task_exits", "task_failure"]
 

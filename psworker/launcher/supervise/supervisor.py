@@ -1,5 +1,5 @@
 """The run loop: starts every task through a `ProcessBackend`, copies its output, carries out the run policy's
-decisions (`psworker.launcher.run_policy`: restart, fail, drain, succeed), injects faults, detects stalls, and stops
+decisions (`psworker.launcher.supervise.run_policy`: restart, fail, drain, succeed), injects faults, detects stalls, and stops
 everything at the end."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 from psworker.deadline import poll_until
-from psworker.launcher import outcome, run_policy, runstate, watch
-from psworker.launcher.attempts import Attempts
-from psworker.launcher.by_hand import ByHand
+from psworker.launcher import runstate
+from psworker.launcher.supervise import outcome, run_policy, watch
+from psworker.launcher.supervise.attempts import Attempts
+from psworker.launcher.supervise.by_hand import ByHand
 from psworker.launcher.elastic import membership
 from psworker.launcher.elastic.workers import ElasticWorkers
 from psworker.launcher.inject import Fault
@@ -25,13 +26,13 @@ from psworker.launcher.backends.base import ProcessBackend
 from psworker.launcher.policy import ALL_WORKERS, SuccessPolicy
 from psworker.launcher.console.progress import Progress
 from psworker.states import RunState, TaskState
-from psworker.launcher.rollback import Rollbacks
+from psworker.launcher.supervise.rollback import Rollbacks
 from psworker.launcher.console.report import RunResult, TaskFailure
 from psworker.launcher.rundir import task_log_name
 from psworker.launcher.elastic.scale_inbox import ScaleInbox
-from psworker.launcher.run_policy import SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled, TaskView
-from psworker.launcher.slot import Slot, TaskLike, distinct_names
-from psworker.launcher.stacks import StackAsker
+from psworker.launcher.supervise.run_policy import SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled, TaskView
+from psworker.launcher.supervise.slot import Slot, TaskLike, distinct_names
+from psworker.launcher.supervise.stacks import StackAsker
 from psworker.spec import Elastic
 
 __all__ = ["Supervisor"]
@@ -49,7 +50,7 @@ class Supervisor(ByHand):
         with Supervisor(tasks, log_dir, backend=LocalBackend()) as sup:   # starts the tasks; stops, reaps all on exit
             result = sup.wait()
 
-    The run policy (`success`, `done_jobs`, the graces, `restart_policy`) is `psworker.launcher.run_policy`'s: it
+    The run policy (`success`, `done_jobs`, the graces, `restart_policy`) is `psworker.launcher.supervise.run_policy`'s: it
     decides, this carries it out. When a task fails and is not restarted, every other task is stopped, and the first
     failure by time is the root cause.
 
@@ -68,7 +69,7 @@ class Supervisor(ByHand):
         done_jobs: the jobs whose every task must exit 0 for success (default: all but ps).
         success: when the run has succeeded, and how long the other `done_jobs` tasks then get (default: all).
         stacks: how to ask a task for its Python stacks before it is killed as stalled or stopped
-            (`psworker.launcher.stacks`); None: not asked.
+            (`psworker.launcher.supervise.stacks`); None: not asked.
         elastic: the worker job's elastic range: only `start` workers start, the others when scaled up
             (`scale`, or requests from `scale_inbox`); None: a fixed job, every task starts.
         scale_inbox: the run dir's `psworker scale` requests and state file

@@ -1,6 +1,6 @@
 """The supervisor's hands on its tasks' processes, through a `ProcessBackend`: start an attempt (its log opened with
 a marker line, the backend's start, a reader thread copying its output), see which attempts have exited, restart
-one, and stop and reap them all. What to do is the run policy's (`psworker.launcher.run_policy`)."""
+one, and stop and reap them all. What to do is the run policy's (`psworker.launcher.supervise.run_policy`)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from psworker.launcher.console.output import OutputCopier
 from psworker.launcher.console.progress import Progress
 from psworker.states import TaskState
 from psworker.launcher.console.report import describe_returncode
-from psworker.launcher.run_policy import SERVER_JOBS
-from psworker.launcher.slot import Slot
-from psworker.launcher.stacks import StackAsker
+from psworker.launcher.supervise.run_policy import SERVER_JOBS
+from psworker.launcher.supervise.slot import Slot
+from psworker.launcher.supervise.stacks import StackAsker
 from psworker.spec.plan import chief_name
 
 __all__ = ["Attempts"]
