@@ -5,8 +5,8 @@ config, and 1, 2 or 3 threads running `train_op` on one session.
 The ps is a `tf.distribute.Server` subprocess (benchmarks/pss_peer.py's `serve`); this process is worker 0. Each
 round runs both graphs with every thread count in turn (interleaved), `--steps` global steps each; it prints, per
 graph and thread count, the medians over the rounds of wall ms per global step, CPU ms per global step (worker + ps)
-and examples/s, and the ratios to one unpacked thread. Without hooks, savers or the dealer: what more steps in flight can win at most, and where
-the CPU then binds.
+and examples/s, and the ratios to one unpacked thread. Without hooks, savers or the dealer: what more steps in flight
+can win at most, and where the CPU then binds.
 
     python benchmarks/in_flight.py [--criteo_dir D] [--batch_size 256] [--steps 600] [--rounds 4]
 """

@@ -252,8 +252,7 @@ def op_error_line(exc: BaseException) -> str:
 
 
 __all__ = ["op_error_line", "describe_value", "unknown_key", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE",
-           "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob", "PsworkerError", "SpecError", "SpecErrors", "SpecProblems",
-           "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
-           "StoppedEarly", "EXIT_DISK_FULL", "DiskFull",
-           "TrainingFailed", "ServerError", "ExportExistsError", "TensorBoardError", "UnreachableHosts", "SubmitError",
-           "ClusterError"]
+           "EXIT_TRAINING_FAILED", "EXIT_PEER_GONE", "EXIT_PREEMPTED", "LeftJob", "PsworkerError", "SpecError",
+           "SpecErrors", "SpecProblems", "UsageError", "StartupTimeout", "PeerGone", "StepTimeout", "AlreadyComplete",
+           "StoppedEarly", "EXIT_DISK_FULL", "DiskFull", "TrainingFailed", "ServerError", "ExportExistsError",
+           "TensorBoardError", "UnreachableHosts", "SubmitError", "ClusterError"]

@@ -1,7 +1,7 @@
-"""Python's stack dumps in a task's log, between psworker's own lines (`events.StacksReady`, `events.StacksRequested`) and
-the dump itself in `faulthandler`'s format, which psworker's tasks write on `SIGNAL` and when a step times out,
-and into which the launcher turns py-spy's dump of a user's program. `parse_dumps` reads them back for the
-failure report (`innermost` frames of the main thread) and for the launcher's wait (`is_complete`).
+"""Python's stack dumps in a task's log, between psworker's own lines (`events.StacksReady`,
+`events.StacksRequested`) and the dump itself in `faulthandler`'s format, which psworker's tasks write on `SIGNAL`
+and when a step times out, and into which the launcher turns py-spy's dump of a user's program. `parse_dumps` reads
+them back for the failure report (`innermost` frames of the main thread) and for the launcher's wait (`is_complete`).
 
     Thread 0x00007f244d2ee6c0 (most recent call first):
       File "/usr/lib/python3.11/threading.py", line 331 in wait
@@ -28,8 +28,8 @@ from typing import Optional, Sequence, TextIO
 
 from psworker.events import StacksReady
 
-__all__ = ["SIGNAL", "dump_on_signal", "on_wakeup", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps", "last_dump",
-           "from_py_spy"]
+__all__ = ["SIGNAL", "dump_on_signal", "on_wakeup", "Frame", "ThreadStack", "Dump", "is_dump_line", "parse_dumps",
+           "last_dump", "from_py_spy"]
 
 SIGNAL = signal.SIGUSR1          # psworker's tasks dump every thread's stack on it (faulthandler), and go on
 

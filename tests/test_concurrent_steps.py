@@ -82,8 +82,8 @@ def test_two_steps_in_flight_train_criteo_and_deal_every_example_once(criteo_dir
 @pytest.mark.timeout(420)
 def test_a_ps_killed_under_two_steps_in_flight_loses_nothing_past_the_newest_checkpoint(tmp_path):
     """1 ps + 2 workers of the MLP, two steps in flight each; the ps is killed at step 150 and restarted: every
-    worker's helper fails, and the chief's waits for the recovered session and steps again; the run ends, every task exits 0, the
-    chief restored the newest checkpoint it had saved, and no step line fell below it."""
+    worker's helper fails, and the chief's waits for the recovered session and steps again; the run ends, every task
+    exits 0, the chief restored the newest checkpoint it had saved, and no step line fell below it."""
     train_dir = tmp_path / "train"
     spec = write_spec(tmp_path / "cluster.yaml", max_steps=300, batch_size=32, log_every_steps=10,
                       save_checkpoint_steps=100, train_dir=str(train_dir), step_timeout_secs=120.0)

@@ -1,5 +1,6 @@
 """The stacks of a stuck task: faulthandler's dump parsed back (`psworker.stackdump`, on real dumps), and the
-launcher asking a task for them before it kills a stalled one or stops those left (`psworker.launcher.supervise.stacks`):
+launcher asking a task for them before it kills a stalled one or stops those left
+(`psworker.launcher.supervise.stacks`):
 by SIGUSR1 for psworker's tasks, by py-spy for a user's program, over fake tasks (no TensorFlow) and through
 `psworker run`; then on real psworker tasks, a worker stalled by a stopped ps, locally and under the real Slurm
 (a failed ssh run's teardown: tests/test_ssh_launch.py; a step timeout's dump: tests/test_sync.py)."""

@@ -52,7 +52,8 @@ def check_memory_plan(spec: ClusterSpec, limit: int) -> None:
     with cpp_chatter_hidden():       # TensorFlow's C++ start-up lines, as `plan` hides them
         fit = memory_plan.require(spec.train.model, len(spec.ps), limit)
     print(f"psworker: --ps_memory_limit {memory.format_size(limit)}: the fullest ps needs "
-          f"{memory.format_size(max(fit.needs_per_ps))} by the fitted model (`psworker plan --ps_memory_limit` gives each ps's)",
+          f"{memory.format_size(max(fit.needs_per_ps))} by the fitted model (`psworker plan --ps_memory_limit` "
+          "gives each ps's)",
           flush=True)
 
 

@@ -5,8 +5,9 @@ training split (`train.shard_plan.batch_refusal`). It reads the model's data cod
 launcher never imports `train/` or the models' inputs), once: not again in a re-executed launcher.
 
 Where the data is: `local` reads it on this machine, so it is always checked. `ssh`, `slurm submit` and `slurm
-launch` run the tasks on other hosts: a `--data_dir` that is not a directory here may be theirs, and is then left to the tasks (which
-fail with exit 3 naming it); one visible here (a shared file system) is checked as `local`'s is. A model that needs
+launch` run the tasks on other hosts: a `--data_dir` that is not a directory here may be theirs, and is then left to the
+tasks (which fail with exit 3 naming it); one visible here (a shared file system) is checked as `local`'s is. A model
+that needs
 a `--data_dir` and has none is refused by every launcher.
 """
 

@@ -99,7 +99,8 @@ def format_line(label: int, ints: Sequence[Optional[int]], cats: Sequence[str]) 
 
 
 def read_split(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Reads every line of `paths` (in order): `(labels int32 [N], fields fixed-width bytes [N, 39])`, the raw feature fields.
+    """Reads every line of `paths` (in order): `(labels int32 [N], fields fixed-width bytes [N, 39])`, the raw
+    feature fields.
 
     Raises:
         TrainingFailed: a line that is not 40 tab-separated fields with a 0/1 label (names the file and line).

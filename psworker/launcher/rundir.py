@@ -20,9 +20,9 @@ from psworker.errors import UsageError
 from psworker.states import RunState
 from psworker.spec import ClusterSpec, CountSpec, TrainConfig, dump_spec
 
-__all__ = ["ELASTIC_FILE", "END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir", "fresh_run_dir",
-           "read_elastic_state", "read_end", "read_json",
-           "task_error_name", "task_log_name", "write_end", "write_run_dir"]
+__all__ = ["ELASTIC_FILE", "END_FILE", "LOG_SUBDIR", "SPEC_FILE", "RunEnd", "check_earlier_run", "choose_run_dir",
+           "fresh_run_dir", "read_elastic_state", "read_end", "read_json", "task_error_name", "task_log_name",
+           "write_end", "write_run_dir"]
 
 SPEC_FILE = "cluster.yaml"        # the run's resolved spec, in the run dir (and where remote tasks read it)
 LOG_SUBDIR = "logs"

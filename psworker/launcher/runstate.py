@@ -19,8 +19,8 @@ from typing import Any, Iterable, Optional
 from psworker import events, traindir_lock
 from psworker.diskspace import write_atomically
 
-__all__ = ["PROCESS_GONE", "TASKS_FILE", "LauncherState", "TaskFile", "TaskRecord", "checkpoint_step", "host_of", "launcher_state",
-           "pid_alive", "read_tasks", "task_records"]
+__all__ = ["PROCESS_GONE", "TASKS_FILE", "LauncherState", "TaskFile", "TaskRecord", "checkpoint_step", "host_of",
+           "launcher_state", "pid_alive", "read_tasks", "task_records"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ def _task_pid(popen: Any, local: bool) -> Optional[int]:
 
 
 def task_records(slots: Iterable[Any], progress: Any, local: bool) -> list[TaskRecord]:
-    """The records of the supervisor's slots (`launcher.supervise.slot.Slot`) as its `Progress` states them (`local`: the
-    backend's pids are this machine's)."""
+    """The records of the supervisor's slots (`launcher.supervise.slot.Slot`) as its `Progress` states them
+    (`local`: the backend's pids are this machine's)."""
     states = progress.snapshot()
     here = socket.gethostname()
     return [TaskRecord(s.name, _task_pid(s.popen, local), here if local else host_of(getattr(s.task, "address", None)),
@@ -132,7 +132,8 @@ def launcher_state(run_dir: Path, launcher: Optional[dict], now: float) -> Optio
     if launcher is None:
         return None
     # tasks.json names a launcher that holds the lock no more: it ended (its end, if any, is in ended.json)
-    return LauncherState(int(launcher.get("pid", 0)), str(launcher.get("host", "?")), "it let go of the run dir without recording how the run ended")
+    return LauncherState(int(launcher.get("pid", 0)), str(launcher.get("host", "?")),
+                         "it let go of the run dir without recording how the run ended")
 
 
 def pid_alive(pid: Optional[int], host: str) -> Optional[bool]:

@@ -2,8 +2,8 @@
 
 Loading fills defaults, then checks each field, then checks rules across fields; every failure is a
 `SpecError` naming the source, the field path and the bad value. Nothing here imports TensorFlow.
-Addresses are parsed in `spec/addresses.py`, the train section in `spec/train_config.py`, an elastic worker job's range in
-`spec/elastic_job.py`; their public names are re-exported here.
+Addresses are parsed in `spec/addresses.py`, the train section in `spec/train_config.py`, an elastic worker job's
+range in `spec/elastic_job.py`; their public names are re-exported here.
 """
 
 from __future__ import annotations

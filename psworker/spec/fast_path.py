@@ -60,7 +60,8 @@ def _steps(config) -> tuple[int, str]:
     if config.staged_vars:
         return 1, "auto: staged variables hold one step's values"
     return AUTO_STEPS_IN_FLIGHT, ("auto: async between-graph: 2 in flight cost 0.006 AUC on criteo at 400 steps "
-                                  "(issue 37); --set concurrent_steps=2 for ~1.3x the steps/s, ending exactly at max_steps")
+                                  "(issue 37); --set concurrent_steps=2 for ~1.3x the steps/s, ending exactly at "
+                                  "max_steps")
 
 
 def fast_path(config, servers: bool = True) -> FastPath:

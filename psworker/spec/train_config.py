@@ -103,7 +103,8 @@ class TrainConfig:
     data_dealing: str = _setting("dealt", "dealt: shards of the training split dealt on demand from a cursor on the "
                                           "ps, kept in the checkpoint (fast workers read more, nothing is lost on "
                                           "restarts or scaling); static: each worker reads its own fixed slice, "
-                                          "forever (in-graph: the client reads every worker's batch, dealt, or each worker its own slice)",
+                                          "forever (in-graph: the client reads every worker's batch, dealt, or "
+                                          "each worker its own slice)",
                                  choices=lambda: DATA_DEALINGS, flag=False)
     num_epochs: Optional[int] = _setting(None, "dealt: end training once every example was dealt this many times "
                                                "and trained (or at max_steps, whichever comes first; sync mode: at "
@@ -321,6 +322,6 @@ def merge_train(base: TrainConfig, overrides: Mapping[str, Any], source: str = "
     return train_from(base, given, source, path_prefix, True, num_workers)
 
 
-__all__ = ["MODES", "REPLICATIONS", "TRANSFER_DTYPES", "DATA_DEALINGS", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc", "setting_doc", "setting_argv", "parse_setting",
-           "TrainConfig", "TRAIN_FIELDS", "TRAIN_TYPES", "merge_train", "check_train_rules",
-           "train_from"]
+__all__ = ["MODES", "REPLICATIONS", "TRANSFER_DTYPES", "DATA_DEALINGS", "DEFAULT_SAVE_CHECKPOINT_SECS", "SettingDoc",
+           "setting_doc", "setting_argv", "parse_setting", "TrainConfig", "TRAIN_FIELDS", "TRAIN_TYPES", "merge_train",
+           "check_train_rules", "train_from"]

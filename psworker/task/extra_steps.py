@@ -3,8 +3,8 @@ loop, each step on its own batch and its own update, as N - 1 more workers would
 
 A step of a ps cluster spends most of its time waiting: for the ps's values, then for the ps to take the gradients.
 One worker at a time leaves its cores and its ps idle in those waits; a second step in flight fills them (criteo,
-1 ps + 1 worker on 2 cores: docs/performance.md, "Two steps in flight, packed transfers"). Each extra step is asynchronous like any other
-worker's: it computes on values up to N - 1 updates staler than a lone step would.
+1 ps + 1 worker on 2 cores: docs/performance.md, "Two steps in flight, packed transfers"). Each extra step is
+asynchronous like any other worker's: it computes on values up to N - 1 updates staler than a lone step would.
 
 The step loop stays the one that owns the session: its hooks (progress, stop, the chief's savers), its recovery
 from a failed ps, its deadlines and its stop. The helpers only run `train_op`, on the raw session the loop last

@@ -2,8 +2,8 @@
 
 Done tokens: every task that waits for others to finish (each ps for the workers; each serving worker for the
 in-graph client) owns a FIFO queue, shared by name, on its own device. A finished task enqueues its index there
-(`done_queue.send_done`); the owner dequeues until every expected sender is in (`serve_until_done`), watching the senders'
-ports meanwhile (`GoneWatch`) so that one that went away without a token cannot keep it waiting forever.
+(`done_queue.send_done`); the owner dequeues until every expected sender is in (`serve_until_done`), watching the
+senders' ports meanwhile (`GoneWatch`) so that one that went away without a token cannot keep it waiting forever.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Shards of the training split dealt on demand from a cursor kept on the ps, beside the model (issue 25).
 
 The split is cut into shards: contiguous ranges of a per-epoch permutation of the example positions (`ShardPlan`,
-pure, in `shard_plan.py` with the reading of the state). Shard `k` is range `k % shards_per_epoch` of epoch `k // shards_per_epoch`. The state lives in variables on
+pure, in `shard_plan.py` with the reading of the state). Shard `k` is range `k % shards_per_epoch` of epoch `k //
+shards_per_epoch`. The state lives in variables on
 the ps that holds the global step, so the chief's Saver writes it into every checkpoint with the weights:
 
 - `next_shard`: the next fresh shard. A worker takes one when it runs out, at any speed, in any number.

@@ -93,8 +93,9 @@ def describe(fit: MemoryFit) -> list[str]:
     """`psworker plan`'s lines: each ps's need against the limit, and whether it fits."""
     size = memory.format_size
     lines = [f"memory per ps under --ps_memory_limit {size(fit.limit)}: the fitted ps memory model, "
-             f"{size(fit.baseline)} + {memory.BYTES_FACTOR:g} x its variables and optimizer slots as placed above (a ps's peak across "
-             f"training, a checkpoint save and a restore, with a margin; measured by benchmarks/ps_memory_model.py)"]
+             f"{size(fit.baseline)} + {memory.BYTES_FACTOR:g} x its variables and optimizer slots as placed above "
+             "(a ps's peak across training, a checkpoint save and a restore, with a margin; measured by "
+             "benchmarks/ps_memory_model.py)"]
     for i, need in enumerate(fit.needs_per_ps):
         verdict = (f"fits ({size(fit.limit - need)} to spare)" if need <= fit.limit
                    else f"over by {size(need - fit.limit)}")

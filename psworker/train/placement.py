@@ -53,8 +53,9 @@ def partitions(shape, itemsize: int, num_ps: int, min_bytes: int = MIN_PARTITION
 @contextlib.contextmanager
 def partitioned_variables(num_ps: int, min_bytes: int = MIN_PARTITION_BYTES):
     """Within this block, `get_variable` splits each trainable variable of at least `min_bytes` into `num_ps` shards
-    (`partitions`; smaller ones, and the slots an optimizer makes per shard, stay plain variables). The Saver writes a split variable
-    under its full name and shape, so a checkpoint reads the same whatever the number of ps tasks, and restores into
+    (`partitions`; smaller ones, and the slots an optimizer makes per shard, stay plain variables). The Saver writes a
+    split variable under its full name and shape, so a checkpoint reads the same whatever the number of ps tasks, and
+    restores into
     any other split (or none: evaluation, export)."""
     import tensorflow as tf
 

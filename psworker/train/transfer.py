@@ -233,7 +233,8 @@ class Pulls:
             reads = list({id(r): r for r in (self._reads.get(id(v)) for _, v, _ in members) if r is not None}.values())
             with v1.colocate_with(None, ignore_existing=True), v1.device(device), tf.control_dependencies(reads):
                 got = tf.cast(flat, tf.float32) if wire != tf.float32 else tf.identity(flat)
-                pieces = tf.split(got, [v.shape.num_elements() for _, v, _ in members], name=f"psworker_push_{i}/pushed")
+                sizes = [v.shape.num_elements() for _, v, _ in members]
+                pieces = tf.split(got, sizes, name=f"psworker_push_{i}/pushed")
                 out.update({id(v): tf.reshape(p, v.shape) for (_, v, _), p in zip(members, pieces)})
         return out
 

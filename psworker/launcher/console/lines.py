@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterable, Optional
 
 from psworker import events, stackdump
 
-__all__ = ["ConsoleFilter", "LOST_PS_TEXT", "is_noise", "is_psworker_line", "starts_tf_text", "for_console", "PeopleFormatter", "TaskTokens", "normalise", "format_tasks",
-           "expand_tasks", "by_task", "render_group", "LineGrouper"]
+__all__ = ["ConsoleFilter", "LOST_PS_TEXT", "is_noise", "is_psworker_line", "starts_tf_text", "for_console",
+           "PeopleFormatter", "TaskTokens", "normalise", "format_tasks", "expand_tasks", "by_task", "render_group",
+           "LineGrouper"]
 
 # absl/C++ log lines: severity letter, MMDD, time, thread id, file:line], e.g.
 # `I0000 00:00:1796091826.657988    2432 port.cc:153] oneDNN custom operations are on ...`.
@@ -290,8 +291,8 @@ class LineGrouper:
         """Adds task `name`'s line `text`, compared by `key` (None: a line shown alone and at once, such as a step
         line, once the lines before it are out); returns the console lines due at `now`.
 
-        `hold`: this line's window, if not the grouper's (a routine line's, `launcher.console.folds`); `render`: its group's
-        console line from the group's lines (a fold's)."""
+        `hold`: this line's window, if not the grouper's (a routine line's, `launcher.console.folds`); `render`: its
+        group's console line from the group's lines (a fold's)."""
         out = self.due(now)                 # a group released takes no more lines
         last = self._last.get(name, 0)
         group = next((g for g in self._by_key.get(key, ())

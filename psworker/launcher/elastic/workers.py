@@ -1,6 +1,6 @@
 """The supervisor's hand on an elastic worker job: which workers start at launch, scale requests (from
-`psworker scale` through the run dir, `psworker.launcher.elastic.scale_inbox`, or `Supervisor.scale`), starting joiners and
-asking leavers to go (SIGUSR2), and what a worker's exit means for membership (left, preempted, done). The
+`psworker scale` through the run dir, `psworker.launcher.elastic.scale_inbox`, or `Supervisor.scale`), starting joiners
+and asking leavers to go (SIGUSR2), and what a worker's exit means for membership (left, preempted, done). The
 decisions are `psworker.launcher.elastic.membership`'s; this applies them and says so on the console."""
 
 from __future__ import annotations

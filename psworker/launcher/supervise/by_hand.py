@@ -1,5 +1,6 @@
 """The supervisor's controls by hand (tests, `psworker scale` through `Supervisor.scale`): scale an elastic job,
-read its membership, kill a task, wait for it, start it again. A base class of `launcher.supervise.supervisor.Supervisor`, whose
+read its membership, kill a task, wait for it, start it again. A base class of
+`launcher.supervise.supervisor.Supervisor`, whose
 state it uses."""
 
 from __future__ import annotations

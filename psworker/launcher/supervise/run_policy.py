@@ -21,9 +21,9 @@ from psworker.launcher.console.report import describe_returncode
 from psworker.launcher.elastic.membership import STILL_MEMBER, MemberExit
 from psworker.states import TaskState
 
-__all__ = ["Ending", "Fail", "Restart", "RestartRule", "Rules",
-           "SERVER_JOBS", "Settled", "TaskView", "Verdict", "drain", "judge", "may_restart", "restartable", "start_ending",
-           "stragglers", "succeeded", "training_over", "verdict"]
+__all__ = ["Ending", "Fail", "Restart", "RestartRule", "Rules", "SERVER_JOBS", "Settled", "TaskView", "Verdict",
+           "drain", "judge", "may_restart", "restartable", "start_ending", "stragglers", "succeeded", "training_over",
+           "verdict"]
 
 SERVER_JOBS = frozenset({"ps"})   # serve until stopped; by default every other job must exit 0
 OVER_REASON = "the chief and every ps exited 0: training is over"

@@ -1,6 +1,6 @@
 """The run loop: starts every task through a `ProcessBackend`, copies its output, carries out the run policy's
-decisions (`psworker.launcher.supervise.run_policy`: restart, fail, drain, succeed), injects faults, detects stalls, and stops
-everything at the end."""
+decisions (`psworker.launcher.supervise.run_policy`: restart, fail, drain, succeed), injects faults, detects stalls, and
+stops everything at the end."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from psworker.launcher.supervise.rollback import Rollbacks
 from psworker.launcher.console.report import RunResult, TaskFailure
 from psworker.launcher.rundir import task_log_name
 from psworker.launcher.elastic.scale_inbox import ScaleInbox
-from psworker.launcher.supervise.run_policy import SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled, TaskView
+from psworker.launcher.supervise.run_policy import (SERVER_JOBS, Ending, Fail, Restart, RestartRule, Rules, Settled,
+                                                    TaskView)
 from psworker.launcher.supervise.slot import Slot, TaskLike, distinct_names
 from psworker.launcher.supervise.stacks import StackAsker
 from psworker.spec import Elastic
@@ -50,8 +51,8 @@ class Supervisor(ByHand):
         with Supervisor(tasks, log_dir, backend=LocalBackend()) as sup:   # starts the tasks; stops, reaps all on exit
             result = sup.wait()
 
-    The run policy (`success`, `done_jobs`, the graces, `restart_policy`) is `psworker.launcher.supervise.run_policy`'s: it
-    decides, this carries it out. When a task fails and is not restarted, every other task is stopped, and the first
+    The run policy (`success`, `done_jobs`, the graces, `restart_policy`) is `psworker.launcher.supervise.run_policy`'s:
+    it decides, this carries it out. When a task fails and is not restarted, every other task is stopped, and the first
     failure by time is the root cause.
 
     Args:
