@@ -206,3 +206,15 @@ def test_every_shown_command_parses(where, env, argv, tmp_path, monkeypatch):
         except SystemExit as exc:
             pytest.fail(f"{where}: exit {exc.code}: {err.getvalue().strip()}")
     assert "is old spelling" not in err.getvalue(), f"{where}: {err.getvalue().strip()}"
+
+
+def test_the_layout_page_names_every_module_and_room_of_psworker():
+    """docs/layout.md names each top-level module and package of psworker/ and each room of launcher/ (a module
+    added or moved without a word there fails)."""
+    text = (DOCS / "layout.md").read_text()
+    package = REPO / "psworker"
+    names = [f"{p.name}" for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    names += [f"psworker/{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()]
+    names += [f"{p.name}/" for p in (package / "launcher").iterdir() if (p / "__init__.py").exists()]
+    missing = [name for name in names if name not in text]
+    assert not missing, missing
