@@ -44,7 +44,8 @@ _TF_FRAGMENT = re.compile(
     r"^(?:\s*\[\[\{\{node .*\}\}\]\]|Instructions for updating:|=+$|[A-Z_]+: From /job:|recvmsg:"
     r"|Additional GRPC error information from remote target |:UNKNOWN:Error received from peer"
     r"|Recent warning and error logs:|\s+[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\]|Original stack trace for "
-    r"|Detected at node |Node: '|\s+File \".*/tensorflow/)")
+    r"|Detected at node |Node: '|\s+File \".*/tensorflow/"
+    r"|Colocations handled automatically by placer\.$)")     # colocate_with's advice (packed transfers use it)
 _LOST_PS = re.compile(r"(?:remote target|From) /job:ps/replica:\d+/task:(\d+)\b")
 _FATAL = re.compile(r"^F\d{4} ")
 LOST_PS_TEXT = "lost {} (TensorFlow's gRPC errors are in the task logs)"
