@@ -152,7 +152,6 @@ class _SetAction(argparse.Action):
             setattr(namespace, name, check(text))
         except argparse.ArgumentTypeError as e:
             parser.error(f"argument --set {name}: {e}")
-        setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or ()) + (name,))
 
 
 def add_model_flag(p: argparse.ArgumentParser, help_: str) -> None:
