@@ -294,12 +294,12 @@ def _wait_for_others_to_stop(others: dict, name: str) -> None:
 
 
 def _report_data(client, name: str) -> None:
-    """The chief's line of what was dealt: examples trained, trained again, epochs."""
+    """The chief's line of what was dealt: examples trained, trained again, epochs, sync batches dropped."""
     from psworker.train import shard_plan
 
-    plan = client.dealing.plan
-    trained, again, epochs = shard_plan.report(plan, client.state())
-    log.info("%s", events.DataDealt(name, trained, again, epochs, plan.num_epochs, plan.num_examples).render())
+    plan, state = client.dealing.plan, client.state()
+    log.info("%s", events.DataDealt(name, *shard_plan.report(plan, state), plan.num_epochs, plan.num_examples,
+                                    int(state["dropped"])).render())
 
 
 def _watchdog(config: TrainConfig, replication: Replication, name: str):

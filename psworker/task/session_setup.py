@@ -15,6 +15,7 @@ from psworker.task import server as srv
 from psworker.task import shutdown
 from psworker.task.replication import Replication
 from psworker.train.graph import SYNC_INIT_TOKENS
+from psworker.train.sync_slots import DroppedBatches
 
 __all__ = ["DEFAULT_SAVE_CHECKPOINT_SECS", "MAX_CHECKPOINTS", "chief_hooks", "first_choice", "hooks_of",
            "session_creator"]
@@ -44,6 +45,8 @@ def hooks_of(config: TrainConfig, tg: Any, scaffold: Any, replication: Replicati
     hooks = [progress]
     if tg.sync_optimizer is not None:
         hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
+    if tg.dropped is not None:
+        hooks.append(DroppedBatches(tg.train_op, tg.dropped, tg.dealer))
     if config.train_dir is not None:
         from psworker.train.summaries import WorkerSummaryHook, worker_dir
 
@@ -97,6 +100,7 @@ def session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, re
         max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
         on_live_model=on_live_model, warm_up=tg.inputs, restore=restore, first_choice=first_choice,
         allow_fresh_start=config.allow_fresh_start,
+        on_new_model=tg.sync_reset.run_slots if replication.is_chief and tg.sync_reset is not None else None,
     )
 
 
@@ -145,9 +149,11 @@ def _sync_reset_on_restart(sync_reset, name: str):
         done = sync_reset.run(session)
         held = done["gradients_held"]
         log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
-                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
+                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers%s",
                  name, done["global_step"], " ".join(map(str, held)),
                  "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
-                 done["tokens_dropped"], done["tokens_queued"])
+                 done["tokens_dropped"], done["tokens_queued"],
+                 f"; {done['slots_queued']} push slots queued ({done['slots_dropped']} dropped)"
+                 if "slots_queued" in done else "")
 
     return on_live_model

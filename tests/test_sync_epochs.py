@@ -1,0 +1,82 @@
+"""Sync mode with a backup worker and dealt shards (issue 40): `--num_epochs N` applies every example's gradient
+exactly N times. The positions model counts the positions of each APPLIED gradient in a variable (`applied_counts`,
+`psworker.models.positions`), pushed and averaged by the same accumulators as the weights; the checkpoint holds it."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+
+from psworker import events
+from psworker.models import positions as dealt_model
+from psworker.testing import assert_processes_gone, checkpoint_step
+from tests.test_dealt_shards import assert_all_exit_0, positions_dir, train, trained_by, wait_for  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+N, BATCH, EPOCHS, AGGREGATE = 600, 10, 3, 2
+LAST_STEP = EPOCHS * N // (AGGREGATE * BATCH)   # 90
+
+
+@pytest.fixture
+def applied_dir(positions_dir, monkeypatch):  # noqa: F811
+    """Every task's positions model has 600 examples and counts the positions of each applied gradient."""
+    monkeypatch.setenv("PSWORKER_POSITIONS_EXAMPLES", str(N))
+    monkeypatch.setenv(dealt_model.APPLIED_ENV, str(AGGREGATE))
+    return positions_dir
+
+
+def sync_cluster(make_cluster):
+    return make_cluster(num_workers=3, train=train(mode="sync", replicas_to_aggregate=AGGREGATE, num_epochs=EPOCHS,
+                                                   log_every_steps=10))
+
+
+def applied_counts(train_dir) -> np.ndarray:
+    import tensorflow as tf
+
+    return tf.train.load_checkpoint(tf.train.latest_checkpoint(str(train_dir))).get_tensor(dealt_model.COUNTS)
+
+
+def assert_each_applied_exactly_epochs_times(cluster, folder) -> events.DataDealt:
+    """Every position's gradient applied exactly EPOCHS times, the run ends at the step that covers them, and every
+    batch computed and not applied was dropped and dealt again."""
+    assert_all_exit_0(cluster)
+    counts = applied_counts(cluster.train_dir)
+    hist = dict(zip(*np.unique(counts, return_counts=True)))
+    print(f"positions applied n times, {{n: positions}}: {hist}")
+    assert counts.shape == (N,) and np.array_equal(counts, np.full(N, float(EPOCHS))), hist
+    assert checkpoint_step(cluster.train_dir) == LAST_STEP
+    dealt = events.last(events.DataDealt, cluster.log("worker:0"))
+    assert dealt is not None and (dealt.trained, dealt.again, dealt.num_epochs) == (EPOCHS * N, 0, EPOCHS), dealt
+    computed = sum(len(step) for steps in dealt_model.read_positions(folder).values() for step in steps)
+    print(f"computed {computed} examples, applied {EPOCHS * N}, {dealt.dropped} batches dropped and dealt again")
+    assert computed == EPOCHS * N + BATCH * dealt.dropped, (computed, dealt)
+    assert_processes_gone(cluster.pids)
+    return dealt
+
+
+def test_sync_with_a_backup_worker_applies_every_example_exactly_num_epochs_times(make_cluster, applied_dir):
+    """1 ps + 3 workers, 2 gradients per step, 3 epochs of 600 examples in batches of 10: each step computes up to
+    3 batches and applies 2; the dropped ones are dealt again; every position is applied exactly 3 times and the run
+    ends at global step 90."""
+    cluster = sync_cluster(make_cluster)
+    dealt = assert_each_applied_exactly_epochs_times(cluster, applied_dir)
+    assert dealt.dropped > 0, dealt
+
+
+def test_sync_with_a_worker_stopped_for_a_while_still_applies_every_example_exactly(make_cluster, applied_dir):
+    """worker:2 is held with SIGSTOP after its first step while the other two carry the steps (an epoch's worth),
+    then continued: its stale batch is dropped and dealt again; every position is still applied exactly 3 times."""
+    cluster = sync_cluster(make_cluster)
+    wait_for(lambda: trained_by(applied_dir, "worker2") > 0, 180, "step of worker:2", cluster)
+    cluster.send_signal("worker:2", signal.SIGSTOP)
+    try:
+        before = trained_by(applied_dir, "worker0") + trained_by(applied_dir, "worker1")
+        wait_for(lambda: trained_by(applied_dir, "worker0") + trained_by(applied_dir, "worker1") >= before + N, 100,
+                 "an epoch's worth from worker:0 and worker:1", cluster)
+    finally:
+        cluster.send_signal("worker:2", signal.SIGCONT)
+    dealt = assert_each_applied_exactly_epochs_times(cluster, applied_dir)
+    assert dealt.dropped > 0, dealt
