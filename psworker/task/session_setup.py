@@ -153,7 +153,8 @@ def _sync_reset_on_restart(sync_reset, name: str):
                  name, done["global_step"], " ".join(map(str, held)),
                  "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
                  done["tokens_dropped"], done["tokens_queued"],
-                 f"; {done['slots_queued']} push slots queued ({done['slots_dropped']} dropped)"
+                 f"; opened {done['slots_queued']} push slots (before: step {done['slots_before'][0]}, "
+                 f"{done['slots_before'][1]} left)"
                  if "slots_queued" in done else "")
 
     return on_live_model

@@ -1,8 +1,7 @@
 """A stop in sync mode whose steps wait for tokens that will not come: the workers stop after their own steps, and a
 running step may need a gradient from one that has already stopped (the chief's step), or a token from a chief
 that has already stopped (another worker's). A stopping sync chief queues one token per replica, at the global
-step, once: `stop.PEERS_STOP_SECS` after the signal while its own step still waits, else as its step loop ends;
-before them, one stale push slot per aggregated gradient for a step waiting for a slot (`train.sync_slots`).
+step, once: `stop.PEERS_STOP_SECS` after the signal while its own step still waits, else as its step loop ends.
 Each waiting step then ends without applying anything; the chief's checkpoint holds the last applied step, and no
 stop waits out `--step_timeout_secs`. The token queue stays open: a chief started again on the same ps tasks
 drops the spare tokens in its reset (`train.sync_reset`)."""
@@ -76,15 +75,11 @@ def token_release(name: str, is_chief: bool, sync_optimizer: Any, session_of: Ca
         return contextlib.nullcontext()
     import tensorflow as tf
 
-    from psworker.train.sync_slots import stale_slots
-
     opt = sync_optimizer
     global_step = opt._global_step                                   # pylint: disable=protected-access
     with tf.compat.v1.device(global_step.device), tf.name_scope("psworker_sync_stop"):
-        slots = stale_slots(opt)   # a step waiting for a push slot takes a stale one, pushes nothing applied
-        with tf.control_dependencies([slots]):
-            tokens = tf.fill([opt._total_num_replicas], global_step)     # pylint: disable=protected-access
-            release = opt._sync_token_queue.enqueue_many((tokens,))      # pylint: disable=protected-access
+        tokens = tf.fill([opt._total_num_replicas], global_step)     # pylint: disable=protected-access
+        release = opt._sync_token_queue.enqueue_many((tokens,))      # pylint: disable=protected-access
     return TokenRelease(name, release, session_of, running_for)
 
 

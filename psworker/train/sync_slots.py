@@ -3,15 +3,18 @@
 `SyncReplicasOptimizer` keeps one `ConditionalAccumulator` per variable; each takes the first `replicas_to_aggregate`
 (N) gradients pushed for the step and drops later ones as stale. Gradients arrive one variable at a time, so with
 backup workers one worker's push can land in some accumulators before their take and in others after: no worker
-knows whether its batch was applied. Here the chief's aggregation queues exactly N slots tagged with the step after
-each update (`fill`, added to its queue runner; the chief's own train op is a worker's, so it never waits on
-itself). A worker, once its gradients are computed, takes a slot in the same run: if the slot is for its step it
-pushes its gradients for that step; else (the N slots of its step went to faster workers) it pushes them tagged
-stale (-1, dropped by every accumulator, as TF drops a late gradient today), puts the slot back and its run says
-`applied` False. Exactly the N slot holders' gradients reach every accumulator, so the batches a step applies
-are exactly those whose runs say so. The slot queue lives on the global step's ps, shared by name; a chief that
-starts (fresh, restored, or on a live ps) refills it (`reset`); a stopping chief queues stale slots beside its
-tokens (`stale_slots`), so a worker waiting for a slot ends its step too. Past the last step the slots are stale.
+knows whether its batch was applied. Here a worker, once its gradients are computed, claims a slot in the same run:
+one atomic step in a `tf.CriticalSection` on the global step's ps, on two numbers (the step the slots are for, the
+slots left). A claim for a newer step than the slots' opens that step's N slots (no worker's step is newer than the
+global step: its local step comes from a token); a claim for the slots' step takes one if any is left. With a slot
+it pushes its gradients for its step; without (the N slots went to faster workers, or its step is stale) it pushes
+them tagged stale (-1, dropped by every accumulator, as TF drops a late gradient) and its run says `applied` False.
+Exactly the N slot holders' gradients reach every accumulator, so the batches a step applies are exactly those whose
+runs say so. A claim never waits: a killed worker's run leaves nothing pending on the ps (a waiting dequeue would
+take a slot refilled after its client died, and hold the step). The numbers are in no collection (not saved, not
+initialised with the model): a claim reads unset numbers as none; a chief that restores or initialises opens the
+global step's slots unless a claim has (`start`); a chief started again on a live ps opens them anew, as its reset
+drops the gradients the accumulators held (`reset`). From the last step on no slot is open: nothing more is applied.
 """
 
 from __future__ import annotations
@@ -20,37 +23,18 @@ import logging
 
 log = logging.getLogger(__name__)
 
-SLOT_QUEUE = "psworker_sync_slots"
-STALE = -1                  # a slot for no step: whoever takes it pushes nothing that is applied
-RESET_RUN_SECS = 10.0       # one run of the refill (the ps answers at once, or is unreachable)
+SCOPE = "psworker_sync_slots"
+STALE = -1                  # the step of a stale push: whoever pushes with it pushes nothing that is applied
+RESET_RUN_SECS = 10.0       # one run of a reset (the ps answers at once, or is unreachable)
 
-__all__ = ["PushSlots", "SLOT_QUEUE", "STALE", "RESET_RUN_SECS", "DroppedBatches", "slot_queue", "stale_slots"]
-
-
-def slot_queue(device: str):
-    """The slot queue (a handle on the shared queue, made in the current graph on `device`)."""
-    import tensorflow as tf
-
-    with tf.compat.v1.device(device):
-        return tf.compat.v1.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name=SLOT_QUEUE, name="sync_slot_q")
-
-
-def stale_slots(sync_optimizer):
-    """The op that queues one stale slot per aggregated gradient (a stopping chief's release)."""
-    import tensorflow as tf
-
-    opt = sync_optimizer
-    device = opt._global_step.device                                  # pylint: disable=protected-access
-    with tf.compat.v1.device(device):
-        return slot_queue(device).enqueue_many(
-            (tf.fill([int(opt._replicas_to_aggregate)], tf.constant(STALE, tf.int64)),))   # pylint: disable=protected-access
+__all__ = ["PushSlots", "SCOPE", "STALE", "RESET_RUN_SECS", "DroppedBatches"]
 
 
 class PushSlots:
     """Wires push slots into one worker's `SyncReplicasOptimizer` graph, after its `apply_gradients`.
 
     Attributes:
-        train_op: the worker's train op in place of TF's: take a slot, push (for the step or stale), take a token.
+        train_op: the worker's train op in place of TF's: claim a slot, push (for the step or stale), take a token.
         applied: a bool tensor of that run: whether its gradients are among the step's N.
     """
 
@@ -60,48 +44,65 @@ class PushSlots:
         v1 = tf.compat.v1
         opt = sync_optimizer
         global_step = opt._global_step                                # pylint: disable=protected-access
-        self._num = int(opt._replicas_to_aggregate)                  # pylint: disable=protected-access
+        self._num, self._last = int(opt._replicas_to_aggregate), int(last_step)   # pylint: disable=protected-access
         grads = [g for g, _ in grads_and_vars if g is not None]
         accumulators = opt._accumulator_list                         # pylint: disable=protected-access
         if len(grads) != len(accumulators):
             raise RuntimeError(f"{len(grads)} gradients but {len(accumulators)} sync accumulators: this TensorFlow "
                                "builds SyncReplicasOptimizer differently")
         local = opt._local_step                                       # pylint: disable=protected-access
-        with v1.device(global_step.device), tf.name_scope("psworker_sync_slots"):
-            self.queue = slot_queue(global_step.device)
-            self._size = self.queue.size()
-            self._drain = self.queue.dequeue()
-            self._refill = self.queue.enqueue_many((_tags(global_step, last_step, self._num),))
-            with tf.control_dependencies(_flat(grads)):              # the slot goes to whoever computed first
-                slot = self.queue.dequeue()
-            self.applied = tf.equal(slot, tf.cast(local, tf.int64), name="applied")
+        with v1.device(None), v1.device(global_step.device), tf.name_scope(f"{SCOPE}/"):
+            self._state = v1.get_variable(f"{SCOPE}/state", [2], tf.int64, trainable=False, use_resource=True,
+                                          collections=[], initializer=v1.constant_initializer([STALE, 0]))
+            lock = tf.CriticalSection(shared_name=f"{SCOPE}_lock", name="lock")
+            step = tf.cast(tf.identity(global_step), tf.int64)
+            with tf.control_dependencies(_flat(grads)):   # the lock only once the gradients are here
+                self.applied = lock.execute(lambda: self._open_and_take(tf.cast(local, tf.int64), take=True),
+                                            exclusive_resource_access=False)
+            self._start = lock.execute(lambda: self._open_and_take(step, take=False), exclusive_resource_access=False)
+            self._reset = lock.execute(lambda: self._set(step), exclusive_resource_access=False)
             push_step = tf.where(self.applied, local, tf.constant(STALE, local.dtype.base_dtype))
-            back = self.queue.enqueue_many((tf.reshape(slot, [1])[:1 - tf.cast(self.applied, tf.int32)],))
-        pushes = [back]
+        pushes = []
         for grad, (accum, device) in zip(grads, accumulators):
             with v1.device(device):
                 if isinstance(grad, tf.IndexedSlices):
                     pushes.append(accum.apply_indexed_slices_grad(grad, local_step=push_step))
                 else:
                     pushes.append(accum.apply_grad(grad, local_step=push_step))
-        with v1.device(global_step.device), tf.name_scope("psworker_sync_slots"):
+        with v1.device(global_step.device), tf.name_scope(SCOPE):
             with tf.control_dependencies(pushes):
                 token = opt._sync_token_queue.dequeue()               # pylint: disable=protected-access
             self.train_op = v1.assign(local, token)
-        self._chain_fill(opt, global_step, last_step)
 
-    def _chain_fill(self, opt, global_step, last_step: int) -> None:
-        """The chief's queue runner: after its step's update and tokens, the next step's N slots."""
+    def _read(self):
+        """`[step, slots left]`; `[STALE, 0]` while unset (a ps started afresh, before the chief's `start`)."""
         import tensorflow as tf
 
-        v1 = tf.compat.v1
-        runner = opt._chief_queue_runner                              # pylint: disable=protected-access
-        (sync_op,) = runner.enqueue_ops
-        with v1.device(global_step.device), tf.name_scope("psworker_sync_slots"), \
-                tf.control_dependencies([sync_op]):
-            fill = self.queue.enqueue_many((_tags(global_step, last_step, self._num),))
-        chained = tf.group(sync_op, fill, name="sync_op_and_slots")
-        opt._chief_queue_runner = v1.train.QueueRunner(runner.queue, [chained])   # pylint: disable=protected-access
+        unset = tf.constant([STALE, 0], tf.int64)
+        return tf.cond(self._state.is_initialized(), self._state.read_value, lambda: unset)
+
+    def _open_and_take(self, step, take: bool):
+        """Opens `step`'s N slots if it is newer than the slots' (and before the last step); with `take`, takes one
+        for `step` and returns whether it got it, else returns the numbers before."""
+        import tensorflow as tf
+
+        before = self._read()
+        live = step < self._last
+        newer = live & (step > before[0])
+        at, left = tf.where(newer, step, before[0]), tf.where(newer, tf.constant(self._num, tf.int64), before[1])
+        got = live & tf.equal(at, step) & (left > 0) & tf.constant(take)
+        write = self._state.assign(tf.stack([at, left - tf.cast(got, tf.int64)]), read_value=False)
+        with tf.control_dependencies([write]):
+            return tf.identity(got) if take else tf.identity(before)
+
+    def _set(self, step):
+        """Opens `step`'s N slots whatever was open before (none from the last step on); returns the numbers before."""
+        import tensorflow as tf
+
+        before = self._read()
+        left = tf.where(step < self._last, tf.constant(self._num, tf.int64), tf.constant(0, tf.int64))
+        with tf.control_dependencies([self._state.assign(tf.stack([step, left]), read_value=False)]):
+            return tf.identity(before)
 
     def counted(self, examples):
         """`(examples counted as trained, examples dropped)` of a run whose batch holds `examples`: the batch's
@@ -112,30 +113,22 @@ class PushSlots:
         zero = tf.constant(0, tf.int64)
         return tf.where(self.applied, n, zero), tf.where(self.applied, zero, n)
 
+    def start(self, session) -> dict:
+        """What a chief that restores or initialises runs: opens the global step's slots unless a claim already
+        has. Returns `slots_before` (`[step, left]`), `slots_queued` (N)."""
+        return self._run(session, self._start)
+
     def reset(self, session) -> dict:
-        """Drops the slots queued and queues N for the current step: what a chief runs as it starts. Returns
-        `slots_dropped`, `slots_queued`."""
+        """What a chief started again on a live ps runs, after its reset dropped the gradients the accumulators
+        held: opens the global step's N slots anew. Returns `slots_before`, `slots_queued`."""
+        return self._run(session, self._reset)
+
+    def _run(self, session, op) -> dict:
         import tensorflow as tf
 
         options = tf.compat.v1.RunOptions(timeout_in_ms=int(RESET_RUN_SECS * 1000))
-        dropped = 0
-        while int(session.run(self._size, options=options)) > 0:
-            try:   # a worker may take the last one first: then this dequeue would wait
-                session.run(self._drain, options=tf.compat.v1.RunOptions(timeout_in_ms=1000))
-            except tf.errors.DeadlineExceededError:
-                break
-            dropped += 1
-        session.run(self._refill, options=options)
-        return {"slots_dropped": dropped, "slots_queued": self._num}
-
-
-def _tags(global_step, last_step: int, num: int):
-    """`num` slots for the global step read now (stale from `last_step` on: nothing more is applied)."""
-    import tensorflow as tf
-
-    step = tf.cast(tf.identity(global_step), tf.int64)
-    tag = tf.where(step >= last_step, tf.constant(STALE, tf.int64), step)
-    return tf.fill([num], tag)
+        before = session.run(op, options=options)
+        return {"slots_before": [int(x) for x in before], "slots_queued": self._num}
 
 
 def _flat(grads) -> list:
