@@ -373,9 +373,9 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
             message = timeout_message + (f" (down now: {down})" if down else "")
             raise _step_timeout(_timeout_message(message, probe.probe_all(tasks or {}), running)) from None
         except tf.errors.OutOfRangeError:
-            # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
-            # step read at the end tells whether training is complete.
-            log.info("%s: %s", name, "the sync token queue was closed: the chief has stopped"
+            # A dealt input's deal is over, or (sync) the chief closed the token queue; the final step tells more.
+            log.info("%s: %s", name, "the input ran out: the deal is over" if tg.dealer is not None and
+                     tg.dealer.exhausted else "the sync token queue was closed: the chief has stopped"
                      if tg.sync_optimizer is not None else "the input ran out (OutOfRangeError)")
             return
         finally:

@@ -127,7 +127,7 @@ class DealerClient:
         self.exhausted = False      # the deal has ended for this worker: its input ran out for good
         self._waiting_for: set = set()
 
-    def _run(self, fetches, who: Optional[int] = None, n: Optional[int] = None):
+    def _run(self, fetches, who: Optional[int] = None, n: Optional[int] = None, token: Optional[int] = None):
         """Runs `fetches(ops)` in the side session; a session that met a restarted ps (aborted, unavailable) or
         hung on a dead one (past `SIDE_CALL_SECS`, its creation included) is left behind and the run tried again
         in a new one, `SIDE_ATTEMPTS` times in all."""
@@ -144,6 +144,8 @@ class DealerClient:
                 feed = {self._ops.who: self.dealing.index if who is None else who}
                 if n is not None:
                     feed[self._ops.n] = n
+                if token is not None:
+                    feed[self._ops.token] = token
                 try:
                     return self._session.run(fetches(self._ops), feed)
                 except retried as exc:
@@ -227,18 +229,45 @@ class DealerClient:
 
     def _next_shard(self) -> tuple[Optional[int], int, int]:
         """The next piece to read, `(shard, start, end)`, waiting while the ring is full; None once the deal is over.
-        With `redeal`, not before this worker's own lease is all applied: a batch of it dropped comes back."""
+        With `redeal` (sync), over only once every lease is applied: until then any batch dropped comes back to the
+        pool, and this worker, dry, passes its turn at each step (`pass_turn`) so that the workers still holding
+        data can fill the steps (issue 40: a worker that left early stalled the last steps)."""
+        passed = None
         while True:
-            own = self.dealing.redeal and remaining(self.dealing.plan, self.state(), self.dealing.index) > 0
             shard, start, end = (int(x) for x in self._run(lambda ops: ops.take))
             if shard >= 0:
                 return shard, start, end
-            if shard == FULL or own:
+            if shard == FULL:
                 time.sleep(POLL_SECS)
+                continue
+            if self.dealing.redeal:
+                if remaining(self.dealing.plan, self.state(), self.dealing.index) == 0 and self._others_done():
+                    return None, 0, 0
+                passed = self.pass_turn(passed)
             elif not self.dealing.is_chief or self._others_done():
                 return None, 0, 0
-            else:
-                time.sleep(END_POLL_SECS)
+            time.sleep(END_POLL_SECS)
+
+    def pass_turn(self, passed: Optional[int]) -> Optional[int]:
+        """Sync, nothing left to take while examples are still leased: once per global step, puts a token of that
+        step in the sync token queue, the turn this dry worker would have taken, so that a worker still holding
+        data pushes in its place (a step needs `replicas_to_aggregate` gradients; a lone worker with the last
+        batches would else wait for a token no one brings). Returns the step passed. A stale token costs a push
+        dropped and dealt again, never an example applied twice."""
+        import tensorflow as tf
+
+        try:
+            step = int(self._run(lambda ops: ops.global_step))
+            if step != passed:
+                self._run(lambda ops: ops.pass_turn, token=step)
+                if passed is None:
+                    log.info("worker:%d: nothing left to take while examples are still leased: passing its turn at "
+                             "each step (from global step %d) until every lease is applied", self.dealing.index, step)
+        except (tf.errors.CancelledError, tf.errors.FailedPreconditionError, tf.errors.NotFoundError) as exc:
+            log.info("worker:%d: could not pass its turn (%s): the run is ending", self.dealing.index,
+                     type(exc).__name__)
+            return passed
+        return step
 
     def _others_done(self) -> bool:
         """The chief, with nothing left to take: whether every other worker's lease is trained. A worker that

@@ -20,6 +20,17 @@ def _piece_end(plan: ShardPlan, shard, end):
     return tf.where(end > 0, end, length)
 
 
+def _token_ops(token):
+    """Sync mode (`DealerClient.pass_turn`): a read of the global step, and an enqueue of `token` into
+    `SyncReplicasOptimizer`'s token queue (the same variable and queue by name, on this same ps)."""
+    import tensorflow as tf
+
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    queue = tf.queue.FIFOQueue(-1, global_step.dtype.base_dtype, shapes=(), name="sync_token_q",
+                               shared_name="sync_token_q")
+    return global_step.read_value(), queue.enqueue(tf.cast(token, global_step.dtype.base_dtype))
+
+
 class DealerOps:
     """The atomic operations, built in a side graph (same variables by name, same device, one critical section).
     Feeds: `who` (a worker index), `n` (`drop`: the examples of the dropped batch)."""
@@ -41,6 +52,8 @@ class DealerOps:
             self.give_back = lock.execute(lambda: self._give_back(plan, s), exclusive_resource_access=False)
             self.drop = lock.execute(lambda: self._drop(plan, s), exclusive_resource_access=False)
             self.read = {v.op.name.split("/")[-1]: v.read_value() for v in s.variables}
+            self.token = v1.placeholder_with_default(tf.constant(0, tf.int64), [], name="token")
+            self.global_step, self.pass_turn = _token_ops(self.token)
         self.graph.finalize()
 
     def _take(self, plan: ShardPlan, s):
