@@ -125,6 +125,7 @@ class DealerClient:
         self._session = None
         self._lock = threading.Lock()
         self.exhausted = False      # the deal has ended for this worker: its input ran out for good
+        self._closed = False        # sync: the chief closed the token queue while this worker waited to end
         self._waiting_for: set = set()
 
     def _run(self, fetches, who: Optional[int] = None, n: Optional[int] = None, token: Optional[int] = None):
@@ -209,7 +210,7 @@ class DealerClient:
         if resumed:
             log.info("worker:%d: resuming its lease: %s", me,
                      ", ".join(f"shard {s} from {st}" + (f" to {e}" if e else "") for s, st, e in resumed))
-        self.exhausted = False
+        self.exhausted = self._closed = False
         yielded = 0
         for shard, start, end in resumed:
             chunk = plan.positions(seed, shard, start, end)
@@ -222,7 +223,7 @@ class DealerClient:
             chunk = plan.positions(seed, shard, start, end)
             yielded += len(chunk)
             yield chunk
-        self.exhausted = True
+        self.exhausted = not self._closed
         pad = -yielded % self.dealing.pad_to
         if pad and yielded:
             yield np.resize(chunk, pad)   # towers: a whole last batch; these examples are read twice
@@ -232,7 +233,7 @@ class DealerClient:
         With `redeal` (sync), over only once every lease is applied: until then any batch dropped comes back to the
         pool, and this worker, dry, passes its turn at each step (`pass_turn`) so that the workers still holding
         data can fill the steps (issue 40: a worker that left early stalled the last steps)."""
-        passed = None
+        passed = -1
         while True:
             shard, start, end = (int(x) for x in self._run(lambda ops: ops.take))
             if shard >= 0:
@@ -244,30 +245,32 @@ class DealerClient:
                 if remaining(self.dealing.plan, self.state(), self.dealing.index) == 0 and self._others_done():
                     return None, 0, 0
                 passed = self.pass_turn(passed)
+                if passed is None:
+                    self._closed = True
+                    return None, 0, 0
             elif not self.dealing.is_chief or self._others_done():
                 return None, 0, 0
             time.sleep(END_POLL_SECS)
 
-    def pass_turn(self, passed: Optional[int]) -> Optional[int]:
+    def pass_turn(self, passed: int) -> Optional[int]:
         """Sync, nothing left to take while examples are still leased: once per global step, puts a token of that
         step in the sync token queue, the turn this dry worker would have taken, so that a worker still holding
         data pushes in its place (a step needs `replicas_to_aggregate` gradients; a lone worker with the last
-        batches would else wait for a token no one brings). Returns the step passed. A stale token costs a push
-        dropped and dealt again, never an example applied twice."""
+        batches would else wait for a token no one brings). Returns the step passed, None once the chief closed
+        the queue (it stopped: nothing more is applied). A stale token costs a push dropped and dealt again."""
         import tensorflow as tf
 
         try:
-            step = int(self._run(lambda ops: ops.global_step))
-            if step != passed:
+            turn = self._run(lambda ops: ops.turn)
+            step = int(turn["step"])
+            if not turn["closed"] and step != passed:
                 self._run(lambda ops: ops.pass_turn, token=step)
-                if passed is None:
+                if passed < 0:
                     log.info("worker:%d: nothing left to take while examples are still leased: passing its turn at "
                              "each step (from global step %d) until every lease is applied", self.dealing.index, step)
-        except (tf.errors.CancelledError, tf.errors.FailedPreconditionError, tf.errors.NotFoundError) as exc:
-            log.info("worker:%d: could not pass its turn (%s): the run is ending", self.dealing.index,
-                     type(exc).__name__)
-            return passed
-        return step
+        except tf.errors.CancelledError:   # closed between the read and the enqueue
+            return None
+        return None if turn["closed"] else step
 
     def _others_done(self) -> bool:
         """The chief, with nothing left to take: whether every other worker's lease is trained. A worker that

@@ -21,14 +21,16 @@ def _piece_end(plan: ShardPlan, shard, end):
 
 
 def _token_ops(token):
-    """Sync mode (`DealerClient.pass_turn`): a read of the global step, and an enqueue of `token` into
-    `SyncReplicasOptimizer`'s token queue (the same variable and queue by name, on this same ps)."""
+    """Sync mode (`DealerClient.pass_turn`): a read of the global step and whether `SyncReplicasOptimizer`'s token
+    queue is closed (the chief stopped), and an enqueue of `token` into it (the same variable and queue by name, on
+    this same ps)."""
     import tensorflow as tf
 
     global_step = tf.compat.v1.train.get_or_create_global_step()
     queue = tf.queue.FIFOQueue(-1, global_step.dtype.base_dtype, shapes=(), name="sync_token_q",
                                shared_name="sync_token_q")
-    return global_step.read_value(), queue.enqueue(tf.cast(token, global_step.dtype.base_dtype))
+    turn = {"step": global_step.read_value(), "closed": queue.is_closed()}
+    return turn, queue.enqueue(tf.cast(token, global_step.dtype.base_dtype))
 
 
 class DealerOps:
@@ -53,7 +55,7 @@ class DealerOps:
             self.drop = lock.execute(lambda: self._drop(plan, s), exclusive_resource_access=False)
             self.read = {v.op.name.split("/")[-1]: v.read_value() for v in s.variables}
             self.token = v1.placeholder_with_default(tf.constant(0, tf.int64), [], name="token")
-            self.global_step, self.pass_turn = _token_ops(self.token)
+            self.turn, self.pass_turn = _token_ops(self.token)
         self.graph.finalize()
 
     def _take(self, plan: ShardPlan, s):
