@@ -127,7 +127,8 @@ def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, t
     return dealer.Dealing(plan=plan, index=index, num_workers=len(spec.worker), target=target,
                           session_config=srv.session_config("worker", index), is_chief=index == 0, seed=config.seed,
                           pad_to=batch if config.num_devices > 1 else 1, gone=gone,
-                          ps_addresses=tuple(str(a) for a in spec.ps), redeal=config.mode == "sync")
+                          ps_addresses=tuple(str(a) for a in spec.ps), redeal=config.mode == "sync",
+                          last_step=config.max_steps)
 
 
 def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:

@@ -14,7 +14,9 @@ the ps that holds the global step, so the chief's Saver writes it into every che
   its lease; the chief also returns the lease of a worker whose port stays closed once the epochs are dealt. The
   next worker to ask takes a piece from the pool before a fresh shard. In sync mode a worker whose batch was
   dropped (a stale gradient, never applied) gives that batch back the same way (`DealerClient.drop`): only applied
-  batches count as trained, so `--num_epochs N` applies every example's gradient N times (issue 40).
+  batches count as trained, so `--num_epochs N` applies every example's gradient N times (issue 40). There a
+  worker's deal ends only once every lease is applied: a dry worker waits for a dropped batch to come back, and
+  passes its turn at each step (a token) so that the workers holding the last batches can fill the steps.
 
 Taking, retiring, giving back and dropping run (`dealer_ops`) in one `tf.CriticalSection` on that ps: each is atomic for every worker.
 A worker restarted at its index resumes its own lease where `trained[i]` says; a run restored from a checkpoint
@@ -62,6 +64,7 @@ class Dealing:
     gone: Optional[Callable[[int], bool]] = None
     ps_addresses: tuple = ()              # `host:port` of each ps: the side session goes to the state's ps itself
     redeal: bool = False                  # sync: a dropped batch comes back to the pool (`DealerClient.drop`)
+    last_step: Optional[int] = None       # sync: the global step that applies the last batch (`redeal`)
 
 
 class DealerState:
@@ -230,9 +233,10 @@ class DealerClient:
 
     def _next_shard(self) -> tuple[Optional[int], int, int]:
         """The next piece to read, `(shard, start, end)`, waiting while the ring is full; None once the deal is over.
-        With `redeal` (sync), over only once every lease is applied: until then any batch dropped comes back to the
-        pool, and this worker, dry, passes its turn at each step (`pass_turn`) so that the workers still holding
-        data can fill the steps (issue 40: a worker that left early stalled the last steps)."""
+        With `redeal` (sync), over only once every lease holds its slots and the global step reached `last_step`
+        (a chief that stopped at the step before lost the last batches' update): until then a batch dropped comes
+        back to the pool, and this worker, dry, passes its turn at each step (`pass_turn`) so that the workers
+        still holding data can fill the steps (issue 40: a worker that left early stalled the last steps)."""
         passed = -1
         while True:
             shard, start, end = (int(x) for x in self._run(lambda ops: ops.take))
@@ -242,7 +246,7 @@ class DealerClient:
                 time.sleep(POLL_SECS)
                 continue
             if self.dealing.redeal:
-                if remaining(self.dealing.plan, self.state(), self.dealing.index) == 0 and self._others_done():
+                if passed >= (self.dealing.last_step or 0) and self._all_applied():
                     return None, 0, 0
                 passed = self.pass_turn(passed)
                 if passed is None:
@@ -256,21 +260,26 @@ class DealerClient:
         """Sync, nothing left to take while examples are still leased: once per global step, puts a token of that
         step in the sync token queue, the turn this dry worker would have taken, so that a worker still holding
         data pushes in its place (a step needs `replicas_to_aggregate` gradients; a lone worker with the last
-        batches would else wait for a token no one brings). Returns the step passed, None once the chief closed
-        the queue (it stopped: nothing more is applied). A stale token costs a push dropped and dealt again."""
+        batches would else wait for a token no one brings). Returns the global step read, None if the chief closed
+        the queue before the last step (it stopped early). A stale token costs a push dropped and dealt again."""
         import tensorflow as tf
 
+        last = self.dealing.last_step or 0
         try:
             turn = self._run(lambda ops: ops.turn)
             step = int(turn["step"])
-            if not turn["closed"] and step != passed:
+            if not turn["closed"] and passed < step < last:
                 self._run(lambda ops: ops.pass_turn, token=step)
                 if passed < 0:
                     log.info("worker:%d: nothing left to take while examples are still leased: passing its turn at "
                              "each step (from global step %d) until every lease is applied", self.dealing.index, step)
         except tf.errors.CancelledError:   # closed between the read and the enqueue
             return None
-        return None if turn["closed"] else step
+        return None if turn["closed"] and step < last else step
+
+    def _all_applied(self) -> bool:
+        """Sync: every lease's batches hold a slot (counted), so the last step applies once its slots are pushed."""
+        return remaining(self.dealing.plan, self.state(), self.dealing.index) == 0 and self._others_done()
 
     def _others_done(self) -> bool:
         """The chief, with nothing left to take: whether every other worker's lease is trained. A worker that
