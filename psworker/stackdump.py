@@ -24,7 +24,7 @@ import re
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence, TextIO
+from typing import Optional, TextIO
 
 from psworker.events import StacksReady
 
@@ -180,7 +180,7 @@ def parse_dumps(text: str) -> list[Dump]:
     foreign = 0
 
     def close_block() -> None:
-        nonlocal block, threads
+        nonlocal block
         if block is not None:
             threads.append(ThreadStack(block["id"], tuple(block["frames"]), block["current"], block["cut"]))
             block = None

@@ -8,7 +8,6 @@ import dataclasses
 import io
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Optional
 
 import pytest
 
-from tests.fake_tasks.fakes import fake, drive_until, task_state, wait_for
+from tests.fake_tasks.fakes import fake, drive_until, task_state
 from psworker.errors import EXIT_PREEMPTED, PsworkerError, UsageError
 from psworker.launcher.elastic import membership as ms
 from psworker.states import TaskState

@@ -7,10 +7,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 

@@ -144,7 +144,7 @@ class _SetAction(argparse.Action):
         known = sorted(set(TRAIN_FIELDS if self.train else ()) | {n for n in LAUNCH_SETTINGS if hasattr(namespace, n)})
         if not eq or name not in known:
             close = difflib.get_close_matches(name, known, n=1)
-            parser.error(f"argument --set: expected NAME=VALUE with NAME a setting"
+            parser.error("argument --set: expected NAME=VALUE with NAME a setting"
                          + (f" (did you mean {close[0]}?)" if close else f" ({', '.join(known)})")
                          + f", got {values!r}")
         check = _setting_type(name) if name in TRAIN_FIELDS and self.train else LAUNCH_SETTINGS[name]

@@ -61,12 +61,9 @@ def chief_hooks(config: TrainConfig, scaffold, name: str, kept: tuple = ()) -> l
     """The chief's checkpoint saver, writing into `config.train_dir` (with the graph, for TensorBoard's Graphs
     dashboard: the train dir's own events file holds no scalars; they are the workers', see `train.summaries`);
     `kept`: the checkpoints there, oldest first, that its rotation goes on from (`checkpoints.Choice.kept`)."""
-    import tensorflow as tf
-
     from psworker.train.checkpoints import CheckpointKeeper
     from psworker.train.hooks import CheckpointLogger, ChiefCheckpointSaverHook
 
-    v1 = tf.compat.v1
     every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
              else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
     keeper = CheckpointKeeper(config.train_dir, keep=MAX_CHECKPOINTS, kept=kept)

@@ -6,6 +6,7 @@ means the shard's end (whole shards' rests, and every entry of a state written b
 
 from __future__ import annotations
 
+from psworker.train.dealer_state import SCOPE, DealerState
 from psworker.train.shard_plan import RING, ShardPlan
 
 FULL, EXHAUSTED = -2, -1          # what `take` returns instead of a shard
@@ -39,8 +40,6 @@ class DealerOps:
 
     def __init__(self, plan: ShardPlan, num_workers: int, device: str):
         import tensorflow as tf
-
-        from psworker.train.dealer import SCOPE, DealerState
 
         v1 = tf.compat.v1
         self.graph = tf.Graph()

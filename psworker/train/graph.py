@@ -349,7 +349,6 @@ def finish_train_op(apply_op, ema):
     """
     import tensorflow as tf
 
-    v1 = tf.compat.v1
     if ema is None:
         return apply_op
     with tf.control_dependencies([apply_op]):

@@ -19,7 +19,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from psworker.diskspace import write_atomically
 from psworker.deadline import poll_until
