@@ -230,14 +230,16 @@ class DealerClient:
 
     def _all_applied(self) -> bool:
         """Sync: every lease's batches hold a slot (counted), so the last step applies once its slots are pushed."""
-        return remaining(self.dealing.plan, self.state(), self.dealing.index) == 0 and self._others_done()
-
-    def _others_done(self) -> bool:
-        """The chief, with nothing left to take: whether every other worker's lease is trained. A worker that
-        `gone` says has left has its lease given back (the chief takes it next)."""
         state = self.state()
-        waiting = {j: remaining(self.dealing.plan, state, j) for j in range(self.dealing.num_workers)
-                   if j != self.dealing.index and remaining(self.dealing.plan, state, j) > 0}
+        return remaining(self.dealing.plan, state, self.dealing.index) == 0 and self._others_done(state)
+
+    def _others_done(self, state: Optional[dict] = None) -> bool:
+        """The chief, with nothing left to take: whether every other worker's lease is trained (in `state`, read
+        now if not given). A worker that `gone` says has left has its lease given back (the chief takes it next)."""
+        state = self.state() if state is None else state
+        left = {j: remaining(self.dealing.plan, state, j) for j in range(self.dealing.num_workers)
+                if j != self.dealing.index}
+        waiting = {j: n for j, n in left.items() if n > 0}
         if waiting and set(waiting) != self._waiting_for:
             log.info("worker:%d: every shard is dealt; waiting for the last ones of %s", self.dealing.index,
                      ", ".join(f"worker:{j} ({n} examples)" for j, n in sorted(waiting.items())))
