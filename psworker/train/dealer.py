@@ -149,7 +149,9 @@ class DealerClient:
 
     def drop(self, examples: int) -> None:
         """This worker's last batch (`examples`) was dropped, not applied: its positions go back to the pool."""
-        self._run(lambda ops: ops.drop, n=examples)
+        if not self._run(lambda ops: ops.drop, n=examples):
+            log.warning("worker:%d: the dealer's pool is full: a dropped batch of %d examples counts as read and is "
+                        "not dealt again (those examples are applied once less)", self.dealing.index, examples)
 
     def positions(self) -> Iterator[np.ndarray]:
         """This worker's positions: first the untrained rest of its own lease (a restart at its index), then shard

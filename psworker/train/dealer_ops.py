@@ -170,7 +170,8 @@ class DealerOps:
 
     def _drop(self, plan: ShardPlan, s):
         """The batch of `n` examples that `who` reads next (from `trained` on) was dropped (a stale sync gradient):
-        its pieces go into the pool, to be dealt again, and `trained` moves past it. Returns the pieces put back."""
+        its pieces go into the pool, to be dealt again, and `trained` moves past it. Returns the pieces put back (0
+        when the pool had no room for them)."""
         import tensorflow as tf
 
         who, n = self.who, self.n
@@ -181,12 +182,17 @@ class DealerOps:
         lo = tf.maximum(first, offsets)
         hi = tf.minimum(first + n, offsets + lengths)
         piece = live & (lo < hi)
+        # A pool without room for every piece takes none: the batch then counts as read (`drop` warns), not dealt
+        # again, rather than failing the run (issue 40: the pool can fill with agg 1 of 2 workers).
+        free = tf.reduce_sum(tf.cast(s.pool_shard.read_value() < 0, tf.int32))
+        fits = tf.reduce_sum(tf.cast(piece, tf.int32)) <= free
+        piece &= fits
         back_start = tf.boolean_mask(starts + lo - offsets, piece)
         back_end = tf.boolean_mask(starts + hi - offsets, piece)
         updates = self._to_pool(s, tf.boolean_mask(shards, piece), back_start, back_end)
         with tf.control_dependencies([back_start, back_end]):   # `trained` is read before it moves
             updates += [s.trained.scatter_add(tf.IndexedSlices(n[None], who[None])),
-                        s.dropped.assign_add(tf.constant(1, tf.int64), read_value=False)]
+                        s.dropped.assign_add(tf.cast(fits, tf.int64), read_value=False)]
         with tf.control_dependencies(updates):
             return tf.size(back_start)
 
