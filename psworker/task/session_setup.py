@@ -15,7 +15,6 @@ from psworker.task import server as srv
 from psworker.task import shutdown
 from psworker.task.replication import Replication
 from psworker.train.graph import SYNC_INIT_TOKENS
-from psworker.train.sync_slots import DroppedBatches
 
 __all__ = ["DEFAULT_SAVE_CHECKPOINT_SECS", "MAX_CHECKPOINTS", "chief_hooks", "first_choice", "hooks_of",
            "session_creator"]
@@ -45,8 +44,6 @@ def hooks_of(config: TrainConfig, tg: Any, scaffold: Any, replication: Replicati
     hooks = [progress]
     if tg.sync_optimizer is not None:
         hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
-    if tg.dropped is not None:
-        hooks.append(DroppedBatches(tg.train_op, tg.dropped, tg.dealer))
     if config.train_dir is not None:
         from psworker.train.summaries import WorkerSummaryHook, worker_dir
 
@@ -61,9 +58,12 @@ def chief_hooks(config: TrainConfig, scaffold, name: str, kept: tuple = ()) -> l
     """The chief's checkpoint saver, writing into `config.train_dir` (with the graph, for TensorBoard's Graphs
     dashboard: the train dir's own events file holds no scalars; they are the workers', see `train.summaries`);
     `kept`: the checkpoints there, oldest first, that its rotation goes on from (`checkpoints.Choice.kept`)."""
+    import tensorflow as tf
+
     from psworker.train.checkpoints import CheckpointKeeper
     from psworker.train.hooks import CheckpointLogger, ChiefCheckpointSaverHook
 
+    v1 = tf.compat.v1
     every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
              else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
     keeper = CheckpointKeeper(config.train_dir, keep=MAX_CHECKPOINTS, kept=kept)
@@ -97,7 +97,6 @@ def session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, re
         max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
         on_live_model=on_live_model, warm_up=tg.inputs, restore=restore, first_choice=first_choice,
         allow_fresh_start=config.allow_fresh_start,
-        on_new_model=tg.sync_reset.run_slots if replication.is_chief and tg.sync_reset is not None else None,
     )
 
 
@@ -146,12 +145,9 @@ def _sync_reset_on_restart(sync_reset, name: str):
         done = sync_reset.run(session)
         held = done["gradients_held"]
         log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
-                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers%s",
+                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
                  name, done["global_step"], " ".join(map(str, held)),
                  "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
-                 done["tokens_dropped"], done["tokens_queued"],
-                 f"; opened {done['slots_queued']} push slots (before: step {done['slots_before'][0]}, "
-                 f"{done['slots_before'][1]} left)"
-                 if "slots_queued" in done else "")
+                 done["tokens_dropped"], done["tokens_queued"])
 
     return on_live_model
