@@ -22,6 +22,7 @@ SAMPLES = [
     events.Step(120, 0.42, 1830.2, 0.035, 1.37, 3),
     events.Step(8, 0.5, epoch=0.25),
     events.DataDealt("worker:0", 900, 3, 3.0, 3, 300),
+    events.DataDealt("worker:0", 1800, 0, 3.0, 3, 600, 45),
     events.CheckpointSaved("worker:0", 4016),
     events.ModelStart("worker:0", "model.ckpt-4016"),
     events.ModelStart("worker:0", None),

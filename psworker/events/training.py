@@ -272,7 +272,8 @@ class StopSaved(Event):
 @dataclass(frozen=True)
 class DataDealt(Event):
     """The chief's account of the dealt shards at its end: examples trained, how many of them were trained again
-    (read after a fault by a second worker or a second time), and the epochs that makes."""
+    (read after a fault by a second worker or a second time), the epochs that makes, and (sync mode) the batches
+    whose gradients were dropped as stale and computed again (their examples are not counted as trained)."""
 
     task: Optional[str]
     trained: int
@@ -280,20 +281,23 @@ class DataDealt(Event):
     epochs: float
     num_epochs: Optional[int]
     examples_per_epoch: int
+    dropped: int = 0
 
     regex: ClassVar[re.Pattern] = line_pattern(
         rf"{TASK}data: (?P<trained>\d+) examples trained, (?P<again>\d+) of them again; epoch (?P<epochs>{NUMBER})"
-        r"(?: of (?P<of>\d+))? \((?P<per>\d+) examples each\)")
+        r"(?: of (?P<of>\d+))? \((?P<per>\d+) examples each\)"
+        r"(?:; (?P<dropped>\d+) batches dropped \(stale\) and computed again)?")
 
     def render(self) -> str:
         of = "" if self.num_epochs is None else f" of {self.num_epochs}"
+        dropped = f"; {self.dropped} batches dropped (stale) and computed again" if self.dropped else ""
         return named(self.task, f"data: {self.trained} examples trained, {self.again} of them again; epoch "
-                                 f"{self.epochs:.2f}{of} ({self.examples_per_epoch} examples each)")
+                                 f"{self.epochs:.2f}{of} ({self.examples_per_epoch} examples each){dropped}")
 
     @classmethod
     def _from(cls, m: re.Match) -> "DataDealt":
         return cls(task_of(m), int(m.group("trained")), int(m.group("again")), float(m.group("epochs")),
-                   to_int(m.group("of")), int(m.group("per")))
+                   to_int(m.group("of")), int(m.group("per")), int(m.group("dropped") or 0))
 
 
 @dataclass(frozen=True)

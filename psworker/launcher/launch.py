@@ -141,8 +141,9 @@ def report_success(config: LaunchConfig, result: RunResult, seconds: float, outp
     dealt = events.last(events.DataDealt, chief_log)
     if dealt:   # dealt shards: what was read, and read again
         of = "" if dealt.num_epochs is None else f" of {dealt.num_epochs}"
+        dropped = f"; {dealt.dropped} sync batches dropped (stale) and computed again" if dealt.dropped else ""
         print(f"psworker: data: epoch {dealt.epochs:.2f}{of}: {dealt.trained} examples trained, {dealt.again} of "
-              f"them dealt again ({dealt.examples_per_epoch} per epoch)", file=console, flush=True)
+              f"them dealt again ({dealt.examples_per_epoch} per epoch){dropped}", file=console, flush=True)
     if precision:   # last: the run's result
         print(f"psworker: {precision.summary}", file=console, flush=True)
 

@@ -9,6 +9,11 @@ lines count every position trained at least once, and each position read again a
 surely in the deal.
 The log runs where the batch was read (`images.device`): a Python function runs only in the process that built
 the graph, which for in-graph replication is the client, not the worker that computes the tower.
+
+With `$PSWORKER_POSITIONS_APPLIED=N` (sync mode's `replicas_to_aggregate`), the model also counts the positions of
+every gradient APPLIED, not only computed: a variable `applied_counts` (one float per position) whose gradient is
+`-N x` the batch's one-hot counts, averaged over the N gradients of a step by the same accumulators as the weights,
+and applied with rate 1 (`_CountingDescent`): each applied batch adds exactly 1 at each of its positions.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ POSITIONS_DIR_ENV = "PSWORKER_POSITIONS_DIR"
 STEP_SECS_ENV = "PSWORKER_POSITIONS_STEP_SECS"
 WAIT_FOR_ENV = "PSWORKER_POSITIONS_WAIT_FOR"    # a task (`worker1`) the others' first step waits for (`_wait_for_peer`)
 WAIT_FOR_SECS = 120.0
+APPLIED_ENV = "PSWORKER_POSITIONS_APPLIED"      # N: count the positions of each applied gradient (`applied_counts`)
+COUNTS = "applied_counts"
 _waited: list[str] = []
 
 
@@ -98,10 +105,23 @@ class PositionsModel(Model):
     def num_train_examples(self, data_dir: Optional[str]) -> int:
         return NUM_EXAMPLES
 
+    def loss(self, logits, labels):
+        loss = super().loss(logits, labels)
+        term = getattr(self, "_applied_term", None)
+        return loss if term is None else loss + term
+
+    def optimizer(self, learning_rate):
+        return _counting_descent(learning_rate) if os.environ.get(APPLIED_ENV) else super().optimizer(learning_rate)
+
     def inference(self, images, *, training: bool):
         import tensorflow as tf
 
         v1 = tf.compat.v1
+        if training and os.environ.get(APPLIED_ENV):
+            counts = v1.get_variable(COUNTS, [NUM_EXAMPLES], tf.float32, v1.zeros_initializer())
+            hits = tf.math.bincount(tf.cast(images[:, 0], tf.int32), minlength=NUM_EXAMPLES, maxlength=NUM_EXAMPLES,
+                                    dtype=tf.float32)
+            self._applied_term = -float(os.environ[APPLIED_ENV]) * tf.reduce_sum(counts * tf.stop_gradient(hits))
         x = images * tf.constant([1.0 / NUM_EXAMPLES, 1.0])
         if training:
             with tf.compat.v1.device(None), tf.compat.v1.device(images.device):
@@ -111,6 +131,19 @@ class PositionsModel(Model):
         w = v1.get_variable("weights", [2, self.num_classes], tf.float32, v1.zeros_initializer())
         b = v1.get_variable("biases", [self.num_classes], tf.float32, v1.zeros_initializer())
         return tf.add(tf.matmul(x, w), b, name="logits")
+
+
+def _counting_descent(learning_rate):
+    """Gradient descent at `learning_rate`, but `applied_counts` at rate 1: minus its (averaged) gradient."""
+    import tensorflow as tf
+
+    class _CountingDescent(tf.compat.v1.train.GradientDescentOptimizer):
+        def _resource_apply_dense(self, grad, handle):
+            if handle.name.split(":")[0].endswith(COUNTS):
+                return tf.raw_ops.AssignSubVariableOp(resource=handle.handle, value=grad)
+            return super()._resource_apply_dense(grad, handle)
+
+    return _CountingDescent(learning_rate)
 
 
 def read_positions(folder: Path) -> dict[str, list[list[int]]]:

@@ -97,14 +97,22 @@ def between_graph(spec: ClusterSpec, index: int, config: TrainConfig, membership
 
 
 def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, target: str):
-    """What worker `index`'s graph needs to take dealt shards. Sync mode: the deal never runs dry (the epochs end
-    at a global step, `_epochs_as_steps`). The chief gives back the lease of a worker whose port has been closed
-    for `shutdown.VANISHED_GRACE_SECS` when it waits for the last shards."""
+    """What worker `index`'s graph needs to take dealt shards. Sync mode: a dropped batch is computed again, and the
+    epochs end at a global step (`_epochs_as_steps`) that the deal of `num_epochs` fills exactly when
+    `shard_plan.sync_inexact` finds no reason against; else the deal never runs dry. The chief gives back the lease
+    of a worker whose port has been closed for `shutdown.VANISHED_GRACE_SECS` when it waits for the last shards."""
     from psworker.train import dealer, shard_plan
 
     batch = config.batch_size * config.num_devices
-    plan = shard_plan.make_plan(model.num_train_examples(config.data_dir), config.shard_examples,
-                                None if config.mode == "sync" else config.num_epochs, batch, config.batch_size)
+    plan = shard_plan.make_plan(model.num_train_examples(config.data_dir), config.shard_examples, config.num_epochs,
+                                batch, config.batch_size)
+    if config.mode == "sync" and plan.num_epochs is not None:
+        why = shard_plan.sync_inexact(plan, batch, config.replicas_to_aggregate or len(spec.worker),
+                                      spec.elastic is not None)
+        if why:
+            log.warning("worker:%d: sync mode: %s, so the deal goes on past %d epochs (the run ends at the global "
+                        "step that covers them; some examples are applied once more)", index, why, plan.num_epochs)
+            plan = shard_plan.ShardPlan(plan.num_examples, plan.shard_examples, None)
     gone = None
     if index == 0:
         watch = shutdown.GoneWatch({i: str(a) for i, a in enumerate(spec.worker) if i != index})
@@ -119,7 +127,8 @@ def _dealing(spec: ClusterSpec, index: int, config: TrainConfig, model: Model, t
     return dealer.Dealing(plan=plan, index=index, num_workers=len(spec.worker), target=target,
                           session_config=srv.session_config("worker", index), is_chief=index == 0, seed=config.seed,
                           pad_to=batch if config.num_devices > 1 else 1, gone=gone,
-                          ps_addresses=tuple(str(a) for a in spec.ps))
+                          ps_addresses=tuple(str(a) for a in spec.ps), redeal=config.mode == "sync",
+                          last_step=config.max_steps)
 
 
 def in_graph(spec: ClusterSpec, config: TrainConfig) -> Replication:

@@ -294,12 +294,12 @@ def _wait_for_others_to_stop(others: dict, name: str) -> None:
 
 
 def _report_data(client, name: str) -> None:
-    """The chief's line of what was dealt: examples trained, trained again, epochs."""
+    """The chief's line of what was dealt: examples trained, trained again, epochs, sync batches dropped."""
     from psworker.train import shard_plan
 
-    plan = client.dealing.plan
-    trained, again, epochs = shard_plan.report(plan, client.state())
-    log.info("%s", events.DataDealt(name, trained, again, epochs, plan.num_epochs, plan.num_examples).render())
+    plan, state = client.dealing.plan, client.state()
+    log.info("%s", events.DataDealt(name, *shard_plan.report(plan, state), plan.num_epochs, plan.num_examples,
+                                    int(state["dropped"])).render())
 
 
 def _watchdog(config: TrainConfig, replication: Replication, name: str):
@@ -373,9 +373,9 @@ def _run_steps(sess, tg: TrainGraph, config: TrainConfig, creator, watchdog, nam
             message = timeout_message + (f" (down now: {down})" if down else "")
             raise _step_timeout(_timeout_message(message, probe.probe_all(tasks or {}), running)) from None
         except tf.errors.OutOfRangeError:
-            # Sync mode: the chief closes the token queue when it stops (else: a finite input ran out). The global
-            # step read at the end tells whether training is complete.
-            log.info("%s: %s", name, "the sync token queue was closed: the chief has stopped"
+            # A dealt input's deal is over, or (sync) the chief closed the token queue; the final step tells more.
+            log.info("%s: %s", name, "the input ran out: the deal is over" if tg.dealer is not None and
+                     tg.dealer.exhausted else "the sync token queue was closed: the chief has stopped"
                      if tg.sync_optimizer is not None else "the input ran out (OutOfRangeError)")
             return
         finally:

@@ -58,12 +58,9 @@ def chief_hooks(config: TrainConfig, scaffold, name: str, kept: tuple = ()) -> l
     """The chief's checkpoint saver, writing into `config.train_dir` (with the graph, for TensorBoard's Graphs
     dashboard: the train dir's own events file holds no scalars; they are the workers', see `train.summaries`);
     `kept`: the checkpoints there, oldest first, that its rotation goes on from (`checkpoints.Choice.kept`)."""
-    import tensorflow as tf
-
     from psworker.train.checkpoints import CheckpointKeeper
     from psworker.train.hooks import CheckpointLogger, ChiefCheckpointSaverHook
 
-    v1 = tf.compat.v1
     every = ({"save_steps": config.save_checkpoint_steps} if config.save_checkpoint_steps
              else {"save_secs": config.save_checkpoint_secs or DEFAULT_SAVE_CHECKPOINT_SECS})
     keeper = CheckpointKeeper(config.train_dir, keep=MAX_CHECKPOINTS, kept=kept)
@@ -97,6 +94,7 @@ def session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, re
         max_wait_secs=config.startup_timeout_secs, name=name, before_create=wait_for_peers,
         on_live_model=on_live_model, warm_up=tg.inputs, restore=restore, first_choice=first_choice,
         allow_fresh_start=config.allow_fresh_start,
+        on_new_model=tg.sync_reset.run_slots if replication.is_chief and tg.sync_reset is not None else None,
     )
 
 
@@ -145,9 +143,12 @@ def _sync_reset_on_restart(sync_reset, name: str):
         done = sync_reset.run(session)
         held = done["gradients_held"]
         log.info("%s: sync state reset on the live ps at global step %d: dropped the gradients the "
-                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers",
+                 "accumulators held (%s%s) and %d stale tokens; queued %d tokens for the other workers%s",
                  name, done["global_step"], " ".join(map(str, held)),
                  "; unequal: the previous chief died inside a step" if len(set(held)) > 1 else "",
-                 done["tokens_dropped"], done["tokens_queued"])
+                 done["tokens_dropped"], done["tokens_queued"],
+                 f"; opened {done['slots_queued']} push slots (before: step {done['slots_before'][0]}, "
+                 f"{done['slots_before'][1]} left)"
+                 if "slots_queued" in done else "")
 
     return on_live_model

@@ -28,6 +28,8 @@ PORT_PROBE_SECS = 0.2         # one TCP connect to a peer's port
 PEER_CHECK_SECS = 0.5         # how often the ports of peers that have not said they are done are probed
 VANISHED_GRACE_SECS = 30.0    # once training is over, a non-chief whose port stays closed this long counts as done
                               # (time for a task restarted by hand, a pod or a Slurm step to come back)
+ABSENT_WARN_SECS = 2.0       # a ps says it waits for workers gone without a done token only after this long (the
+                             # token of one that exited done may be read just after its port is seen closed)
 PS_EXIT_WAIT_SECS = 10.0      # a ps waits at most this long for the workers' ports to close before it exits
 
 
@@ -253,7 +255,7 @@ class _PsWait:
         if not gone or not self.gone_timeout:
             self.warned.discard("chief")
             return False
-        if "chief" not in self.warned:
+        if "chief" not in self.warned and gone >= ABSENT_WARN_SECS:
             self.warned.add("chief")
             log.warning("%s: the other workers are done, but the chief (worker:0 at %s) is down without saying it "
                         "is done: its final checkpoint is outstanding; waiting %g s for it to come back", self.name,
@@ -274,7 +276,7 @@ class _PsWait:
         # a worker not seen yet may still be starting: give it what a worker gives its ps (the spec's setting)
         limit = max(self.gone_timeout, self.spec.train.startup_timeout_secs) if never else self.gone_timeout
         names = ", ".join(f"worker:{i}" for i in never)
-        if "workers" not in self.warned:
+        if "workers" not in self.warned and gone >= ABSENT_WARN_SECS:
             self.warned.add("workers")
             if not never:
                 log.warning("%s: every worker has gone away without saying it is done; waiting %g s for them to "

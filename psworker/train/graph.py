@@ -16,7 +16,9 @@ from typing import Any, Optional
 
 from psworker.models.base import InputSpec, Model
 from psworker.spec import TrainConfig
+from psworker.train.placement import log_tables
 from psworker.train.sync_reset import SyncRestartReset
+from psworker.train.sync_slots import PushSlots
 from psworker.train.sync_tokens import TokensOnDemand
 
 # TF queues `replicas_to_aggregate` tokens when the chief starts, so a fast worker can push two gradients for the
@@ -146,16 +148,25 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         log_tables(opt.ema)
         sync = _sync_optimizer(optimizer, config, num_workers, ema) if config.mode == "sync" else None
         demand = TokensOnDemand(sync, global_step, config.max_steps) if sync is not None and elastic else None
-        optimizer = sync or optimizer
-        apply_op, claim = step_claim.apply_update(optimizer, pulls.push(grads), global_step, config, images)
+        pushed = pulls.push(grads)
+        apply_op, claim = step_claim.apply_update(sync or optimizer, pushed, global_step, config, images)
+        slots = PushSlots(sync, pushed, config.max_steps) if sync is not None else None
+        apply_op = slots.train_op if slots is not None else apply_op   # the worker's: see `sync_slots`
         if demand is not None:
             demand.after_apply()
             apply_op = tf.group(apply_op, demand.register(task_index))
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
         train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls, grads, opt)
         if inputs.state is not None:   # after the update: a checkpoint never counts an example not trained on
-            train_op = inputs.state.count(task_index, tf.shape(images)[0], train_op, claim)
-        reset = SyncRestartReset(sync, demand) if sync is not None else None
+            applied = None if slots is None else slots.applied   # sync: only an applied batch counts
+            if inputs.replay is not None:   # a dropped batch is computed again (`sync_replay`)
+                train_op = [train_op, inputs.replay.after(slots.applied)]
+            elif applied is not None:
+                log.warning("sync mode: the model's input is no tf.data.Dataset of dense tensors, so a dropped "
+                            "batch counts as trained (its examples are applied once less)")
+                applied = None
+            train_op = inputs.state.count(task_index, tf.shape(images)[0], train_op, claim, applied)
+        reset = SyncRestartReset(sync, demand, slots) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
                       pulls=pulls if pulls.options.active else None, dealer=inputs.client,
@@ -170,6 +181,7 @@ class DealtInputs:
     state: Any = None       # dealt: the DealerState
     client: Any = None      # dealt: the DealerClient
     init: Any = None        # dealt: the iterator's initializer, when the model gives its dataset
+    replay: Any = None      # dealt sync: the `sync_replay.ReplayDropped` the batch comes through
 
 
 def _inputs(model: Model, config: TrainConfig, dealing: Any, global_step, input_device: str, task_index: int,
@@ -193,7 +205,7 @@ def dealt_inputs(model: Model, config: TrainConfig, dealing: Any, global_step, i
     step, its client, and an initializable iterator when the model gives its dataset."""
     import tensorflow as tf
 
-    from psworker.train import dealer
+    from psworker.train import dealer, sync_replay
 
     state = dealer.DealerState(dealing.num_workers, global_step.device, config.seed)
     client = dealer.DealerClient(dealing, global_step.device)
@@ -205,6 +217,9 @@ def dealt_inputs(model: Model, config: TrainConfig, dealing: Any, global_step, i
         if ds is None:
             return DealtInputs(model.train_inputs(spec), state, client)
         iterator = tf.compat.v1.data.make_initializable_iterator(ds)
+        if config.mode == "sync" and sync_replay.replayable(iterator.element_spec):
+            replay = sync_replay.ReplayDropped(iterator, input_device)
+            return DealtInputs(replay.batch, state, client, iterator.initializer, replay)
         return DealtInputs(iterator.get_next(), state, client, iterator.initializer)
 
 
@@ -334,24 +349,6 @@ def dense_trainables() -> list:
     return [v for v in tf.compat.v1.trainable_variables() if id(v) not in tables]
 
 
-def log_tables(ema: Any) -> None:
-    """One line per sparse table of the default graph: its shards and where they live, and what is off for it."""
-    import tensorflow as tf
-
-    from psworker.models.base import SPARSE_TABLES
-
-    shards = tf.compat.v1.get_collection(SPARSE_TABLES)
-    by_table: dict[str, list] = {}
-    for shard in shards:
-        by_table.setdefault(shard.op.name.split("/part_")[0], []).append(shard)
-    for name, parts in by_table.items():
-        rows = sum(int(p.shape[0]) for p in parts)
-        where = ", ".join(f"{int(p.shape[0])} rows on {p.device or 'this process'}" for p in parts)
-        log.info("sparse table %s (%d rows x %d): gathered and updated by rows (%s); staged variables, the transfer "
-                 "dtype%s and table summaries are off for it", name, rows, int(parts[0].shape[1]), where,
-                 ", moving averages" if ema is not None else "")
-
-
 def finish_train_op(apply_op, ema):
     """The train op: `apply_op`, then the moving averages of the trainable variables when `ema` is given (each
     computed on its variable's device, see `ColocatedAverages`). No summary ops: each worker writes its own scalars
@@ -359,7 +356,6 @@ def finish_train_op(apply_op, ema):
     """
     import tensorflow as tf
 
-    v1 = tf.compat.v1
     if ema is None:
         return apply_op
     with tf.control_dependencies([apply_op]):

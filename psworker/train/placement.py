@@ -5,6 +5,7 @@ with its variable (see `report` for the resulting placement of a model)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 # Variables of at least this many bytes are split over the ps tasks (when there are several). Below it a variable
@@ -119,4 +120,24 @@ class GreedyByteStrategy:
 
 
 __all__ = ["GreedyByteStrategy", "MIN_PARTITION_BYTES", "PACKED_MIN_PARTITION_BYTES", "min_partition_bytes",
-           "partitioned_variables", "partitions", "variable_bytes"]
+           "partitioned_variables", "partitions", "variable_bytes", "log_tables"]
+
+log = logging.getLogger(__name__)
+
+
+def log_tables(ema) -> None:
+    """One line per sparse table of the default graph: its shards and where they live, and what is off for it."""
+    import tensorflow as tf
+
+    from psworker.models.base import SPARSE_TABLES
+
+    shards = tf.compat.v1.get_collection(SPARSE_TABLES)
+    by_table: dict[str, list] = {}
+    for shard in shards:
+        by_table.setdefault(shard.op.name.split("/part_")[0], []).append(shard)
+    for name, parts in by_table.items():
+        rows = sum(int(p.shape[0]) for p in parts)
+        where = ", ".join(f"{int(p.shape[0])} rows on {p.device or 'this process'}" for p in parts)
+        log.info("sparse table %s (%d rows x %d): gathered and updated by rows (%s); staged variables, the transfer "
+                 "dtype%s and table summaries are off for it", name, rows, int(parts[0].shape[1]), where,
+                 ", moving averages" if ema is not None else "")

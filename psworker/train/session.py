@@ -29,7 +29,8 @@ class FastSessionCreator(_base_creator()):
       continues from it; only when they do not (first start, or a ps was restarted) does it restore the latest
       checkpoint in `checkpoint_dir`, or initialise.
       Before the session is handed over (and the hooks' `after_create_session` run), `on_live_model(session)`
-      runs on that path only: sync mode resets the `SyncReplicasOptimizer`'s state on the ps there.
+      runs on that path only: sync mode resets the `SyncReplicasOptimizer`'s state on the ps there; on the other
+      path `on_new_model(session)` runs after the restore or initialisation (sync mode: the push slots).
     - The checkpoint restored is the newest usable one (`train.checkpoints.choose`: `first_choice` the first time,
       chosen again for a later restore); one that is not the newest is restored with a warning naming the files
       given up, and the state file then lists it as the latest. Files there but none usable: `TrainingFailed`
@@ -52,7 +53,7 @@ class FastSessionCreator(_base_creator()):
                  max_wait_secs: float, name: str, before_create: Optional[Callable[[], None]] = None,
                  on_live_model: Optional[Callable[[object], None]] = None, warm_up=None,
                  restore: Optional[Callable[[object, str], None]] = None, first_choice=None,
-                 allow_fresh_start: bool = False):
+                 allow_fresh_start: bool = False, on_new_model: Optional[Callable[[object], None]] = None):
         self._scaffold = scaffold
         self._master = master
         self._config = config
@@ -62,6 +63,7 @@ class FastSessionCreator(_base_creator()):
         self._name = name
         self._before_create = before_create
         self._on_live_model = on_live_model
+        self._on_new_model = on_new_model
         self._warm_up = warm_up
         self._first_choice = first_choice   # checkpoints.Choice made before the hooks wrote anything
         self._allow_fresh_start = allow_fresh_start
@@ -112,6 +114,8 @@ class FastSessionCreator(_base_creator()):
             else:
                 self._restore_or_initialise(sess)
                 self._local_init(sess)
+                if self._on_new_model is not None:
+                    self._on_new_model(sess)
             self.current = sess
             return sess
         except Exception:

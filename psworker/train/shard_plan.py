@@ -12,7 +12,7 @@ import numpy as np
 from psworker.errors import UsageError
 
 __all__ = ["DEFAULT_MAX_SHARD", "NO_LIMIT", "RING", "ShardPlan", "batch_refusal", "default_shard_examples",
-           "lease_entries", "make_plan", "permutation", "remaining", "report"]
+           "lease_entries", "make_plan", "permutation", "remaining", "report", "sync_inexact"]
 
 RING = 8                          # lease entries per worker: shards read ahead of training, at least a batch each
 DEFAULT_MAX_SHARD = 2048          # the default shard: the smaller of this and an eighth of the split (8 batches+)
@@ -42,11 +42,16 @@ class ShardPlan:
         j = shard % self.shards_per_epoch
         return min(self.shard_examples, self.num_examples - j * self.shard_examples)
 
-    def positions(self, seed: int, shard: int, start: int = 0) -> np.ndarray:
-        """The example positions of `shard` from offset `start`: int64, in reading order."""
+    def end(self, shard: int, end: int = 0) -> int:
+        """Where a piece of `shard` ends: `end`, or the shard's end when 0 (a whole shard's rest)."""
+        return int(end) or self.length(shard)
+
+    def positions(self, seed: int, shard: int, start: int = 0, end: int = 0) -> np.ndarray:
+        """The example positions of `shard` from offset `start` to `end` (0: the shard's end): int64, in reading
+        order."""
         epoch, j = divmod(shard, self.shards_per_epoch)
         first = j * self.shard_examples
-        return permutation(self.num_examples, seed, epoch)[first + start:first + self.length(shard)]
+        return permutation(self.num_examples, seed, epoch)[first + start:first + self.end(shard, end)]
 
 
 def permutation(num_examples: int, seed: int, epoch: int) -> np.ndarray:
@@ -94,19 +99,21 @@ def make_plan(num_examples: int, shard_examples: Optional[int], num_epochs: Opti
 
 def remaining(plan: ShardPlan, state: dict, index: int) -> int:
     """Examples of worker `index`'s lease not trained yet, from a read of the state."""
-    count, head = int(state["ring_count"][index]), int(state["ring_head"][index])
-    total = sum(plan.length(int(state["ring_shard"][index][(head + k) % RING]))
-                - int(state["ring_start"][index][(head + k) % RING]) for k in range(count))
+    entries = lease_entries(state, index, trained=False)
+    total = sum(plan.end(shard, end) - start for shard, start, end in entries)
     return max(0, total - int(state["trained"][index]))
 
 
-def lease_entries(state: dict, index: int) -> list[tuple[int, int]]:
-    """Worker `index`'s lease, in reading order: `[(shard, start)]`, the first start moved past what it trained."""
+def lease_entries(state: dict, index: int, trained: bool = True) -> list[tuple[int, int, int]]:
+    """Worker `index`'s lease, in reading order: `[(shard, start, end)]` (end 0: the shard's end), the first start
+    moved past what it trained (unless `trained` is False)."""
     count, head = int(state["ring_count"][index]), int(state["ring_head"][index])
-    entries = [(int(state["ring_shard"][index][(head + k) % RING]), int(state["ring_start"][index][(head + k) % RING]))
-               for k in range(count)]
-    if entries:
-        entries[0] = (entries[0][0], entries[0][1] + int(state["trained"][index]))
+    at = [(head + k) % RING for k in range(count)]
+    ends = state.get("ring_end", np.zeros_like(state["ring_start"]))
+    entries = [(int(state["ring_shard"][index][a]), int(state["ring_start"][index][a]), int(ends[index][a]))
+               for a in at]
+    if entries and trained:
+        entries[0] = (entries[0][0], entries[0][1] + int(state["trained"][index]), entries[0][2])
     return entries
 
 
@@ -116,6 +123,26 @@ def report(plan: ShardPlan, state: dict) -> tuple[int, int, float]:
     trained = int(state["examples_trained"])
     dealt = sum(plan.length(k) for k in range(min(int(state["next_shard"]), plan.limit)))
     untrained = sum(remaining(plan, state, j) for j in range(len(state["trained"])))
-    pooled = sum(plan.length(int(s)) - int(st) for s, st in zip(state["pool_shard"], state["pool_start"]) if s >= 0)
+    ends = state.get("pool_end", np.zeros_like(state["pool_start"]))
+    pooled = sum(plan.end(int(s), int(e)) - int(st)
+                 for s, st, e in zip(state["pool_shard"], state["pool_start"], ends) if s >= 0)
     read = dealt - untrained - pooled
     return trained, max(0, trained - read), trained / plan.num_examples
+
+
+def sync_inexact(plan: ShardPlan, batch: int, aggregate: int, elastic: bool) -> Optional[str]:
+    """Why a sync job's epochs cannot end exactly with every example applied `num_epochs` times (None: they can).
+
+    Exact takes whole batches everywhere (shards and the split a multiple of the batch: no worker's last batch is
+    partial) that fill every step (the epochs a multiple of `aggregate` batches),
+    and a token per replica per step (an elastic job's tokens on demand give a worker left alone at the end one
+    push per step, not the `aggregate` the last steps need)."""
+    if elastic:
+        return "an elastic job hands out its sync tokens on demand"
+    if plan.shard_examples % batch or plan.num_examples % batch:
+        return (f"shards of {plan.shard_examples} and {plan.num_examples} examples are not whole batches of "
+                f"{batch}")
+    if plan.num_epochs is not None and plan.num_epochs * plan.num_examples % (aggregate * batch):
+        return (f"{plan.num_epochs} epochs of {plan.num_examples} examples do not fill whole steps of {aggregate} "
+                f"batches of {batch}")
+    return None

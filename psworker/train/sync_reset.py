@@ -26,9 +26,11 @@ class SyncRestartReset:
     computes a fresh gradient for G. A worker that was not waiting gets a spare token: it may push twice for one
     step (as a backup worker would), which delays nobody. In an elastic job (`demand`, tokens on demand) the tokens
     queued are the stale ones dropped plus the non-chief demands not served yet (the old chief's own are dropped).
+    With push `slots` (`sync_slots`), the step's N slots are opened anew (`slots.reset`); a chief that restores or
+    initialises opens them unless a claim has (`run_slots`).
     """
 
-    def __init__(self, sync_optimizer, demand=None):
+    def __init__(self, sync_optimizer, demand=None, slots=None):
         import tensorflow as tf
 
         v1 = tf.compat.v1
@@ -48,6 +50,7 @@ class SyncRestartReset:
         queue = opt._sync_token_queue                        # pylint: disable=protected-access
         self.num_tokens = max(0, opt._total_num_replicas - 1)   # pylint: disable=protected-access
         self._demands = demand.drain() if demand is not None else None
+        self._slots = slots
         with v1.device(global_step.device), tf.name_scope("psworker_sync_reset/tokens"):
             self._queue_size = queue.size()
             self._dequeue = queue.dequeue()
@@ -84,6 +87,11 @@ class SyncRestartReset:
         queued = self.num_tokens
         if self._demands is not None:
             queued = tokens_dropped + sum(1 for i in session.run(self._demands, options=options) if i != 0)
+        slots = self._slots.reset(session) if self._slots is not None else {}   # open before a token wakes a step
         session.run(self._enqueue, {self._num_queued: queued}, options=options)
         return {"global_step": int(session.run(self._global_step, options=options)), "gradients_held": held,
-                "tokens_dropped": tokens_dropped, "tokens_queued": queued}
+                "tokens_dropped": tokens_dropped, "tokens_queued": queued, **slots}
+
+    def run_slots(self, session) -> dict:
+        """A chief that restores or initialises: the push slots' start (`sync_slots.PushSlots.start`)."""
+        return self._slots.start(session) if self._slots is not None else {}
