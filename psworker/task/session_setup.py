@@ -44,6 +44,8 @@ def hooks_of(config: TrainConfig, tg: Any, scaffold: Any, replication: Replicati
     hooks = [progress]
     if tg.sync_optimizer is not None:
         hooks.append(tg.sync_optimizer.make_session_run_hook(replication.is_chief, num_tokens=SYNC_INIT_TOKENS))
+    if tg.replay is not None:
+        hooks.append(tg.replay.hook(tg.train_op))
     if config.train_dir is not None:
         from psworker.train.summaries import WorkerSummaryHook, worker_dir
 

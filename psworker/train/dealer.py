@@ -181,8 +181,9 @@ class DealerClient:
     def _next_shard(self) -> tuple[Optional[int], int, int]:
         """The next piece to read, `(shard, start, end)`, waiting while the ring is full; None once the deal is over.
         With `redeal` (sync), over only once every lease holds its slots and the global step reached `last_step`
-        (a chief that stopped at the step before lost the last batches' update): until then this worker, dry, passes its turn at each step (`pass_turn`) so that the workers
-        still holding data can fill the steps (issue 40: a worker that left early stalled the last steps)."""
+        (a chief that stopped at the step before lost the last batches' update): until then this worker, dry, passes
+        its turn at each step (`pass_turn`) so that the workers still holding data can fill the steps (issue 40: a
+        worker that left early stalled the last steps)."""
         passed = -1
         while True:
             shard, start, end = (int(x) for x in self._run(lambda ops: ops.take))

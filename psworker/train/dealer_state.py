@@ -48,7 +48,7 @@ class DealerState:
         self.num_workers = num_workers
 
     def count(self, index: int, batch_size, train_op, claimed=None, applied=None):
-        """`train_op` (an op or a list), then the record of `batch_size` examples trained by worker `index` (none
+        """`train_op`, then the record of `batch_size` examples trained by worker `index` (none
         unless `claimed`, when given: `step_claim`; none unless `applied`, when given: sync mode, where a dropped
         batch counts in `dropped` instead): the new train op. Every op of it is on the dealer's ps: a group on the
         worker would cost the step a round trip per control edge (measured: the MLP at about half the steps/s)."""
@@ -58,9 +58,8 @@ class DealerState:
         for flag in (claimed, applied):
             n = n if flag is None else n * tf.cast(flag, tf.int64)
         n = tf.reshape(n, [1])
-        deps = train_op if isinstance(train_op, list) else [train_op]
         with tf.compat.v1.device(None), tf.compat.v1.device(self.trained.device), \
-                tf.control_dependencies(deps), tf.name_scope(f"{SCOPE}/count"):
+                tf.control_dependencies([train_op]), tf.name_scope(f"{SCOPE}/count"):
             ops = [self.trained.scatter_add(tf.IndexedSlices(n, tf.constant([index]))),
                    self.examples_trained.assign_add(n[0], read_value=False)]
             if applied is not None:

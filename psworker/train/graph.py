@@ -44,6 +44,7 @@ class TrainGraph:
     dealer_state: object = None  # dealt shards: the dealer.DealerState (its variables)
     input_init: object = None   # dealt shards: the input iterator's initializer (run with each new session)
     claimed: object = None      # steps in flight: this step claimed a global step (`step_claim`), a bool tensor
+    replay: object = None       # dealt sync: the `sync_replay.ReplayDropped` (its hook computes a dropped batch again)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     """
     import tensorflow as tf
 
-    from psworker.train import devices, step_claim, transfer
+    from psworker.train import devices, step_claim, sync_replay, transfer
     from psworker.train.placement import GreedyByteStrategy, min_partition_bytes, partitioned_variables
 
     v1 = tf.compat.v1
@@ -158,19 +159,13 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         # In sync mode the SyncReplicasOptimizer's chief updates the averages once per step itself.
         train_op = _with_next_pull(finish_train_op(apply_op, None if sync else ema), pulls, grads, opt)
         if inputs.state is not None:   # after the update: a checkpoint never counts an example not trained on
-            applied = None if slots is None else slots.applied   # sync: only an applied batch counts
-            if inputs.replay is not None:   # a dropped batch is computed again (`sync_replay`)
-                train_op = [train_op, inputs.replay.after(slots.applied)]
-            elif applied is not None:
-                log.warning("sync mode: the model's input is no tf.data.Dataset of dense tensors, so a dropped "
-                            "batch counts as trained (its examples are applied once less)")
-                applied = None
-            train_op = inputs.state.count(task_index, tf.shape(images)[0], train_op, claim, applied)
+            train_op = sync_replay.counted(inputs, train_op, tf.shape(images)[0], task_index, claim, slots)
         reset = SyncRestartReset(sync, demand, slots) if sync is not None else None
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
                       pulls=pulls if pulls.options.active else None, dealer=inputs.client,
-                      dealer_state=inputs.state, input_init=inputs.init, claimed=claim)
+                      dealer_state=inputs.state, input_init=inputs.init, claimed=claim,
+                      replay=inputs.replay if slots is not None else None)
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,14 @@ class PushSlots:
             raise RuntimeError(f"{len(grads)} gradients but {len(accumulators)} sync accumulators: this TensorFlow "
                                "builds SyncReplicasOptimizer differently")
         local = opt._local_step                                       # pylint: disable=protected-access
+        with v1.device(None), v1.device(grads[0].device), tf.name_scope(f"{SCOPE}/"):
+            ready = tf.group(*_flat(grads), name="gradients_ready")   # one edge to the ps, not one per gradient
         with v1.device(None), v1.device(global_step.device), tf.name_scope(f"{SCOPE}/"):
             self._state = v1.get_variable(f"{SCOPE}/state", [2], tf.int64, trainable=False, use_resource=True,
                                           collections=[], initializer=v1.constant_initializer([STALE, 0]))
             lock = tf.CriticalSection(shared_name=f"{SCOPE}_lock", name="lock")
             step = tf.cast(tf.identity(global_step), tf.int64)
-            with tf.control_dependencies(_flat(grads)):   # the lock only once the gradients are here
+            with tf.control_dependencies([ready]):   # the lock only once the gradients are computed
                 self.applied = lock.execute(lambda: self._open_and_take(tf.cast(local, tf.int64), take=True),
                                             exclusive_resource_access=False)
             self._start = lock.execute(lambda: self._open_and_take(step, take=False), exclusive_resource_access=False)
