@@ -370,3 +370,21 @@ def test_the_end_is_recorded_when_the_report_cannot_be_printed(tmp_path, fake_py
     end = read_end(run)
     assert end is not None and (end.outcome, end.exit_status) == ("succeeded", 0), end
     assert "ended: the run succeeded" in _status(run)
+
+
+def test_the_epoch_shown_at_the_end_is_the_chiefs_data_line_not_the_last_step_line():
+    """A short sync run's last step line said epoch 27.37 of 30, and `psworker status` showed that after the run had
+    ended at 30.09 (the chief's data line)."""
+    from psworker import events
+    from psworker.launcher.console.progress import Progress
+    from psworker.launcher.console.status import RunStatus, plain_line
+
+    progress = Progress(["worker:0"])
+    step = "step 338, loss = 0.05, epoch 27.37 of 30 (5000.0 examples/sec; 0.010 sec/batch)"
+    progress.record("worker:0", events.parse_line(step))
+    s = RunStatus(progress.snapshot(), 338, 1000, None, time.time())
+    assert "epoch 27.37 of 30" in plain_line(s), plain_line(s)
+    progress.record("worker:0", events.parse_line("worker:0: data: 43264 examples trained, 0 of them again; epoch 30.09 "
+                                                  "(1438 examples each); 337 batches dropped (stale) and computed again"))
+    s = RunStatus(progress.snapshot(), 338, 1000, None, time.time())
+    assert "epoch 30.09 of 30" in plain_line(s), plain_line(s)

@@ -85,6 +85,8 @@ class Progress:
         with self._lock:
             t = self._tasks[name]
             if parsed is None:
+                if isinstance(event, events.DataDealt):   # the chief's last word on the epochs trained
+                    t = _replace(t, epoch=event.epochs, num_epochs=event.num_epochs or t.num_epochs)
                 self._tasks[name] = _replace(t, last_output_at=now,
                                              state=TaskState.RUNNING if t.state == TaskState.STARTING else t.state)
                 return None
