@@ -125,7 +125,7 @@ def test_a_classic_tf1_script_runs_unchanged(tmp_path):
     run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--",
                         sys.executable, str(SCRIPTS / "classic_tf1.py"), "--ps_hosts={ps_hosts}",
                         "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
-                        "--train_dir", str(train_dir), "--max_steps", "200"], cwd=tmp_path, timeout=240,
+                        "--train_dir", str(train_dir), "--max_steps", "200", "--recovery_wait_secs", "1"], cwd=tmp_path, timeout=240,
                        command="run")
     assert run.returncode == 0, run.output[-4000:]
     assert "[worker:0] worker 0 done" in run.output and "[worker:1] worker 1 done" in run.output

@@ -126,7 +126,8 @@ def test_a_classic_tf1_script_runs_as_srun_steps(slurm, monkeypatch, capsys, tmp
     checkpoints = tmp_path / "run" / "ckpt"
     job_id, run_dir = submit_counts(slurm, monkeypatch, capsys, tmp_path, "--", sys.executable, str(script),
                               "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}", "--job_name={job_name}",
-                              "--task_index={task_index}", "--train_dir", str(checkpoints), "--max_steps", "200")
+                              "--task_index={task_index}", "--train_dir", str(checkpoints), "--max_steps", "200",
+                              "--recovery_wait_secs", "1")
     out = wait_done(slurm, job_id, run_dir)
     assert "psworker: slurm launch exits with status 0" in out, out[-4000:]
     assert len(set(re.findall(r"runs as Slurm step (\d+\.\d+)", out))) == 3, out[-4000:]

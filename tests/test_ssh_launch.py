@@ -162,7 +162,7 @@ def test_a_classic_tf1_script_runs_over_ssh_with_its_flags_filled_in(sshd, tmp_p
     run = run_launcher([str(spec), "--ssh_config", str(sshd.client_config), "--console", "plain", "--",
                         sys.executable, str(SCRIPTS / "classic_tf1.py"), "--ps_hosts={ps_hosts}",
                         "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
-                        "--train_dir", str(checkpoints), "--max_steps", "200"],
+                        "--train_dir", str(checkpoints), "--max_steps", "200", "--recovery_wait_secs", "1"],
                        cwd=tmp_path, timeout=420, command="ssh")
     out = run.output
     assert run.returncode == 0, out[-4000:] + sshd.log_tail()

@@ -381,3 +381,33 @@ def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(make_cluster
     assert [f.function for f in dump.main_thread.frames[:2]] == ["_step_timeout", "_run_steps"], dump.render()
     assert codes["ps:0"] == 0
     assert_processes_gone(cluster.pids)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_push_slot_is_claimed_only_once_the_gradients_are_on_the_ps_tasks(pack):
+    """A ps pulls a worker's tensors. A claim made before the gradients had arrived held its slot while the ps
+    waited on the worker: with that worker SIGSTOPped, the step (and the other two workers) waited 60 s, until gRPC
+    gave up on it (1 run in 20 of test_sync_epochs' stopped worker). So inside the claim's critical section and in
+    the pushes after it, every input comes from a ps task: 2 ps, 2 workers, sync, the real worker graph."""
+    import tensorflow as tf
+
+    from psworker.models import registry
+    from psworker.spec import TrainConfig
+    from psworker.train import graph
+    from psworker.train.sync_slots import SCOPE as SLOTS
+
+    config = TrainConfig(model="mlp", mode="sync", replicas_to_aggregate=1, batch_size=8,
+                         pack_transfers="true" if pack else "false")
+    cluster = {"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]}
+    with tf.Graph().as_default() as g:
+        graph.build_train_graph(registry.get("mlp"), config, cluster=cluster, task_index=1)
+        locks = [op for op in g.get_operations() if op.type == "MutexLock" and op.name.startswith(SLOTS)][:1]
+        assert locks, "no push slots"   # the claim's lock is the first built
+        inside = [op for op in g.get_operations() if locks[0] in op.control_inputs]
+        pushes = [op for op in g.get_operations() if "AccumulatorApplyGradient" in op.type   # ours, not TF's unused
+                  and any(t.op.name.startswith(SLOTS) for t in op.inputs)]
+        assert inside and len(pushes) >= 2 and {p.device for p in pushes} == {"/job:ps/task:0", "/job:ps/task:1"}
+        for op in inside + pushes + [locks[0]]:
+            for t in list(op.inputs) + list(op.control_inputs):
+                src = t if isinstance(t, tf.Operation) else t.op
+                assert src.device.startswith("/job:ps/"), f"{op.name} ({op.device}) takes {src.name} ({src.device})"

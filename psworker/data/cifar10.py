@@ -314,7 +314,7 @@ def dealt_dataset(data_dir: Optional[str], positions, batch_size: int, seed: Opt
         image = tf.transpose(tf.reshape(raw[LABEL_BYTES:], [DEPTH, ORIGINAL_SIZE, ORIGINAL_SIZE]), [1, 2, 0])
         return preprocess_train(image, seed), label
 
-    ds = positions.batch(batch_size).map(read).unbatch()
+    ds = positions.batch(batch_size).map(tf.autograph.experimental.do_not_convert(read)).unbatch()
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size).prefetch(2)
 

@@ -197,7 +197,8 @@ def _batches(positions, data_dir: str, held_out: bool, buckets: Sequence[int]):
         labels.set_shape([None])
         return preprocess_fields(fields, buckets), labels
 
-    return positions.map(lookup, num_parallel_calls=1).prefetch(2)
+    # straight ops: AutoGraph would write a file into /tmp per process, left there by a task that is killed
+    return positions.map(tf.autograph.experimental.do_not_convert(lookup), num_parallel_calls=1).prefetch(2)
 
 
 def dealt_dataset(data_dir: str, positions, batch_size: int, buckets: Sequence[int]):

@@ -110,7 +110,8 @@ def dealt_dataset(positions, batch_size: int):
 
     x, y, _, _ = load_split()
     x, y = tf.constant(standardize(x)), tf.constant(y)
-    ds = positions.batch(batch_size).map(lambda p: (tf.gather(x, p), tf.gather(y, p)))
+    ds = positions.batch(batch_size).map(tf.autograph.experimental.do_not_convert(
+        lambda p: (tf.gather(x, p), tf.gather(y, p))))   # straight ops: no AutoGraph file left in /tmp
     return ds.prefetch(2)
 
 

@@ -95,7 +95,8 @@ class PositionsModel(Model):
             positions = tf.data.Dataset.range(spec.shard_index, NUM_EXAMPLES, spec.num_shards).repeat()
         x, y = _examples(np.arange(NUM_EXAMPLES))
         x, y = tf.constant(x), tf.constant(y)
-        return positions.batch(spec.batch_size).map(lambda p: (tf.gather(x, p), tf.gather(y, p))).prefetch(2)
+        gather = tf.autograph.experimental.do_not_convert(lambda p: (tf.gather(x, p), tf.gather(y, p)))
+        return positions.batch(spec.batch_size).map(gather).prefetch(2)
 
     def eval_dataset(self, data_dir: Optional[str], batch_size: int):
         import tensorflow as tf

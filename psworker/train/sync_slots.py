@@ -51,21 +51,31 @@ class PushSlots:
             raise RuntimeError(f"{len(grads)} gradients but {len(accumulators)} sync accumulators: this TensorFlow "
                                "builds SyncReplicasOptimizer differently")
         local = opt._local_step                                       # pylint: disable=protected-access
-        with v1.device(None), v1.device(grads[0].device), tf.name_scope(f"{SCOPE}/"):
-            ready = tf.group(*_flat(grads), name="gradients_ready")   # one edge to the ps, not one per gradient
+        # Every input of the claim and of the pushes is on the ps tasks before the claim: a slot taken is then
+        # pushed by the ps alone, even if the worker stops right after (SIGSTOP, a slow host). A ps pulls a
+        # worker's tensors, so a claim made before the gradients had arrived waited on a stopped worker while
+        # holding a slot, and the step with it (seen: 60 s, until gRPC gave up on the worker).
+        arrived = [_on(grad, device) for grad, (_, device) in zip(grads, accumulators)]
+        here = []
+        for device in dict.fromkeys(d for _, d in accumulators):   # one edge from each ps to the claim
+            with v1.device(None), v1.device(device):
+                here.append(tf.group(*_flat([g for g, (_, d) in zip(arrived, accumulators) if d == device]),
+                                     name=f"{SCOPE}/arrived"))
         with v1.device(None), v1.device(global_step.device), tf.name_scope(f"{SCOPE}/"):
             self._state = v1.get_variable(f"{SCOPE}/state", [2], tf.int64, trainable=False, use_resource=True,
                                           collections=[], initializer=v1.constant_initializer([STALE, 0]))
             lock = tf.CriticalSection(shared_name=f"{SCOPE}_lock", name="lock")
             step = tf.cast(tf.identity(global_step), tf.int64)
-            with tf.control_dependencies([ready]):   # the lock only once the gradients are computed
-                self.applied = lock.execute(lambda: self._open_and_take(tf.cast(local, tf.int64), take=True),
+            claimed_for = tf.cast(tf.identity(local), tf.int64)
+            with tf.control_dependencies(here):   # the lock only once the gradients are on the ps tasks
+                self.applied = lock.execute(lambda: self._open_and_take(claimed_for, take=True),
                                             exclusive_resource_access=False)
             self._start = lock.execute(lambda: self._open_and_take(step, take=False), exclusive_resource_access=False)
             self._reset = lock.execute(lambda: self._set(step), exclusive_resource_access=False)
-            push_step = tf.where(self.applied, local, tf.constant(STALE, local.dtype.base_dtype))
+            push_step = tf.where(self.applied, tf.cast(claimed_for, local.dtype.base_dtype),
+                                 tf.constant(STALE, local.dtype.base_dtype))
         pushes = []
-        for grad, (accum, device) in zip(grads, accumulators):
+        for grad, (accum, device) in zip(arrived, accumulators):
             with v1.device(device):
                 if isinstance(grad, tf.IndexedSlices):
                     pushes.append(accum.apply_indexed_slices_grad(grad, local_step=push_step))
@@ -122,6 +132,17 @@ class PushSlots:
         options = tf.compat.v1.RunOptions(timeout_in_ms=int(RESET_RUN_SECS * 1000))
         before = session.run(op, options=options)
         return {"slots_before": [int(x) for x in before], "slots_queued": self._num}
+
+
+def _on(grad, device: str):
+    """`grad` (a tensor or `IndexedSlices`) received on `device`."""
+    import tensorflow as tf
+
+    with tf.compat.v1.device(None), tf.compat.v1.device(device):
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(grad.values), tf.identity(grad.indices),
+                                    None if grad.dense_shape is None else tf.identity(grad.dense_shape))
+        return tf.identity(grad)
 
 
 def _flat(grads) -> list:

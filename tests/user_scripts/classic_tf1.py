@@ -13,6 +13,19 @@ import tensorflow as tf
 tf1 = tf.compat.v1
 
 
+def poll_every(secs: float) -> None:
+    """A non-chief that asks before the chief has initialised the model sleeps TensorFlow's `recovery_wait_secs`
+    (30 s, not a parameter of MonitoredTrainingSession) before it asks again: the tests that are not about that
+    wait set it shorter."""
+    import inspect
+
+    init = tf1.train.SessionManager.__init__
+    names = [p.name for p in inspect.signature(init).parameters.values() if p.default is not inspect.Parameter.empty]
+    defaults = list(init.__defaults__)
+    defaults[names.index("recovery_wait_secs")] = secs
+    init.__defaults__ = tuple(defaults)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ps_hosts", required=True)
@@ -22,7 +35,11 @@ def main():
     parser.add_argument("--train_dir", required=True)
     parser.add_argument("--max_steps", type=int, default=200)
     parser.add_argument("--no_device_filters", action="store_true", help="the tutorial's sessions (see above)")
+    parser.add_argument("--recovery_wait_secs", type=float, default=None,
+                        help="how often a non-chief polls for the chief's model (TensorFlow's 30 s by default)")
     args = parser.parse_args()
+    if args.recovery_wait_secs is not None:
+        poll_every(args.recovery_wait_secs)
 
     tf1.disable_eager_execution()
     cluster = tf.train.ClusterSpec({"ps": args.ps_hosts.split(","), "worker": args.worker_hosts.split(",")})
