@@ -5,8 +5,8 @@
 backup workers one worker's push can land in some accumulators before their take and in others after: no worker
 knows whether its batch was applied. Here a worker, once its gradients are on the ps tasks, claims a slot in the
 same run: one atomic step in a `tf.CriticalSection` on the global step's ps, on two numbers (the step the slots are
-for, the slots left). A claim for a newer step than the slots' opens that step's N slots (no worker's step is newer than the
-global step: its local step comes from a token); a claim for the slots' step takes one if any is left. With a slot
+for, the slots left). A claim for a newer step than the slots' opens that step's N slots (no worker's step is
+newer than the global step: its local step comes from a token); a claim for the slots' step takes one if any is left. With a slot
 it pushes its gradients for its step; without (the N slots went to faster workers, or its step is stale) it pushes
 them tagged stale (-1, dropped by every accumulator, as TF drops a late gradient) and its run says `applied` False.
 Exactly the N slot holders' gradients reach every accumulator, so the batches a step applies are exactly those whose
