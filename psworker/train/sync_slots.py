@@ -1,20 +1,21 @@
 """Push slots: which workers' gradients a sync step applies, decided exactly (issue 40).
 
-`SyncReplicasOptimizer` keeps one `ConditionalAccumulator` per variable; each takes the first `replicas_to_aggregate`
-(N) gradients pushed for the step and drops later ones as stale. Gradients arrive one variable at a time, so with
-backup workers one worker's push can land in some accumulators before their take and in others after: no worker
-knows whether its batch was applied. Here a worker, once its gradients are on the ps tasks, claims a slot in the
-same run: one atomic step in a `tf.CriticalSection` on the global step's ps, on two numbers (the step the slots are
-for, the slots left). A claim for a newer step than the slots' opens that step's N slots (no worker's step is
-newer than the global step: its local step comes from a token); a claim for the slots' step takes one if any is left. With a slot
-it pushes its gradients for its step; without (the N slots went to faster workers, or its step is stale) it pushes
-them tagged stale (-1, dropped by every accumulator, as TF drops a late gradient) and its run says `applied` False.
-Exactly the N slot holders' gradients reach every accumulator, so the batches a step applies are exactly those whose
-runs say so. A claim never waits: a killed worker's run leaves nothing pending on the ps (a waiting dequeue would
-take a slot refilled after its client died, and hold the step). The numbers are in no collection (not saved, not
-initialised with the model): a claim reads unset numbers as none; a chief that restores or initialises opens the
-global step's slots unless a claim has (`start`); a chief started again on a live ps opens them anew, as its reset
-drops the gradients the accumulators held (`reset`). From the last step on no slot is open: nothing more is applied.
+`SyncReplicasOptimizer` keeps one `ConditionalAccumulator` per variable; each takes the first
+`replicas_to_aggregate` (N) gradients pushed for the step and drops later ones as stale. Gradients arrive one
+variable at a time, so with backup workers one worker's push can land in some accumulators before their take and in
+others after: no worker knows whether its batch was applied. Here a worker, once its gradients are on the ps tasks,
+claims a slot in the same run: one atomic step in a `tf.CriticalSection` on the global step's ps, on two numbers
+(the step the slots are for, the slots left). A claim for a newer step than the slots' opens that step's N slots (no
+worker's step is newer than the global step: its local step comes from a token); a claim for the slots' step takes
+one if any is left. With a slot it pushes its gradients for its step; without (the N slots went to faster workers,
+or its step is stale) it pushes them tagged stale (-1, dropped by every accumulator, as TF drops a late gradient)
+and its run says `applied` False. Exactly the N slot holders' gradients reach every accumulator, so the batches a
+step applies are exactly those whose runs say so. A claim never waits: a killed worker's run leaves nothing pending
+on the ps (a waiting dequeue would take a slot refilled after its client died, and hold the step). The numbers are
+in no collection (not saved, not initialised with the model): a claim reads unset numbers as none; a chief that
+restores or initialises opens the global step's slots unless a claim has (`start`); a chief started again on a live
+ps opens them anew, as its reset drops the gradients the accumulators held (`reset`). From the last step on no slot
+is open: nothing more is applied.
 """
 
 from __future__ import annotations
