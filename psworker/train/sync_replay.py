@@ -46,10 +46,9 @@ class ReplayDropped:
         local = [v1.GraphKeys.LOCAL_VARIABLES]
         with v1.device(None), v1.device(device), tf.name_scope(f"{SCOPE}/"):
             self.again = v1.placeholder_with_default(False, [], name="again")
-            kept = [v1.Variable(tf.zeros([0 if d is None else d for d in s.shape.as_list()], s.dtype)
-                                if s.shape.rank is not None else tf.zeros([0], s.dtype),
-                                trainable=False, collections=local, use_resource=True, validate_shape=False,
-                                shape=tf.TensorShape(None), name=f"kept_{i}") for i, s in enumerate(flat)]
+            kept = [v1.Variable(tf.zeros([0], s.dtype), trainable=False, collections=local, use_resource=True,
+                                validate_shape=False, shape=tf.TensorShape(None), name=f"kept_{i}")
+                    for i, s in enumerate(flat)]   # any shape: each run assigns its batch
             out = tf.cond(self.again, lambda: [v.read_value() for v in kept],
                           lambda: tf.nest.flatten(iterator.get_next()), name="batch")
             with tf.control_dependencies([v.assign(t, read_value=False) for v, t in zip(kept, out)]):
