@@ -165,7 +165,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
                       pulls=pulls if pulls.options.active else None, dealer=inputs.client,
                       dealer_state=inputs.state, input_init=inputs.init, claimed=claim,
-                      replay=inputs.replay if slots is not None else None)
+                      replay=inputs.replay)
 
 
 @dataclass(frozen=True)
@@ -190,14 +190,15 @@ def _inputs(model: Model, config: TrainConfig, dealing: Any, global_step, input_
             return DealtInputs(model.train_inputs(InputSpec(data_dir=config.data_dir, batch_size=batch,
                                                             shard_index=task_index, num_shards=num_workers,
                                                             seed=config.seed)))
-    return dealt_inputs(model, config, dealing, global_step, input_device, batch)
+    return dealt_inputs(model, config, dealing, global_step, input_device, batch, replay=config.mode == "sync")
 
 
 def dealt_inputs(model: Model, config: TrainConfig, dealing: Any, global_step, input_device: str,
-                 batch: int) -> DealtInputs:
+                 batch: int, replay: bool = False) -> DealtInputs:
     """Batches of `batch` examples at the positions `dealing` deals, read on `input_device` (the process that
     builds the graph: the positions come from a Python generator), with the dealer's variables beside the global
-    step, its client, and an initializable iterator when the model gives its dataset."""
+    step, its client, and an initializable iterator when the model gives its dataset. `replay`: a between-graph
+    sync worker's, whose dropped batch is computed again (`sync_replay`; in-graph replication drops none)."""
     import tensorflow as tf
 
     from psworker.train import dealer, sync_replay
@@ -212,7 +213,7 @@ def dealt_inputs(model: Model, config: TrainConfig, dealing: Any, global_step, i
         if ds is None:
             return DealtInputs(model.train_inputs(spec), state, client)
         iterator = tf.compat.v1.data.make_initializable_iterator(ds)
-        if config.mode == "sync" and sync_replay.replayable(iterator.element_spec):
+        if replay and sync_replay.replayable(iterator.element_spec):
             replay = sync_replay.ReplayDropped(iterator, input_device)
             return DealtInputs(replay.batch, state, client, iterator.initializer, replay)
         return DealtInputs(iterator.get_next(), state, client, iterator.initializer)
