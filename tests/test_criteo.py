@@ -6,6 +6,7 @@ the export scoring raw rows like eval in a process without psworker, a checkpoin
 from __future__ import annotations
 
 import json
+import collections
 import logging
 import re
 import subprocess
@@ -322,3 +323,20 @@ def test_sync_workers_aggregate_sparse_gradients_and_learn(criteo_dir, tmp_path)
     m = AUC_LINE.search(run.output)
     assert m and int(m[4]) == 200 and float(m[1]) >= LEARNED_AUC, run.output[-3000:]
     assert_processes_gone(run.pids)
+
+
+@pytest.mark.parametrize("num_ps", [1, 3])
+@pytest.mark.parametrize("train", [{}, {"staged_vars": True, "transfer_dtype": "bfloat16"}, {"pack_transfers": True},
+                                   {"pack_transfers": False}])
+def test_the_ps_update_the_tables_rows_without_summing_them_again(num_ps, train, monkeypatch):
+    """The pushed rows are distinct (the dedup's gradient ran on the worker): async, a ps applies them as they come,
+    with no `Unique` and segment sum of its own, and by whole-block ops (`slots.gathered_adagrad`), not TF's per-row
+    kernel. (Sync's apply is built in a branch function; its accumulators' gradient is summed by row, as TF does.)"""
+    from psworker.train.traffic import _Devices
+
+    monkeypatch.setattr("psworker.data.criteo.num_examples", lambda *a, **k: 1000)
+    graph = _graph(num_ps, **train)
+    where = _Devices(graph)
+    on_ps = collections.Counter(op.type for op in graph.get_operations() if "/job:ps" in where.of(op))
+    assert on_ps["ResourceSparseApplyAdagrad"] == 0 and on_ps["ResourceScatterUpdate"] >= 2 * num_ps, on_ps
+    assert on_ps["Unique"] == 0 and on_ps["UnsortedSegmentSum"] == 0, on_ps

@@ -7,7 +7,7 @@ than 26: one gather per ps per step instead of 26 (the issue measured 26 tables 
 cluster the table is split by rows into one shard per ps (`train.placement`), each shard's Adagrad accumulator beside
 it. A step takes the batch's distinct rows (`tf.unique`), gathers only those on the ps tasks (`embedding_lookup`,
 contiguous row ranges: `div`), and pushes their gradients as `IndexedSlices`, applied on the ps by
-`SparseApplyAdagrad`.
+`train.slots.adagrad` (marked distinct, so not summed by row again there).
 
 The logits are `[0, z]` for a click score `z`, so softmax gives `sigmoid(z)` as the click probability and the
 trainer's two-class machinery (export's `classes`, the sync and tower code) works unchanged.
@@ -36,12 +36,17 @@ def sparse_lookup(table, ids):
     """Rows `ids` (int64 `[batch, k]`) of `table` (a variable or a row-partitioned one): `[batch, k, dim]`.
 
     Each distinct id is gathered once, on the ps that holds its row; the gradient reaches the table as
-    `IndexedSlices` of those distinct rows only."""
+    `IndexedSlices` of those distinct rows only (`slots.mark_distinct`: each shard's gather takes distinct rows)."""
     import tensorflow as tf
+
+    from psworker.train import slots
 
     flat = tf.reshape(ids, [-1])
     distinct, where = tf.unique(flat, out_idx=tf.int32)
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
     rows = tf.compat.v1.nn.embedding_lookup(table, distinct, partition_strategy="div", name="distinct_rows")
+    slots.mark_distinct(op for op in graph.get_operations()[before:] if op.type == "ResourceGather")
     dim = rows.shape[-1]
     return tf.reshape(tf.gather(rows, where), [-1, ids.shape[1], dim])
 
