@@ -17,6 +17,7 @@ import psutil
 import pytest
 import yaml
 
+from psworker import events
 from psworker.launcher.console.folds import exited_0
 from psworker.testing import assert_processes_gone, checkpoint_step, console_steps
 from tests.cluster_utils import TIMEOUT_SECS, Launcher, task_env, terminal_lines
@@ -51,6 +52,25 @@ def steps(run: Launcher) -> dict[str, list[int]]:
     return found
 
 
+# Steps enough that the run cannot end before this test has held the first two workers. They are held once their log
+# holds a step line (`hold_once_they_train`): ~100 steps here. Read from the console instead, whose lines are grouped
+# for seconds, worker:1 ran to step 1,190 before it was held (a loaded 2-core host), and two workers on a loaded CI
+# host trained all of 1,500 steps in 4.3 s.
+ASYNC_MAX_STEPS = 2000
+
+
+def hold_once_they_train(run: Launcher, log_dir: Path, names: list[str]) -> None:
+    """Holds each task of `names` (SIGSTOP) as soon as its log (written as the task prints) holds a step line; then,
+    with all of them held, waits for those lines on the console, where they may come seconds later."""
+    for name in names:
+        log = log_dir / f"{name.replace(':', '-')}.log"
+        run.wait_until(lambda: log.exists() and any(events.Step.finditer(log.read_text(errors="replace"))),
+                       f"a step line in {name}'s log")
+        signal_tasks(run, signal.SIGSTOP, name)
+    for name in names:
+        run.wait_for(rf"^\[{name}\] step \d+", f"a step line of {name}")
+
+
 def wait_log(run: Launcher, path: Path, pattern: str, count: int, what: str) -> None:
     run.wait_until(lambda: path.exists() and len(re.findall(pattern, path.read_text(errors="replace"), re.M)) >= count,
                    what)
@@ -73,15 +93,11 @@ def finish(run: Launcher, names: list[str]) -> None:
 
 
 def test_async_job_scaled_2_to_4_to_1(tmp_path):
-    # Steps enough that the run cannot end before this test has held the first two workers: at 1,500, two workers
-    # on a loaded CI host trained them all in 4.3 s, before the test read their first step lines.
-    max_steps, train_dir = 6000, tmp_path / "train"
+    max_steps, train_dir = ASYNC_MAX_STEPS, tmp_path / "train"
     spec = write_spec(tmp_path / "async.yaml", 4, {"min": 1, "start": 2}, mode="async", max_steps=max_steps)
     run = Launcher([spec, "--train_dir", str(train_dir)], tmp_path)
     try:
-        for w in ("worker:0", "worker:1"):                                # each held once it trains
-            run.wait_for(rf"^\[{w}\] step \d+", f"a step line of {w}")
-            signal_tasks(run, signal.SIGSTOP, w)                       # (the joiners then train alone)
+        hold_once_they_train(run, train_dir / "logs", ["worker:0", "worker:1"])    # (the joiners then train alone)
         code, out = scale(train_dir, 5)
         assert code == 2 and "--workers 5 is outside the job's elastic range 1..4 (min..max)" in out, out
         code, out = scale(train_dir, 0)
@@ -113,13 +129,12 @@ def test_the_live_view_on_a_terminal_shows_a_scale_up_above_it_and_ends_with_one
     """`psworker local` on a pseudo-terminal, read back as a terminal shows it (issue 27): the launcher's own lines
     (the scale, the join, the exits) stand above the live view in the order they happened, the view's frames
     overwrite each other (one task table is left at the end), and its step never passes max_steps."""
-    max_steps, train_dir = 6000, tmp_path / "train"     # as in test_async_job_scaled_2_to_4_to_1
+    max_steps, train_dir = ASYNC_MAX_STEPS, tmp_path / "train"     # as in test_async_job_scaled_2_to_4_to_1
     spec = write_spec(tmp_path / "live.yaml", 3, {"min": 1, "start": 2}, mode="async", max_steps=max_steps)
     run = Launcher([spec, "--train_dir", str(train_dir)], tmp_path, tty=True)
     try:
-        for w in ("worker:0", "worker:1"):                     # held, so that the run cannot end before worker:2
-            run.wait_for(rf"^\[{w}\] step \d+", f"a step line of {w}")
-            signal_tasks(run, signal.SIGSTOP, w)
+        # held, so that the run cannot end before worker:2
+        hold_once_they_train(run, train_dir / "logs", ["worker:0", "worker:1"])
         assert scale(train_dir, 3) == (0, "psworker: scale 2 -> 3 workers (request 1)\n")
         run.wait_for(r"^psworker: worker:2 joined at global step \d+$", "worker:2 joining")
         signal_tasks(run, signal.SIGCONT, "worker:0", "worker:1")

@@ -206,7 +206,9 @@ def test_the_success_report_reads_the_chief_job_s_log(tmp_path):
 def test_a_tf1_script_reads_dealt_shards_through_script_dealing(tmp_path):
     """`tests/user_scripts/dealt_tf1.py` (300 examples, 2 epochs) under `psworker run` with 1 ps + 2 workers: its
     `ScriptDealing` deals every position to one of the workers exactly twice, the run ends by itself when the epochs
-    are dealt and trained, and the chief reports 600 examples trained, none again."""
+    are dealt and trained, and the chief reports 600 examples trained, none again. Its non-chief polls for the
+    chief's model every second (`--recovery_wait_secs 1`, as classic_tf1.py's tests do): with TensorFlow's 30 s it
+    could sleep through the whole run and read nothing (seen here: 55 s, the deal the chief's alone; 24 s now)."""
     import collections
 
     spec = write(tmp_path / "cluster.yaml",
@@ -216,7 +218,8 @@ def test_a_tf1_script_reads_dealt_shards_through_script_dealing(tmp_path):
     run = run_launcher([str(spec), "--train_dir", str(tmp_path / "run"), "--console", "plain", "--",
                         sys.executable, str(SCRIPTS / "dealt_tf1.py"), "--ps_hosts={ps_hosts}",
                         "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
-                        "--train_dir", str(tmp_path / "ckpt"), "--positions_dir", str(positions)],
+                        "--train_dir", str(tmp_path / "ckpt"), "--positions_dir", str(positions),
+                        "--recovery_wait_secs", "1"],
                        cwd=tmp_path, timeout=240, command="run")
     assert run.returncode == 0, run.output[-4000:]
     read = collections.Counter()

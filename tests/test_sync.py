@@ -351,8 +351,10 @@ def test_without_a_backup_a_dead_worker_is_a_clear_error_not_a_hang(make_cluster
     stops it once worker:1 has been down for --step_timeout_secs). CI saw both.
 
     The step timeout is far above what a healthy step takes on a loaded machine, so that it can only fire after the
-    kill; it is also what the chief waits after it, so it sets this test's length."""
-    timeout = 15
+    kill (10 s: a healthy step takes well under 0.2 s here under a load of 8 on 2 cores, and a session's first step
+    is allowed --startup_timeout_secs more); it is also what the chief waits after it, so it sets this test's
+    length."""
+    timeout = 10
     cluster = make_cluster(train=dict(mode="sync", max_steps=100000, batch_size=16, log_every_steps=20,
                                       step_timeout_secs=float(timeout)),
                            args={"ps:0": ["--rejoin_grace_secs", "2"]})   # worker:1 is not started again

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from psworker.task.script_dealing import ScriptDealing
+from tests.user_scripts.classic_tf1 import poll_every
 
 tf1 = tf.compat.v1
 NUM_EXAMPLES, BATCH = 300, 10
@@ -22,7 +23,11 @@ def main():
     parser.add_argument("--train_dir", required=True)
     parser.add_argument("--positions_dir", required=True)
     parser.add_argument("--num_epochs", type=int, default=2)
+    parser.add_argument("--recovery_wait_secs", type=float, default=None,
+                        help="how often a non-chief polls for the chief's model (TensorFlow's 30 s by default)")
     args = parser.parse_args()
+    if args.recovery_wait_secs is not None:
+        poll_every(args.recovery_wait_secs)
 
     tf1.disable_eager_execution()
     cluster = tf.train.ClusterSpec({"ps": args.ps_hosts.split(","), "worker": args.worker_hosts.split(",")})
