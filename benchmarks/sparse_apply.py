@@ -5,7 +5,7 @@
 
 In this process, on one table (`--rows` x `--dim` float32, and its accumulator), each round times `--steps` updates
 of `--touched` distinct random rows by each variant, interleaved: TF's `ResourceSparseApplyAdagrad` (what
-`AdagradOptimizer` runs) and psworker's `gathered_adagrad`; also the feed alone (the indices and gradient rows fed in,
+`AdagradOptimizer` runs), psworker's `gathered_adagrad`, and the same in its `row_lock` (as the ps runs it); also the feed alone (the indices and gradient rows fed in,
 summed), to subtract. Prints CPU microseconds per update (process time, feed subtracted), medians of --repeat
 rounds, the ratio, and that both give the same table (max abs difference after the same updates); then a JSON line.
 """
@@ -49,15 +49,16 @@ def _graph(args):
     ids = v1.placeholder(tf.int64, [None])
     grad = v1.placeholder(tf.float32, [None, args.dim])
     tables = {}
-    for name in ("tf", "gathered"):
+    for name in ("tf", "gathered", "locked"):
         tables[name] = (tf.Variable(v1.random_normal([args.rows, args.dim], seed=1), name=f"{name}_table"),
                         tf.Variable(tf.fill([args.rows, args.dim], 0.1), name=f"{name}_accumulator"))
     lr = tf.constant(0.05)
-    (var, acc), (gvar, gacc) = tables["tf"], tables["gathered"]
+    (var, acc), (gvar, gacc), (lvar, lacc) = tables["tf"], tables["gathered"], tables["locked"]
     ops = {"feed": tf.group(tf.reduce_sum(grad), tf.reduce_sum(ids)),
            "tf": tf.raw_ops.ResourceSparseApplyAdagrad(var=var.handle, accum=acc.handle, lr=lr, grad=grad,
                                                        indices=ids),
-           "gathered": slots.gathered_adagrad(gvar, gacc, lr, grad, ids)}
+           "gathered": slots.gathered_adagrad(gvar, gacc, lr, grad, ids),
+           "locked": slots.gathered_adagrad(lvar, lacc, lr, grad, ids, slots.row_lock(lvar))}
     return (ids, grad), ops, tables
 
 
@@ -89,16 +90,18 @@ def main(argv=None) -> dict:
         for _ in range(args.repeat):
             for name, op in ops.items():
                 times[name].append(_round(sess, op, feeds))
-        diff = float(np.max(np.abs(sess.run(tables["tf"][0]) - sess.run(tables["gathered"][0]))))
+        diff = max(float(np.max(np.abs(sess.run(tables["tf"][0]) - sess.run(tables[name][0]))))
+                   for name in ("gathered", "locked"))
     feed = statistics.median(times["feed"])
-    net = {name: statistics.median(times[name]) - feed for name in ("tf", "gathered")}
+    net = {name: statistics.median(times[name]) - feed for name in ("tf", "gathered", "locked")}
     print(f"table {args.rows:,} x {args.dim}, {args.touched:,} distinct rows per update, medians of {args.repeat}")
     print(f"  feed alone                      {feed:9.1f} CPU-us")
-    for name, label in (("tf", "TF ResourceSparseApplyAdagrad"), ("gathered", "psworker gathered_adagrad")):
+    for name, label in (("tf", "TF ResourceSparseApplyAdagrad"), ("gathered", "psworker gathered_adagrad"),
+                        ("locked", "the same in its row_lock")):
         print(f"  {label:31s} {net[name]:9.1f} CPU-us per update, feed subtracted "
               f"({statistics.median(times[name]):.1f} with it)")
-    print(f"gathered / TF: {net['gathered'] / net['tf']:.2f}x the CPU; tables after the same updates differ by at most "
-          f"{diff:.2e}")
+    print(f"gathered / TF: {net['gathered'] / net['tf']:.2f}x the CPU, in its lock {net['locked'] / net['tf']:.2f}x; "
+          f"tables after the same updates differ by at most {diff:.2e}")
     result = {"args": vars(args), "feed_us": feed, "net_us": net, "samples_us": times, "max_abs_diff": diff}
     print(json.dumps(result))
     return result

@@ -99,7 +99,8 @@ CASES: dict[str, Case] = {
     "sync_backup": Case(tuple(rf"^run 0 {n}: [\d.]+ s of training to step {NUM} \(" for n in ("base", "new")),
                         last_json=lambda f: len(f["runs"]["base"]) == len(f["runs"]["new"]) == 1),
     "sparse_apply": Case(tuple(rf"^  {v}\s+-?[\d.]+ CPU-us per update, feed subtracted \({NUM} with it\)$"
-                               for v in ("TF ResourceSparseApplyAdagrad", "psworker gathered_adagrad")),
+                               for v in ("TF ResourceSparseApplyAdagrad", "psworker gathered_adagrad",
+                                         "the same in its row_lock")),
                          last_json=lambda f: f["max_abs_diff"] < 1e-5),
     "pss_peer": Case((rf"^pss mlp 1 ps \+ 1 worker\(s\): {NUM} examples/s \({NUM} steps/s\)",
                       r'"link_bytes": \[\[[1-9]'), needs="netns"),

@@ -331,7 +331,7 @@ def test_sync_workers_aggregate_sparse_gradients_and_learn(criteo_dir, tmp_path)
 def test_the_ps_update_the_tables_rows_without_summing_them_again(num_ps, train, monkeypatch):
     """The pushed rows are distinct (the dedup's gradient ran on the worker): async, a ps applies them as they come,
     with no `Unique` and segment sum of its own, and by whole-block ops (`slots.gathered_adagrad`), not TF's per-row
-    kernel. (Sync's apply is built in a branch function; its accumulators' gradient is summed by row, as TF does.)"""
+    kernel, one at a time per shard (its `row_lock`, on its ps). (Sync's apply is built in a branch function; its accumulators' gradient is summed by row, as TF does.)"""
     from psworker.train.traffic import _Devices
 
     monkeypatch.setattr("psworker.data.criteo.num_examples", lambda *a, **k: 1000)
@@ -340,3 +340,4 @@ def test_the_ps_update_the_tables_rows_without_summing_them_again(num_ps, train,
     on_ps = collections.Counter(op.type for op in graph.get_operations() if "/job:ps" in where.of(op))
     assert on_ps["ResourceSparseApplyAdagrad"] == 0 and on_ps["ResourceScatterUpdate"] >= 2 * num_ps, on_ps
     assert on_ps["Unique"] == 0 and on_ps["UnsortedSegmentSum"] == 0, on_ps
+    assert on_ps["MutexLock"] == num_ps and on_ps["MutexV2"] == num_ps, on_ps   # one update of a shard at a time
