@@ -37,7 +37,7 @@ train:
   model: mlp
   batch_size: 32
   log_every_steps: 50
-  startup_timeout_secs: 90
+  startup_timeout_secs: 45
 """
 
 
@@ -107,9 +107,12 @@ def _check_exit_naming_ps1_and_restart(tmp_path: Path, step_timeout: int) -> str
     assert run.returncode == 0, out[-6000:]
     errors = re.findall(r"^\[worker:0\] psworker: error: (.*)$", out, re.MULTILINE)
     assert len(errors) == 1, out[-6000:]
-    assert re.fullmatch(rf"worker:0: a training step did not finish within {step_timeout} s \(--step_timeout_secs\): "
-                        r"is a ps task overloaded or unreachable\? "
-                        rf"\(ps:1 at {re.escape(watcher.ps[1])} did not answer for \d+ s\)", errors[0]), errors[0]
+    ps1 = re.escape(watcher.ps[1])
+    timed_out = (rf"worker:0: a training step did not finish within {step_timeout} s \(--step_timeout_secs\): "
+                 rf"is a ps task overloaded or unreachable\? \(ps:1 at {ps1} did not answer for \d+ s\)")
+    # a step whose session was re-created (its old one closed without waiting on ps:1) waits for the ps as a start does
+    recreated = rf"worker:0 gave up after \d+ s \(--startup_timeout_secs\) waiting for ps:1 at {ps1}: .*"
+    assert re.fullmatch(timed_out, errors[0]) or (step_timeout > 6 and re.fullmatch(recreated, errors[0])), errors[0]
     assert re.search(r"^psworker: worker:0 \(pid \d+\) exited: exit code 170$", out, re.MULTILINE), out[-6000:]
     assert "psworker: warning: restarting worker:0 (restart 1: exit code 170)" in out, out[-6000:]
     after = out[out.index("restarting worker:0 (restart 1"):]
@@ -132,7 +135,9 @@ def test_a_partition_longer_than_the_step_timeout_ends_the_worker_naming_the_ps_
 def test_a_step_left_running_past_its_deadline_by_tensorflow_ends_the_process_naming_the_ps(tmp_path):
     """12 s: gRPC usually fails the step's connection to ps:1 first (UNAVAILABLE, 8 s into the partition here), and
     the recovering MonitoredSession's close of the old session then waits on ps:1 with no deadline: the watchdog
-    ends the process 5 s past the step's deadline, with the same error. Either way the run must end the same."""
+    ends the process 5 s past the step's deadline, with the same error. Now and then (1 run in 4 on a loaded host)
+    the old session closes at once, and the re-created one waits for ps:1 as a start does (`startup_timeout_secs`),
+    then ends with that error naming ps:1. Every way, the run must end the same."""
     _check_exit_naming_ps1_and_restart(tmp_path, 12)
 
 
