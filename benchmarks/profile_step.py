@@ -55,6 +55,7 @@ APPLY_TYPES = ("ResourceApplyGradientDescent", "ApplyGradientDescent", "AssignAd
                "ResourceApplyAdagrad", "ApplyAdagrad", "ResourceApplyAdagradV2")
 SPARSE_APPLY_TYPES = ("ResourceSparseApplyAdagrad", "SparseApplyAdagrad", "ResourceSparseApplyAdagradV2")
 GATHER_TYPES = ("ResourceGather", "GatherV2", "Gather")
+SPARSE_UPDATE_SCOPE = "/update_embeddings"   # psworker's update of the table's rows: gathers, scatters, its lock
 INPUT_TYPES = ("IteratorGetNext", "IteratorGetNextSync")
 
 
@@ -106,7 +107,7 @@ def breakdown(step_stats, graph) -> dict:
                     cats["ps: moving-average update"].append(iv)
                 elif kind in APPLY_TYPES:
                     cats["ps: apply (dense + global step)"].append(iv)
-                elif kind in SPARSE_APPLY_TYPES:
+                elif kind in SPARSE_APPLY_TYPES or SPARSE_UPDATE_SCOPE in ns.node_name:
                     cats["ps: sparse apply (table rows)"].append(iv)
                 elif kind in GATHER_TYPES:
                     cats["ps: gather (table rows)"].append(iv)
