@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import pss_peer  # noqa: E402  (free ports, server subprocesses)
+from psworker.models.criteo import TABLE_NAME  # noqa: E402
 from psworker.tf_import import import_tensorflow  # noqa: E402  (without Keras and scikit-learn, as a task)
 
 EMA_MARKERS = ("ExponentialMovingAverage", "moving_avg")
@@ -55,7 +56,7 @@ APPLY_TYPES = ("ResourceApplyGradientDescent", "ApplyGradientDescent", "AssignAd
                "ResourceApplyAdagrad", "ApplyAdagrad", "ResourceApplyAdagradV2")
 SPARSE_APPLY_TYPES = ("ResourceSparseApplyAdagrad", "SparseApplyAdagrad", "ResourceSparseApplyAdagradV2")
 GATHER_TYPES = ("ResourceGather", "GatherV2", "Gather")
-SPARSE_UPDATE_SCOPE = "/update_embeddings"   # psworker's update of the table's rows: gathers, scatters, its lock
+SPARSE_UPDATE_SCOPE = f"/update_{TABLE_NAME}"   # psworker's update of criteo's table rows: gathers, scatters, lock
 INPUT_TYPES = ("IteratorGetNext", "IteratorGetNextSync")
 
 

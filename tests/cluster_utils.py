@@ -70,6 +70,13 @@ def terminal_lines(raw: bytes) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
+def logged_a_step(log: Path) -> bool:
+    """Whether a task's log (written as the task prints, not grouped as the console's lines are) holds a step line."""
+    from psworker import events
+
+    return log.exists() and any(events.Step.finditer(log.read_text(errors="replace")))
+
+
 def task_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

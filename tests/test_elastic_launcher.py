@@ -17,10 +17,9 @@ import psutil
 import pytest
 import yaml
 
-from psworker import events
 from psworker.launcher.console.folds import exited_0
 from psworker.testing import assert_processes_gone, checkpoint_step, console_steps
-from tests.cluster_utils import TIMEOUT_SECS, Launcher, task_env, terminal_lines
+from tests.cluster_utils import TIMEOUT_SECS, Launcher, logged_a_step, task_env, terminal_lines
 
 pytestmark = pytest.mark.slow
 
@@ -64,8 +63,7 @@ def hold_once_they_train(run: Launcher, log_dir: Path, names: list[str]) -> None
     with all of them held, waits for those lines on the console, where they may come seconds later."""
     for name in names:
         log = log_dir / f"{name.replace(':', '-')}.log"
-        run.wait_until(lambda: log.exists() and any(events.Step.finditer(log.read_text(errors="replace"))),
-                       f"a step line in {name}'s log")
+        run.wait_until(lambda: logged_a_step(log), f"a step line in {name}'s log")
         signal_tasks(run, signal.SIGSTOP, name)
     for name in names:
         run.wait_for(rf"^\[{name}\] step \d+", f"a step line of {name}")

@@ -20,7 +20,7 @@ import yaml
 from psworker import events
 from psworker.launcher import netns
 from psworker.testing import assert_processes_gone, checkpoint_step
-from tests.cluster_utils import Partition, run_launcher
+from tests.cluster_utils import Partition, logged_a_step, run_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (netns.available() and shutil.which("tc") and shutil.which("nsenter")),
@@ -47,12 +47,6 @@ def _chief_step(line: str) -> bool:
     return found is not None and found.task == "worker:0"
 
 
-def _logged_a_step(run_dir: Path) -> bool:
-    """worker:0's log (written as the task prints, not grouped as the console's lines are) holds a step line."""
-    log = run_dir / "logs" / "worker-0.log"
-    return log.exists() and any(events.Step.finditer(log.read_text(errors="replace")))
-
-
 class _PartitionRun:
     """`run_launcher`'s `on_line`: cuts ps:1 off at the first step line (in worker:0's log), heals it at the first
     console line `heal_at(ps_port)` matches, and notes when the first step line after that came (monotonic times)."""
@@ -66,7 +60,7 @@ class _PartitionRun:
 
     def __call__(self, lines, proc) -> bool:
         if self.cut_at is None:
-            if not _logged_a_step(self.run_dir):
+            if not logged_a_step(self.run_dir / "logs" / "worker-0.log"):
                 return False
             self.ps = yaml.safe_load((self.run_dir / "cluster.yaml").read_text())["cluster"]["ps"]
             self.partition = Partition(proc.pid)
