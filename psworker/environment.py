@@ -17,6 +17,9 @@ from psworker.errors import UsageError
 
 SPINNING_ENV = "PSWORKER_TF_THREAD_SPINNING"
 SPINNING_CHOICES = ("on", "ps-off", "off")   # the first is the default
+# Two waits of a task, in seconds, for tests and experiments that need them shorter than their defaults:
+PEERS_STOP_ENV = "PSWORKER_PEERS_STOP_SECS"   # a stopping chief's wait for the other workers (`task.stop`)
+SLOW_STEP_ENV = "PSWORKER_SLOW_STEP_SECS"     # a step's time before the first slow-step warning (`task.runner`)
 
 
 def _spinning(value: str) -> Optional[str]:
@@ -34,6 +37,29 @@ def spinning_setting(env: Optional[Mapping[str, str]] = None) -> str:
     if problem is not None:
         raise UsageError(f"{SPINNING_ENV}={value!r}: {problem}")
     return value
+
+
+def _seconds(value: str) -> Optional[str]:
+    try:
+        ok = float(value) > 0
+    except ValueError:
+        ok = False
+    return None if ok else "expected a number of seconds > 0"
+
+
+def seconds(name: str, default: float, env: Optional[Mapping[str, str]] = None) -> float:
+    """The seconds in the variable `name` of `env` (default `os.environ`), `default` when unset or empty.
+
+    Raises:
+        UsageError: it holds something else than a number > 0.
+    """
+    value = (os.environ if env is None else env).get(name, "").strip()
+    if not value:
+        return default
+    problem = _seconds(value)
+    if problem is not None:
+        raise UsageError(f"{name}={value!r}: {problem}")
+    return float(value)
 
 
 def _spec_file(value: str) -> Optional[str]:
@@ -61,6 +87,10 @@ VARIABLES = (
     Variable(SPINNING_ENV, f"TensorFlow's thread spinning: {', '.join(SPINNING_CHOICES)}", _spinning),
     Variable("PSWORKER_SPEC", "a `ps` or `worker` task's spec file, when no flag names the cluster", _spec_file),
     Variable("PSWORKER_PYTHON", "the interpreter of the launch/ start scripts", _program),
+    Variable(PEERS_STOP_ENV, "seconds a stopping chief waits for the other workers to stop (10)",
+             lambda value: None if not value.strip() else _seconds(value.strip())),
+    Variable(SLOW_STEP_ENV, "seconds a step runs before the first slow-step warning (10; at most half of "
+             "--step_timeout_secs)", lambda value: None if not value.strip() else _seconds(value.strip())),
 )
 
 
@@ -78,4 +108,5 @@ def check(env: Optional[Mapping[str, str]] = None) -> None:
             raise UsageError(f"{variable.name}={value!r}: {problem}")
 
 
-__all__ = ["SPINNING_ENV", "SPINNING_CHOICES", "Variable", "VARIABLES", "check", "spinning_setting"]
+__all__ = ["PEERS_STOP_ENV", "SLOW_STEP_ENV", "SPINNING_ENV", "SPINNING_CHOICES", "Variable", "VARIABLES", "check",
+           "seconds", "spinning_setting"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from psworker import events
+from psworker import environment, events
 from psworker.launcher.console.stopline import newest_checkpoint_step
 from psworker.testing import STEP_LINE, assert_processes_gone
 from tests.cluster_utils import REPO, launch_script, steps_lost
@@ -128,10 +128,17 @@ def test_start_scripts_a_ps_serves_until_the_chief_saved_and_a_second_sigterm_en
 def test_a_stopping_sync_chief_whose_step_waits_for_a_stopped_worker_saves_within_seconds(make_cluster):
     """The race of a sync stop: worker:1 stops after its step, and the chief's running step needed its next
     gradient. The stopping chief queues tokens after `PEERS_STOP_SECS`, writes the checkpoint of the last applied
-    step and exits 143, instead of waiting out --step_timeout_secs; started again on the same ps, it trains on."""
+    step and exits 143, instead of waiting out --step_timeout_secs; started again on the same ps, it trains on.
+
+    Both waits of the race are the tasks' own, shortened from their 10 s defaults (`psworker.environment`): the
+    slow-step warning that shows the chief's step blocked comes after 3 s (a sync step here takes 10-20 ms, ~0.4 s
+    at worst under load, and the chief has done a step already), and the stopping chief queues its tokens 3 s
+    after the signal (worker:1 has exited by then: nothing else is waited for). The 300 s step timeout stays far
+    off, so only the stop can end the blocked step."""
     cluster = make_cluster(num_workers=2, argv=launch_script,
                            train=dict(mode="sync", batch_size=32, log_every_steps=5, max_steps=int(ENDLESS),
-                                      step_timeout_secs=300.0))
+                                      step_timeout_secs=300.0),
+                           env={environment.SLOW_STEP_ENV: "3", environment.PEERS_STOP_ENV: "3"})
     cluster.wait_for_log("worker:0", STEP_LINE, 180, count=1)
     cluster.send_signal("worker:1", signal.SIGTERM)
     assert cluster.wait_exit("worker:1", 60) == 143, cluster.tail("worker:1")

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from psworker import errorfile, events
+from psworker import environment, errorfile, events
 from psworker.deadline import poll_until
 from psworker.errors import (AlreadyComplete, LeftJob, StartupTimeout, StepTimeout, StoppedEarly, TrainingFailed,
                              op_error_line)
@@ -268,7 +268,7 @@ def _saved_on_stop(replication: Replication, config: TrainConfig, name: str, pro
 
 
 def _wait_for_others_to_stop(others: dict, name: str) -> None:
-    """The async chief, stopping (else nothing): waits (at most `stop.PEERS_STOP_SECS`) for the other workers that
+    """The async chief, stopping (else nothing): waits (at most `stop.peers_stop_secs()`) for the other workers that
     are up to stop too (their ports closed), so that their last steps are in its checkpoint."""
     from psworker.task import shutdown
 
@@ -277,20 +277,19 @@ def _wait_for_others_to_stop(others: dict, name: str) -> None:
     up = {n: a for n, a in others.items() if shutdown.port_open(a)}
     if not up:
         return
-    log.info("%s: waiting up to %g s for %s to stop before writing the checkpoint", name, stop.PEERS_STOP_SECS,
-             ", ".join(up))
-    started = time.monotonic()
+    wait_secs, started = stop.peers_stop_secs(), time.monotonic()
+    log.info("%s: waiting up to %g s for %s to stop before writing the checkpoint", name, wait_secs, ", ".join(up))
 
     def all_closed() -> bool:
         for n in [n for n, a in up.items() if not shutdown.port_open(a)]:
             up.pop(n)
         return not up
 
-    if poll_until(all_closed, stop.PEERS_STOP_SECS, interval=0.1):
+    if poll_until(all_closed, wait_secs, interval=0.1):
         log.info("%s: the other workers stopped in %.1f s", name, time.monotonic() - started)
     else:
         log.warning("%s: %s still up after %g s; writing the checkpoint now (their later steps are not in it)", name,
-                    ", ".join(up), stop.PEERS_STOP_SECS)
+                    ", ".join(up), wait_secs)
 
 
 def _report_data(client, name: str) -> None:
@@ -308,7 +307,7 @@ def _watchdog(config: TrainConfig, replication: Replication, name: str):
     from psworker.train.hooks import StepWatchdog
 
     tasks = replication.wait_for
-    watch_secs = min(WATCHDOG_AFTER_SECS, config.step_timeout_secs / 2)
+    watch_secs = min(environment.seconds(environment.SLOW_STEP_ENV, WATCHDOG_AFTER_SECS), config.step_timeout_secs / 2)
     return StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs,
                         diagnose=lambda secs: probe.describe(probe.probe_all(tasks), secs),
                         give_up=lambda secs: _give_up(replication.timeout_message, tasks, secs),

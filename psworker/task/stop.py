@@ -21,14 +21,21 @@ from psworker import stackdump
 from psworker.errors import PsworkerError
 from psworker.task.hard_exit import exit_now
 
-__all__ = ["PEERS_STOP_SECS", "SAVE_SECS", "SIGNALS", "StopOnSignal", "StoppedBySignal", "current", "ps_wait_secs",
-           "stop_when_gone"]
+__all__ = ["PEERS_STOP_SECS", "SAVE_SECS", "SIGNALS", "StopOnSignal", "StoppedBySignal", "current", "peers_stop_secs",
+           "ps_wait_secs", "stop_when_gone"]
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SAVE_SECS = 60.0          # beyond the running step: for the chief to write its checkpoint (and exit)
 PEERS_STOP_SECS = 10.0    # an async chief waits at most this long for the other workers to stop before it saves
+
+
+def peers_stop_secs() -> float:
+    """`PEERS_STOP_SECS`, or `PSWORKER_PEERS_STOP_SECS` where set (a test's shorter wait; `psworker.environment`)."""
+    from psworker.environment import PEERS_STOP_ENV, seconds
+
+    return seconds(PEERS_STOP_ENV, PEERS_STOP_SECS)
 
 
 class StoppedBySignal(PsworkerError):
@@ -111,7 +118,7 @@ def current():
 
 def ps_wait_secs(step_timeout_secs: float) -> float:
     """How long a stopping ps serves on for the chief: its running step, the wait for its peers, its checkpoint."""
-    return step_timeout_secs + PEERS_STOP_SECS + SAVE_SECS
+    return step_timeout_secs + peers_stop_secs() + SAVE_SECS
 
 
 def stop_when_gone(gone_for: float, who: str, step_timeout_secs: float) -> None:

@@ -1,7 +1,7 @@
 """A stop in sync mode whose steps wait for tokens that will not come: the workers stop after their own steps, and a
 running step may need a gradient from one that has already stopped (the chief's step), or a token from a chief
 that has already stopped (another worker's). A stopping sync chief queues one token per replica, at the global
-step, once: `stop.PEERS_STOP_SECS` after the signal while its own step still waits, else as its step loop ends.
+step, once: `stop.peers_stop_secs()` after the signal while its own step still waits, else as its step loop ends.
 Each waiting step then ends without applying anything; the chief's checkpoint holds the last applied step, and no
 stop waits out `--step_timeout_secs`. The token queue stays open: a chief started again on the same ps tasks
 drops the spare tokens in its reset (`train.sync_reset`)."""
@@ -27,10 +27,11 @@ class TokenRelease:
     steps) says a step still runs; on leaving, a stopping task runs it if the thread did not."""
 
     def __init__(self, name: str, release_op: Any, session_of: Callable[[], Any],
-                 running_for: Callable[[], Optional[float]], *, after_secs: float = stop.PEERS_STOP_SECS,
+                 running_for: Callable[[], Optional[float]], *, after_secs: Optional[float] = None,
                  every_secs: float = 0.5):
         self._name, self._release_op, self._session_of = name, release_op, session_of
-        self._running_for, self._after, self._every = running_for, after_secs, every_secs
+        self._running_for, self._every = running_for, every_secs
+        self._after = stop.peers_stop_secs() if after_secs is None else after_secs
         self._done, self._lock, self._released = threading.Event(), threading.Lock(), False
         self._thread = threading.Thread(target=self._watch, name="psworker-sync-stop", daemon=True)
 
