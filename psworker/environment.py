@@ -17,9 +17,10 @@ from psworker.errors import UsageError
 
 SPINNING_ENV = "PSWORKER_TF_THREAD_SPINNING"
 SPINNING_CHOICES = ("on", "ps-off", "off")   # the first is the default
-# Two waits of a task, in seconds, for tests and experiments that need them shorter than their defaults:
+# Three waits of a task, in seconds, for tests and experiments that need them shorter than their defaults:
 PEERS_STOP_ENV = "PSWORKER_PEERS_STOP_SECS"   # a stopping chief's wait for the other workers (`task.stop`)
 SLOW_STEP_ENV = "PSWORKER_SLOW_STEP_SECS"     # a step's time before the first slow-step warning (`task.runner`)
+GIVE_UP_ENV = "PSWORKER_GIVE_UP_GRACE_SECS"   # a step past its deadline before the watchdog ends it (`task.runner`)
 
 
 def _spinning(value: str) -> Optional[str]:
@@ -91,6 +92,9 @@ VARIABLES = (
              lambda value: None if not value.strip() else _seconds(value.strip())),
     Variable(SLOW_STEP_ENV, "seconds a step runs before the first slow-step warning (10; at most half of "
              "--step_timeout_secs)", lambda value: None if not value.strip() else _seconds(value.strip())),
+    Variable(GIVE_UP_ENV, "seconds a step may run past --step_timeout_secs before the watchdog ends the process, "
+             "when TensorFlow's own deadline did not end it (5)",
+             lambda value: None if not value.strip() else _seconds(value.strip())),
 )
 
 
@@ -108,5 +112,5 @@ def check(env: Optional[Mapping[str, str]] = None) -> None:
             raise UsageError(f"{variable.name}={value!r}: {problem}")
 
 
-__all__ = ["PEERS_STOP_ENV", "SLOW_STEP_ENV", "SPINNING_ENV", "SPINNING_CHOICES", "Variable", "VARIABLES", "check",
-           "seconds", "spinning_setting"]
+__all__ = ["GIVE_UP_ENV", "PEERS_STOP_ENV", "SLOW_STEP_ENV", "SPINNING_ENV", "SPINNING_CHOICES", "Variable",
+           "VARIABLES", "check", "seconds", "spinning_setting"]

@@ -55,6 +55,7 @@ def test_the_words_after_double_dash_are_the_commands_own(tmp_path, capsys):
     ("PSWORKER_PYTHON", "no-such-python3", "no such program (the launch/ scripts run it as the interpreter)"),
     ("PSWORKER_PEERS_STOP_SECS", "soon", "expected a number of seconds > 0"),
     ("PSWORKER_SLOW_STEP_SECS", "0", "expected a number of seconds > 0"),
+    ("PSWORKER_GIVE_UP_GRACE_SECS", "-1", "expected a number of seconds > 0"),
 ])
 def test_a_bad_environment_value_stops_the_launcher_before_it_starts(name, value, problem, capsys, tmp_path,
                                                                        monkeypatch):
@@ -68,6 +69,7 @@ def test_a_bad_environment_value_stops_the_launcher_before_it_starts(name, value
 def test_every_variable_is_checked_and_good_values_pass():
     good = {"PSWORKER_TF_THREAD_SPINNING": " PS-OFF ", "PSWORKER_SPEC": str(SPEC), "PSWORKER_PYTHON": "python3",
             "PSWORKER_MODELS": "any.module", "PSWORKER_PEERS_STOP_SECS": "3", "PSWORKER_SLOW_STEP_SECS": " 2.5 ",
+            "PSWORKER_GIVE_UP_GRACE_SECS": "1",
             "PSWORKER_JOB_NAME": "set by psworker run: not a setting"}
     environment.check(good)
     assert {v.name for v in environment.VARIABLES} == set(good) - {"PSWORKER_JOB_NAME"}

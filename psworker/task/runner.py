@@ -178,12 +178,13 @@ def _train(target: str, config: TrainConfig, model: Model, replication: Replicat
         tg = replication.build(model, config, dealing)
         scaffold = _scaffold(tg)
         choice = first_choice(config) if replication.is_chief else None   # before a hook writes to train_dir
+        grace = environment.seconds(environment.GIVE_UP_ENV, GIVE_UP_GRACE_SECS)   # past a step's deadline
         extra = ExtraSteps(config.concurrent_steps - 1, tg.train_op, _step_options(config)[1], name,
-                           join_secs=config.step_timeout_secs + GIVE_UP_GRACE_SECS, global_step=tg.global_step,
+                           join_secs=config.step_timeout_secs + grace, global_step=tg.global_step,
                            last_step=config.max_steps, claimed=tg.claimed)
         progress, hooks = hooks_of(config, tg, scaffold, replication, index, name, emit, choice.kept if choice else (),
                                    extra_steps=lambda: extra.steps)
-        watchdog = _watchdog(config, replication, name)
+        watchdog = _watchdog(config, replication, name, grace)
         creator = session_creator(target, config, tg, scaffold, replication, name, watchdog, choice)
         release = token_release(name, replication.is_chief, tg.sync_optimizer, lambda: creator.current,
                                 watchdog.running_for)
@@ -301,9 +302,9 @@ def _report_data(client, name: str) -> None:
                                     int(state["dropped"])).render())
 
 
-def _watchdog(config: TrainConfig, replication: Replication, name: str):
+def _watchdog(config: TrainConfig, replication: Replication, name: str, grace: float):
     """The step loop's watchdog: its warnings name the peers that do not answer a probe (probed in its thread), and
-    it ends the process (`_give_up`) when a step outlives its deadline by `GIVE_UP_GRACE_SECS`."""
+    it ends the process (`_give_up`) when a step outlives its deadline by `grace` (GIVE_UP_GRACE_SECS by default)."""
     from psworker.train.hooks import StepWatchdog
 
     tasks = replication.wait_for
@@ -311,7 +312,7 @@ def _watchdog(config: TrainConfig, replication: Replication, name: str):
     return StepWatchdog(name, replication.hint, after_secs=watch_secs, every_secs=watch_secs,
                         diagnose=lambda secs: probe.describe(probe.probe_all(tasks), secs),
                         give_up=lambda secs: _give_up(replication.timeout_message, tasks, secs),
-                        grace_secs=GIVE_UP_GRACE_SECS)
+                        grace_secs=grace)
 
 
 def _give_up(base: str, tasks: dict, running_secs: float) -> None:
