@@ -156,7 +156,7 @@ def test_the_live_view_on_a_terminal_shows_a_scale_up_above_it_and_ends_with_one
 
 
 def test_sync_job_scaled_to_min_and_back_with_a_preempted_worker_restarted(tmp_path):
-    max_steps, train_dir = 1500, tmp_path / "train"
+    max_steps, train_dir = SYNC_MAX_STEPS, tmp_path / "train"
     # worker:3 is reserved and never starts: one replica fewer than the spec's runs throughout
     spec = write_spec(tmp_path / "sync.yaml", 4, {"min": 2, "start": 3}, mode="sync", replicas_to_aggregate=2,
                       max_steps=max_steps)
