@@ -214,7 +214,8 @@ def test_a_worker_whose_ps_is_lost_mid_run_gives_up_saying_so_not_with_the_start
     assert cluster.wait_exit("worker:0", 120) == EXIT_PEER_GONE, cluster.tail("worker:0")
     log = cluster.log("worker:0")
     assert re.search(r"psworker: error: worker:0 gave up after 3 s \(--startup_timeout_secs\) waiting for ps:0 at "
-                     r"127\.0\.0\.1:\d+: it answered before and stopped in the middle of the run: was it killed", log), \
+                     r"127\.0\.0\.1:\d+: it answered before and stopped in the middle of the run: was it "
+                     r"killed", log), \
         log[-2000:]
     assert "is that task started" not in log, log[-2000:]
     assert_processes_gone(cluster.pids)

@@ -321,4 +321,5 @@ def eval_dataset(data_dir: str, batch_size: int, buckets: Sequence[int]):
 
 __all__ = ["NUM_INT", "NUM_CAT", "NUM_FEATURES", "NUM_FIELDS", "CARDINALITIES", "day_files", "split_files",
            "parse_line", "format_line", "Split", "read_split", "load_split", "num_examples", "KEY_BYTES",
-           "category_keys", "table_rows", "table_offsets", "preprocess_fields", "dealt_dataset", "train_dataset", "eval_dataset"]
+           "category_keys", "table_rows", "table_offsets", "preprocess_fields", "dealt_dataset", "train_dataset",
+           "eval_dataset"]
