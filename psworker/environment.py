@@ -17,6 +17,8 @@ from psworker.errors import UsageError
 
 SPINNING_ENV = "PSWORKER_TF_THREAD_SPINNING"
 SPINNING_CHOICES = ("on", "ps-off", "off")   # the first is the default
+THREADS_ENV = "PSWORKER_TF_THREADS"
+THREADS_CHOICES = ("auto", "tf")              # or a positive number; the first is the default
 # Three waits of a task, in seconds, for tests and experiments that need them shorter than their defaults:
 PEERS_STOP_ENV = "PSWORKER_PEERS_STOP_SECS"   # a stopping chief's wait for the other workers (`task.stop`)
 SLOW_STEP_ENV = "PSWORKER_SLOW_STEP_SECS"     # a step's time before the first slow-step warning (`task.runner`)
@@ -37,6 +39,26 @@ def spinning_setting(env: Optional[Mapping[str, str]] = None) -> str:
     problem = _spinning(value)
     if problem is not None:
         raise UsageError(f"{SPINNING_ENV}={value!r}: {problem}")
+    return value
+
+
+def _threads(value: str) -> Optional[str]:
+    value = value.strip().lower()
+    if value in THREADS_CHOICES or (value.isdigit() and int(value) >= 1):
+        return None
+    return f"expected {', '.join(THREADS_CHOICES)} or a number of threads (>= 1)"
+
+
+def threads_setting(env: Optional[Mapping[str, str]] = None) -> str:
+    """`PSWORKER_TF_THREADS` in `env` (default `os.environ`), lower-cased; `auto` when unset.
+
+    Raises:
+        UsageError: it holds something else than `auto`, `tf` or a positive number.
+    """
+    value = (os.environ if env is None else env).get(THREADS_ENV, THREADS_CHOICES[0]).strip().lower()
+    problem = _threads(value)
+    if problem is not None:
+        raise UsageError(f"{THREADS_ENV}={value!r}: {problem}")
     return value
 
 
@@ -86,6 +108,8 @@ VARIABLES = (
     Variable("PSWORKER_MODELS", "modules that register models of your own, comma-separated (imported by "
              "`models.registry.import_plugins`, which reports a failure itself)", lambda value: None),
     Variable(SPINNING_ENV, f"TensorFlow's thread spinning: {', '.join(SPINNING_CHOICES)}", _spinning),
+    Variable(THREADS_ENV, "threads in each of a task's TensorFlow pools: auto (the host's CPUs shared among the "
+             "spec's tasks on it), tf (TensorFlow's own: one per CPU) or a number", _threads),
     Variable("PSWORKER_SPEC", "a `ps` or `worker` task's spec file, when no flag names the cluster", _spec_file),
     Variable("PSWORKER_PYTHON", "the interpreter of the launch/ start scripts", _program),
     Variable(PEERS_STOP_ENV, "seconds a stopping chief waits for the other workers to stop (10)",
@@ -112,5 +136,5 @@ def check(env: Optional[Mapping[str, str]] = None) -> None:
             raise UsageError(f"{variable.name}={value!r}: {problem}")
 
 
-__all__ = ["GIVE_UP_ENV", "PEERS_STOP_ENV", "SLOW_STEP_ENV", "SPINNING_ENV", "SPINNING_CHOICES", "Variable",
-           "VARIABLES", "check", "seconds", "spinning_setting"]
+__all__ = ["GIVE_UP_ENV", "PEERS_STOP_ENV", "SLOW_STEP_ENV", "SPINNING_ENV", "SPINNING_CHOICES", "THREADS_ENV",
+           "THREADS_CHOICES", "Variable", "VARIABLES", "check", "seconds", "spinning_setting", "threads_setting"]

@@ -248,8 +248,7 @@ def _needed_per_step(criteo_dir: Path, batch: int, batches: int = 100) -> float:
     from psworker.models.criteo import HIDDEN, CriteoModel
 
     model = CriteoModel()
-    _, fields = criteo.load_split(str(criteo_dir), False)
-    rows = criteo.preprocess_fields(fields, model.buckets).numpy()[:, criteo.NUM_INT:]
+    rows = criteo.table_rows(criteo.load_split(str(criteo_dir), False).keys, model.buckets)
     rng = np.random.default_rng(0)
     touched = np.mean([len(np.unique(rows[rng.choice(len(rows), batch, replace=False)])) for _ in range(batches)])
     widths = (criteo.NUM_CAT * model.embedding_dim + criteo.NUM_INT, *HIDDEN, 1)

@@ -51,9 +51,11 @@ def test_day_files_plain_and_gzipped_split_into_train_and_the_last_day(tmp_path)
     train, held_out = criteo.split_files(str(tmp_path / "d"))
     assert [p.rsplit("/", 1)[1] for p in train] == ["day_0", "day_1.gz", "day_2"]
     assert [p.rsplit("/", 1)[1] for p in held_out] == ["day_10"]
-    labels, fields = criteo.read_split(train)
-    assert labels.tolist() == [0, 1, 1, 0, 0, 0] and fields.shape == (6, 39)
-    assert fields[1, 0] == b"1" and fields[1, 1] == b"" and fields[1, 13] == b"00000001" and fields[1, 38] == b""
+    split = criteo.read_split(train)
+    assert split.labels.tolist() == [0, 1, 1, 0, 0, 0] and len(split) == 6
+    assert split.ints.shape == (6, 13) and split.keys.shape == (6, 26)
+    assert split.ints[1, :3].tolist() == [1, 0, 7]   # the empty integer is 0
+    assert split.keys[1, 0] == int.from_bytes(b"00000001", "little") and split.keys[1, 25] == 0   # '' is 0
     assert criteo.num_examples(str(tmp_path / "d")) == 6 and criteo.num_examples(str(tmp_path / "d"), True) == 1
 
 
@@ -67,6 +69,15 @@ def test_missing_or_broken_data_fails_with_what_to_do(tmp_path):
     _write_days(tmp_path / "both", [[LINE]], compress_days=(0,))
     with pytest.raises(TrainingFailed, match="both plain and gzipped"):
         criteo.day_files(str(tmp_path / "both"))
+    long_value = criteo.format_line(0, [1] * 13, ["68fd1e64"] * 3 + ["68fd1e6400"] + ["68fd1e64"] * 22)
+    _write_days(tmp_path / "long", [[LINE, LINE, long_value], [LINE]])
+    with pytest.raises(TrainingFailed, match=r"day_0:3: categorical C4 is 10 bytes \(b'68fd1e6400'\); Criteo's are 8 "
+                                             r"hex digits"):
+        criteo.read_split(criteo.split_files(str(tmp_path / "long"))[0])
+    not_int = criteo.format_line(0, [1] * 13, ["68fd1e64"] * 26).replace("\t1\t", "\t1x\t", 1)
+    _write_days(tmp_path / "int", [[LINE, not_int], [LINE]])
+    with pytest.raises(TrainingFailed, match=r"day_0:2: integer field I1 is b'1x', not an integer"):
+        criteo.read_split(criteo.split_files(str(tmp_path / "int"))[0])
 
 
 def test_synthetic_files_are_criteo_lines_with_zipf_columns_and_a_planted_signal(tmp_path):
@@ -116,7 +127,29 @@ def test_preprocessing_parses_integers_and_hashes_each_column_into_its_own_rows(
     assert got[0, :13].tolist() == [5, 0, -1] + [0] * 10
     rows = got[0, 13:]
     assert ((rows >= offsets) & (rows < offsets + np.array(buckets))).all()
-    assert rows[0] - offsets[0] == tf.strings.to_hash_bucket_fast("abc", buckets[0]).numpy()
+    assert rows.tolist() == criteo.table_rows(criteo.category_keys(fields[:, 13:]), buckets)[0].tolist()
+
+
+def test_the_graph_and_numpy_hash_every_value_to_the_same_row_spread_over_the_buckets():
+    """The input hashes in numpy, the export in graph ops: the same rows for 8-byte hex strings, shorter values, ''
+    and every byte value, and near-even use of a column's buckets."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    values = [f"{v:08x}".encode() for v in rng.integers(0, 2 ** 32, 20_000)]
+    values += [b"", b"a", b"\xff" * 8, b"\x01\x00\x80", bytes(range(1, 9))]
+    values = np.array(values + [b""] * (-len(values) % criteo.NUM_CAT), dtype=bytes).reshape(-1, criteo.NUM_CAT)
+    buckets = [1 + 997 * c for c in range(criteo.NUM_CAT)]
+    ints = np.zeros((len(values), criteo.NUM_INT), dtype=bytes)
+    graph = criteo.preprocess_fields(tf.constant(np.concatenate([ints, values], axis=1)), buckets).numpy()
+    rows = criteo.table_rows(criteo.category_keys(values), buckets)
+    assert graph[:, criteo.NUM_INT:].tolist() == rows.tolist()
+    column = rows[:, -1] - criteo.table_offsets(buckets)[-1]   # 769 values into 24,926 buckets: few collisions
+    assert len(np.unique(column)) > 0.98 * len(column)
+    counts = np.bincount(rows[:, 5] - criteo.table_offsets(buckets)[5], minlength=buckets[5])   # 769 into 4,986
+    assert counts.max() <= 3
+    with pytest.raises(tf.errors.InvalidArgumentError, match="longer than 8 bytes"):
+        criteo.preprocess_fields(tf.constant([[b"1"] * criteo.NUM_INT + [b"123456789"] * criteo.NUM_CAT]), buckets)
 
 
 def test_auc_and_logloss_against_known_values():

@@ -147,3 +147,29 @@ def test_thread_spinning_is_tensorflows_default_unless_the_environment_turns_it_
 def test_a_bad_thread_spinning_value_names_the_variable():
     with pytest.raises(UsageError, match="PSWORKER_TF_THREAD_SPINNING='sometimes': expected one of on, ps-off, off"):
         devices.thread_spinning("ps", {devices.SPINNING_ENV: "sometimes"})
+
+
+def test_tasks_sharing_a_host_divide_its_cpus_among_their_thread_pools():
+    """Loopback addresses are one host; each task's pools get the host's CPUs over the spec's tasks there."""
+    spec = parse_spec(CLUSTER, "s.yaml")   # 3 tasks on localhost
+    assert [devices.tasks_on_host(spec, "worker", i) for i in range(2)] == [3, 3]
+    assert devices.thread_budget(spec, "ps", 0, cpus=2, env={}) == (
+        1, "2 CPUs shared by the spec's 3 tasks on this host")
+    assert devices.thread_budget(spec, "worker", 1, cpus=16, env={})[0] == 5
+    mixed = parse_spec("cluster:\n  ps: ['127.0.0.1:2222', '10.0.0.2:2222']\n  worker: ['127.0.0.3:2223', "
+                       "'10.0.0.2:2223', 'node-c:2223', '[::1]:2224']\n", "s.yaml")
+    assert [devices.tasks_on_host(mixed, "ps", i) for i in range(2)] == [3, 2]
+    assert devices.tasks_on_host(mixed, "worker", 2) == 1
+    assert devices.thread_budget(mixed, "worker", 2, cpus=8, env={}) == (
+        None, "TensorFlow's own: no other task of the spec on this host")
+    assert devices.thread_budget(spec, "ps", 0, cpus=2, env={devices.THREADS_ENV: "tf"})[0] is None
+    assert devices.thread_budget(spec, "ps", 0, cpus=2, env={devices.THREADS_ENV: "4"}) == (4, "PSWORKER_TF_THREADS")
+    assert devices.thread_budget(spec, "ps", 0, cpus=2, env={"TF_NUM_INTRAOP_THREADS": "3"}) == (
+        None, "TensorFlow's, from TF_NUM_INTRAOP_THREADS")
+    with pytest.raises(UsageError, match=r"PSWORKER_TF_THREADS='0': expected auto, tf or a number of threads"):
+        devices.thread_budget(spec, "ps", 0, env={devices.THREADS_ENV: "0"})
+    pytest.importorskip("tensorflow")
+    config = devices.ps_server_config(1)
+    assert (config.inter_op_parallelism_threads, config.intra_op_parallelism_threads) == (1, 1)
+    assert devices.server_config(2, 0, 3).intra_op_parallelism_threads == 3
+    assert devices.server_config(1, 0).inter_op_parallelism_threads == 0   # None: TensorFlow's own

@@ -206,6 +206,22 @@ def test_a_worker_without_its_ps_gives_up_after_the_startup_timeout(tmp_path, ma
 
 
 @pytest.mark.slow
+def test_a_worker_whose_ps_is_lost_mid_run_gives_up_saying_so_not_with_the_startup_hint(tmp_path, make_cluster):
+    cluster = make_cluster(num_workers=1, train=dict(max_steps=1_000_000, batch_size=32, log_every_steps=10),
+                           args={"worker:0": ["--startup_timeout_secs", "3"]}, argv=launch_script)
+    cluster.wait_for_log("worker:0", STEP_LINE, 120)
+    cluster.kill("ps:0")
+    assert cluster.wait_exit("worker:0", 120) == EXIT_PEER_GONE, cluster.tail("worker:0")
+    log = cluster.log("worker:0")
+    assert re.search(r"psworker: error: worker:0 gave up after 3 s \(--startup_timeout_secs\) waiting for ps:0 at "
+                     r"127\.0\.0\.1:\d+: it answered before and stopped in the middle of the run: was it "
+                     r"killed", log), \
+        log[-2000:]
+    assert "is that task started" not in log, log[-2000:]
+    assert_processes_gone(cluster.pids)
+
+
+@pytest.mark.slow
 def test_local_launcher_sync_run_the_ps_exits_by_itself(tmp_path):
     run = run_launcher([str(REPO / "cluster_specs" / "local-sync.yaml"), "--train_dir", str(tmp_path / "t"),
                         "--max_steps", "150", "--batch_size", "32", "--log_every_steps", "50"],

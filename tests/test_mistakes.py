@@ -51,6 +51,7 @@ def test_the_words_after_double_dash_are_the_commands_own(tmp_path, capsys):
 
 @pytest.mark.parametrize("name, value, problem", [
     ("PSWORKER_TF_THREAD_SPINNING", "bogus", "expected one of on, ps-off, off"),
+    ("PSWORKER_TF_THREADS", "0", "expected auto, tf or a number of threads (>= 1)"),
     ("PSWORKER_SPEC", "no/such/spec.yaml", "no such file"),
     ("PSWORKER_PYTHON", "no-such-python3", "no such program (the launch/ scripts run it as the interpreter)"),
     ("PSWORKER_PEERS_STOP_SECS", "soon", "expected a number of seconds > 0"),
@@ -67,15 +68,17 @@ def test_a_bad_environment_value_stops_the_launcher_before_it_starts(name, value
 
 
 def test_every_variable_is_checked_and_good_values_pass():
-    good = {"PSWORKER_TF_THREAD_SPINNING": " PS-OFF ", "PSWORKER_SPEC": str(SPEC), "PSWORKER_PYTHON": "python3",
-            "PSWORKER_MODELS": "any.module", "PSWORKER_PEERS_STOP_SECS": "3", "PSWORKER_SLOW_STEP_SECS": " 2.5 ",
-            "PSWORKER_GIVE_UP_GRACE_SECS": "1",
+    good = {"PSWORKER_TF_THREAD_SPINNING": " PS-OFF ", "PSWORKER_TF_THREADS": "3", "PSWORKER_SPEC": str(SPEC),
+            "PSWORKER_PYTHON": "python3", "PSWORKER_MODELS": "any.module", "PSWORKER_PEERS_STOP_SECS": "3",
+            "PSWORKER_SLOW_STEP_SECS": " 2.5 ", "PSWORKER_GIVE_UP_GRACE_SECS": "1",
             "PSWORKER_JOB_NAME": "set by psworker run: not a setting"}
     environment.check(good)
     assert {v.name for v in environment.VARIABLES} == set(good) - {"PSWORKER_JOB_NAME"}
     with pytest.raises(UsageError, match="PSWORKER_TF_THREAD_SPINNING='sometimes'"):
         environment.check({**good, "PSWORKER_TF_THREAD_SPINNING": "sometimes"})
     assert environment.spinning_setting({}) == "on"
+    assert environment.threads_setting({}) == "auto"
+    assert environment.threads_setting({"PSWORKER_TF_THREADS": " TF"}) == "tf"
     assert environment.seconds("PSWORKER_SLOW_STEP_SECS", 10.0, good) == 2.5
     assert environment.seconds("PSWORKER_SLOW_STEP_SECS", 10.0, {}) == 10.0
 

@@ -104,8 +104,10 @@ def _check_exit_naming_ps1_and_restart(tmp_path: Path, step_timeout: int) -> str
     ps1 = re.escape(watcher.ps[1])
     timed_out = (rf"worker:0: a training step did not finish within {step_timeout} s \(--step_timeout_secs\): "
                  rf"is a ps task overloaded or unreachable\? \(ps:1 at {ps1} did not answer for \d+ s\)")
-    # a step whose session was re-created (its old one closed without waiting on ps:1) waits for the ps as a start does
-    recreated = rf"worker:0 gave up after \d+ s \(--startup_timeout_secs\) waiting for ps:1 at {ps1}: .*"
+    # a step whose session was re-created (its old one closed without waiting on ps:1) waits for the ps, and says it
+    # was lost mid-run (not the start-up hint)
+    recreated = (rf"worker:0 gave up after \d+ s \(--startup_timeout_secs\) waiting for ps:1 at {ps1}: it answered "
+                 r"before and stopped in the middle of the run: .*")
     assert re.fullmatch(timed_out, errors[0]) or (step_timeout > 6 and re.fullmatch(recreated, errors[0])), errors[0]
     assert re.search(r"^psworker: worker:0 \(pid \d+\) exited: exit code 170$", out, re.MULTILINE), out[-6000:]
     assert "psworker: warning: restarting worker:0 (restart 1: exit code 170)" in out, out[-6000:]

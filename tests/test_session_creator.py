@@ -189,3 +189,22 @@ def test_a_restore_that_fails_names_the_checkpoint_and_the_variable(tmp_path):
                                                  r"variable weights unreadable \(\.data holds \d+ bytes, its index "
                                                  r"lists 4008\): Read less bytes than requested$"):
             creator.create_session()
+
+
+def test_a_close_that_does_not_return_is_left_behind_after_its_bound_and_errors_still_reach_the_caller():
+    import threading
+
+    from psworker.train.session import _bounded
+
+    release = threading.Event()
+    start = time.monotonic()
+    assert _bounded(release.wait, 0.3) is False          # still waiting: left running, the caller goes on
+    assert 0.3 <= time.monotonic() - start < 5
+    release.set()
+    assert _bounded(lambda: None, 5) is True
+
+    def fails():
+        raise RuntimeError("close failed")
+
+    with pytest.raises(RuntimeError, match="close failed"):
+        _bounded(fails, 5)

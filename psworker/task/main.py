@@ -87,9 +87,10 @@ def _ps(spec: ClusterSpec, index: int, name: str, keep_running: bool, workers_go
 
     srv.check_bind_safety(spec.ps[index], allow_public=allow_public_bind)
     _import_tensorflow(name)
-    from psworker.train.devices import ps_server_config
+    from psworker.train import devices
 
-    server = srv.start_server(spec, "ps", index, config=ps_server_config())
+    threads = devices.log_threads(name, devices.thread_budget(spec, "ps", index))
+    server = srv.start_server(spec, "ps", index, config=devices.ps_server_config(threads))
     reader = done_queue.DoneReader(server.target, "ps", index, len(spec.worker))
     if keep_running:
         log.info("%s: --keep_ps_running: serving until stopped", name)
@@ -161,7 +162,8 @@ def _worker(spec: ClusterSpec, index: int, config: TrainConfig, allow_public_bin
     _import_tensorflow(name)
     from psworker.train import devices
 
-    config, server_config = devices.for_worker(config, name)   # --num_devices auto: every visible GPU
+    threads = devices.log_threads(name, devices.thread_budget(spec, "worker", index))
+    config, server_config = devices.for_worker(config, name, threads)   # --num_devices auto: every visible GPU
     config = fast_path.resolve(config)   # pack_transfers, concurrent_steps auto: decided by the plan's rule
     server = srv.start_server(spec, "worker", index, config=server_config)
     from psworker.task import done_queue, replication, runner, shutdown

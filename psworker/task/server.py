@@ -77,6 +77,11 @@ def start_server(spec: ClusterSpec, job: str, index: int, *, config=None):
     return server
 
 
+STARTUP_HINT = "is that task started, and is the address in the spec right?"
+LOST_HINT = ("it answered before and stopped in the middle of the run: was it killed, or its host or network lost? "
+             "Start it again (a launcher restarts it by its restart policy; by hand, the same start command)")
+
+
 def is_reachable(address: str, timeout: float = 1.0) -> bool:
     """Whether a gRPC server answers at `host:port` within `timeout` seconds.
 
@@ -104,10 +109,12 @@ def wait_for_tasks(
     clock: Callable[[], float] = time.monotonic,
     log_every_secs: float = WAIT_LOG_EVERY_SECS,
     meanwhile: Optional[Callable[[], None]] = None,
+    hint: str = STARTUP_HINT,
 ) -> None:
     """Waits until every task in `{name: "host:port"}` answers; logs what it waits for.
 
-    `meanwhile()`, if given, runs after each round of probes that left a task down (it may raise to end the wait).
+    `meanwhile()`, if given, runs after each round of probes that left a task down (it may raise to end the wait);
+    `hint` ends the timeout's message (what to check).
 
     Raises:
         StartupTimeout: some task did not answer within `timeout_secs`; the message names them.
@@ -130,8 +137,7 @@ def wait_for_tasks(
 
     if not poll_until(everyone_up, timeout_secs, since=start, interval=PROBE_EVERY_SECS, clock=clock):
         raise StartupTimeout(
-            f"{who} gave up after {timeout_secs:g} s (--startup_timeout_secs) waiting for {_names(pending)}: "
-            "is that task started, and is the address in the spec right?"
+            f"{who} gave up after {timeout_secs:g} s (--startup_timeout_secs) waiting for {_names(pending)}: {hint}"
         )
 
 
@@ -144,4 +150,5 @@ def task_addresses(spec: ClusterSpec, jobs: Iterable[str] = ("ps",)) -> dict[str
     return {f"{job}:{i}": str(a) for job in jobs for i, a in enumerate(spec.addresses(job))}
 
 
-__all__ = ["check_bind_safety", "session_config", "start_server", "is_reachable", "wait_for_tasks", "task_addresses"]
+__all__ = ["STARTUP_HINT", "LOST_HINT", "check_bind_safety", "session_config", "start_server", "is_reachable",
+           "wait_for_tasks", "task_addresses"]

@@ -76,10 +76,15 @@ def session_creator(target: str, config: TrainConfig, tg: Any, scaffold: Any, re
     session re-created inside a step (after a ps failure) gives that step time for the waits that follow."""
     from psworker.train.session import FastSessionCreator
 
+    sessions = 0
+
     def wait_for_peers() -> None:
+        nonlocal sessions
+        sessions += 1
         watchdog.extend(2 * config.startup_timeout_secs + config.step_timeout_secs)
         srv.wait_for_tasks(replication.wait_for, timeout_secs=config.startup_timeout_secs, who=name,
-                           meanwhile=_CompleteOnDisk(config, name))
+                           meanwhile=_CompleteOnDisk(config, name),
+                           hint=srv.STARTUP_HINT if sessions == 1 else srv.LOST_HINT)
 
     on_live_model = (_sync_reset_on_restart(tg.sync_reset, name)
                      if replication.is_chief and tg.sync_reset is not None else None)

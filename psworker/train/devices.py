@@ -8,18 +8,27 @@ TensorFlow's thread pools spin a while waiting for work before they sleep (its d
 `PSWORKER_TF_THREAD_SPINNING` in the tasks' environment turns that off: `ps-off` on the ps tasks (which mostly wait
 on RPCs), `off` on every task, `on` (the default) nowhere. Opt-in: on this 2-core host `ps-off` took ~10% off the
 ps's CPU in most interleaved runs, ~1% of a run's, below the run-to-run noise (docs/performance.md, "Unshaped").
+
+TensorFlow gives each process two pools (inter-op and intra-op) of one thread per CPU. Where several of the spec's
+tasks share a host (`psworker local`: all of them), that oversubscribes it: their threads take turns on the same
+CPUs, and a step's hand-offs between gRPC's and the pools' threads become context switches. So each task's pools get
+the host's CPUs divided among the spec's tasks on it (at least 1; `thread_budget`), as torchrun sets
+`OMP_NUM_THREADS=1` for several processes per node. `PSWORKER_TF_THREADS=tf` keeps TensorFlow's own, a number sets
+it; `TF_NUM_INTEROP_THREADS` / `TF_NUM_INTRAOP_THREADS` in the environment win over both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
+import os
 from typing import Mapping, Optional, Union
 
-from psworker.environment import SPINNING_ENV, spinning_setting
+from psworker.environment import SPINNING_ENV, THREADS_ENV, spinning_setting, threads_setting
 from psworker.errors import UsageError
 from psworker.spec.fieldtypes import AUTO
-from psworker.spec import TrainConfig
+from psworker.spec import ClusterSpec, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +88,57 @@ def with_spinning(config, job: str):
     return config
 
 
-def server_config(num_towers: int, num_gpus: int):
+TF_THREAD_ENVS = ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
+
+
+def _host_key(host: str) -> str:
+    """The host an address names, loopback ones (`localhost`, 127.x, ::1) all this one; no DNS."""
+    host = host.strip("[]").lower()
+    try:
+        return "loopback" if host == "localhost" or ipaddress.ip_address(host).is_loopback else host
+    except ValueError:
+        return host
+
+
+def tasks_on_host(spec: ClusterSpec, job: str, index: int) -> int:
+    """How many of the spec's tasks (ps and workers, this one included) name this task's host."""
+    mine = _host_key(spec.addresses(job)[index].host)
+    return sum(_host_key(a.host) == mine for j in ("ps", "worker") for a in spec.addresses(j))
+
+
+def thread_budget(spec: ClusterSpec, job: str, index: int, *, cpus: Optional[int] = None,
+                  env: Optional[Mapping[str, str]] = None) -> tuple[Optional[int], str]:
+    """`(threads per TensorFlow pool, why)` for one task; None: TensorFlow's own count (see the module docstring).
+
+    Raises:
+        UsageError: `PSWORKER_TF_THREADS` holds a bad value.
+    """
+    env = os.environ if env is None else env
+    setting = threads_setting(env)
+    if any(env.get(name) for name in TF_THREAD_ENVS):
+        return None, "TensorFlow's, from " + " and ".join(n for n in TF_THREAD_ENVS if env.get(n))
+    if setting == "tf":
+        return None, "TensorFlow's own (PSWORKER_TF_THREADS=tf)"
+    if setting != "auto":
+        return int(setting), "PSWORKER_TF_THREADS"
+    cpus = cpus or len(os.sched_getaffinity(0))
+    sharing = tasks_on_host(spec, job, index)
+    if sharing <= 1:
+        return None, "TensorFlow's own: no other task of the spec on this host"
+    return max(1, cpus // sharing), f"{cpus} CPUs shared by the spec's {sharing} tasks on this host"
+
+
+def with_threads(config, threads: Optional[int]):
+    """`config` (a `ConfigProto`, changed in place) with both pools at `threads` (None: left to TensorFlow)."""
+    if threads is not None:
+        config.inter_op_parallelism_threads = threads
+        config.intra_op_parallelism_threads = threads
+    return config
+
+
+def server_config(num_towers: int, num_gpus: int, threads: Optional[int] = None):
     """A worker server's `ConfigProto`: GPU memory grown on demand; `num_towers` CPU devices for CPU towers; thread
-    spinning as `thread_spinning("worker")` says."""
+    spinning as `thread_spinning("worker")` says; `threads` per pool (`with_threads`)."""
     import tensorflow as tf
 
     from psworker.train import towers
@@ -91,18 +148,18 @@ def server_config(num_towers: int, num_gpus: int):
         config.gpu_options.allow_growth = True
     elif num_towers > 1:
         config = towers.session_config_for_towers(num_towers)
-    return with_spinning(config, "worker")
+    return with_threads(with_spinning(config, "worker"), threads)
 
 
-def ps_server_config():
+def ps_server_config(threads: Optional[int] = None):
     """A ps server's `ConfigProto`: no GPU devices (variables live in host memory; the GPUs are the workers'); thread
-    spinning as `thread_spinning("ps")` says."""
+    spinning as `thread_spinning("ps")` says; `threads` per pool (`with_threads`)."""
     import tensorflow as tf
 
-    return with_spinning(tf.compat.v1.ConfigProto(device_count={"GPU": 0}), "ps")
+    return with_threads(with_spinning(tf.compat.v1.ConfigProto(device_count={"GPU": 0}), "ps"), threads)
 
 
-def for_worker(config: TrainConfig, name: str):
+def for_worker(config: TrainConfig, name: str, threads: Optional[int] = None):
     """Resolves `config.num_devices` in this worker process and logs the towers.
 
     Returns:
@@ -111,8 +168,16 @@ def for_worker(config: TrainConfig, name: str):
     gpus = visible_gpus()
     config = resolve(config, gpus)
     log.info("%s: %s", name, describe(config.num_devices, gpus))
-    return config, server_config(config.num_devices, gpus)
+    return config, server_config(config.num_devices, gpus, threads)
+
+
+def log_threads(name: str, budget: tuple[Optional[int], str]) -> Optional[int]:
+    """Logs a task's thread budget (`thread_budget`'s pair); returns the count."""
+    threads, why = budget
+    log.info("%s: TensorFlow threads per pool: %s (%s)", name, "one per CPU" if threads is None else threads, why)
+    return threads
 
 
 __all__ = ["visible_gpus", "resolve_num_devices", "device_names", "describe", "resolve", "thread_spinning",
-           "with_spinning", "server_config", "ps_server_config", "for_worker", "SPINNING_ENV"]
+           "with_spinning", "TF_THREAD_ENVS", "tasks_on_host", "thread_budget", "with_threads", "server_config",
+           "ps_server_config", "for_worker", "log_threads", "SPINNING_ENV", "THREADS_ENV"]

@@ -14,12 +14,33 @@ from psworker.errors import op_error_line
 log = logging.getLogger(__name__)
 
 RECOVERY_WAIT_SECS = 0.1   # TF's default is 30 s: a non-chief would sleep that long before its first step
+CLOSE_WAIT_SECS = 10.0     # a session's close that takes longer is left to finish (or not) in the background
 
 
 def _base_creator():
     import tensorflow as tf
 
     return tf.compat.v1.train.SessionCreator
+
+
+def _bounded(call: Callable[[], None], secs: float) -> bool:
+    """Runs `call()` in a daemon thread for at most `secs`: True once it returned (its exception re-raised here),
+    False if it still runs. A gRPC session's close waits on every task it ran on (`MasterSession::Close`), without
+    a deadline: after a ps is lost for good, it was seen to wait for minutes (2 of 17 runs)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as e:   # noqa: BLE001 - handed to the caller's thread
+            raised.append(e)
+
+    thread = threading.Thread(target=run, name="psworker-session-close", daemon=True)
+    thread.start()
+    thread.join(secs)
+    if raised:
+        raise raised[0]
+    return not thread.is_alive()
 
 
 class FastSessionCreator(_base_creator()):
@@ -47,6 +68,8 @@ class FastSessionCreator(_base_creator()):
       through `os._exit`, and `tf.Session.close()` of a gRPC session was measured at 1.7-2.4 s in about a third of
       the runs (the master waits on its workers), the bulk of the time between a worker's last step and its exit.
       The sessions are kept referenced so that garbage collection cannot close them either.
+    - Any other close (MonitoredSession's, after a ps failure, before it makes a new session) waits at most
+      `CLOSE_WAIT_SECS`, then leaves the close running and goes on, with a warning (`_bounded`).
     """
 
     def __init__(self, scaffold, *, master: str, config, is_chief: bool, checkpoint_dir: Optional[str],
@@ -83,8 +106,10 @@ class FastSessionCreator(_base_creator()):
         def close():
             if self._abandon:
                 self._abandoned.append(sess)
-                return
-            real_close()
+            elif not _bounded(real_close, CLOSE_WAIT_SECS):
+                self._abandoned.append(sess)
+                log.warning("%s: closing the session did not finish within %g s (TensorFlow waits on a task that "
+                            "does not answer); going on without waiting for it", self._name, CLOSE_WAIT_SECS)
 
         sess.close = close   # MonitoredSession's wrappers call `close()` on the object we return
         return sess
