@@ -162,6 +162,14 @@ def test_tasks_sharing_a_host_divide_its_cpus_among_their_thread_pools():
     assert devices.tasks_on_host(mixed, "worker", 2) == 1
     assert devices.thread_budget(mixed, "worker", 2, cpus=8, env={}) == (
         None, "TensorFlow's own: no other task of the spec on this host")
+    assert devices.budget_line(spec, cpus=2, env={}) == (
+        "TensorFlow threads per pool: 1 per task on this machine (its 2 CPUs over the spec's 3 tasks); "
+        "PSWORKER_TF_THREADS=tf keeps one per CPU")
+    assert devices.budget_line(mixed, cpus=8, env={}) == (
+        "TensorFlow threads per pool: 2 per task on this machine (its 8 CPUs over the spec's 3 tasks); 10.0.0.2's CPUs "
+        "over its 2 tasks; PSWORKER_TF_THREADS=tf keeps one per CPU")
+    assert devices.budget_line(spec, env={devices.THREADS_ENV: "tf"}) == (
+        "TensorFlow threads per pool: one per CPU: TensorFlow's own (PSWORKER_TF_THREADS=tf)")
     assert devices.thread_budget(spec, "ps", 0, cpus=2, env={devices.THREADS_ENV: "tf"})[0] is None
     assert devices.thread_budget(spec, "ps", 0, cpus=2, env={devices.THREADS_ENV: "4"}) == (4, "PSWORKER_TF_THREADS")
     assert devices.thread_budget(spec, "ps", 0, cpus=2, env={"TF_NUM_INTRAOP_THREADS": "3"}) == (

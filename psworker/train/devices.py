@@ -128,6 +128,25 @@ def thread_budget(spec: ClusterSpec, job: str, index: int, *, cpus: Optional[int
     return max(1, cpus // sharing), f"{cpus} CPUs shared by the spec's {sharing} tasks on this host"
 
 
+def budget_line(spec: ClusterSpec, *, cpus: Optional[int] = None, env: Optional[Mapping[str, str]] = None) -> str:
+    """`plan`'s line: each shared host's threads per pool (this machine's CPUs for loopback addresses)."""
+    env = os.environ if env is None else env
+    head = "TensorFlow threads per pool: "
+    if threads_setting(env) != "auto" or any(env.get(name) for name in TF_THREAD_ENVS):
+        threads, why = thread_budget(spec, "ps", 0, cpus=cpus, env=env)
+        return head + f"{'one per CPU' if threads is None else threads}: {why}"
+    counts: dict[str, int] = {}
+    for job in ("ps", "worker"):
+        for address in spec.addresses(job):
+            counts[_host_key(address.host)] = counts.get(_host_key(address.host), 0) + 1
+    cpus = cpus or len(os.sched_getaffinity(0))
+    parts = [f"{max(1, cpus // n)} per task on this machine (its {cpus} CPUs over the spec's {n} tasks)"
+             if host == "loopback" else f"{host}'s CPUs over its {n} tasks" for host, n in counts.items() if n > 1]
+    if not parts:
+        return head + "one per CPU (no two tasks share a host)"
+    return head + "; ".join(parts) + "; PSWORKER_TF_THREADS=tf keeps one per CPU"
+
+
 def with_threads(config, threads: Optional[int]):
     """`config` (a `ConfigProto`, changed in place) with both pools at `threads` (None: left to TensorFlow)."""
     if threads is not None:
@@ -179,5 +198,5 @@ def log_threads(name: str, budget: tuple[Optional[int], str]) -> Optional[int]:
 
 
 __all__ = ["visible_gpus", "resolve_num_devices", "device_names", "describe", "resolve", "thread_spinning",
-           "with_spinning", "TF_THREAD_ENVS", "tasks_on_host", "thread_budget", "with_threads", "server_config",
-           "ps_server_config", "for_worker", "log_threads", "SPINNING_ENV", "THREADS_ENV"]
+           "with_spinning", "TF_THREAD_ENVS", "tasks_on_host", "thread_budget", "budget_line", "with_threads",
+           "server_config", "ps_server_config", "for_worker", "log_threads", "SPINNING_ENV", "THREADS_ENV"]
