@@ -61,8 +61,8 @@ def test_plan_prints_table():
     assert "worker (chief)" in r.stdout and "launch/start_worker.sh" in r.stdout
     assert "-m psworker ps --spec" in r.stdout
     cpus = len(os.sched_getaffinity(0))   # two-ps.yaml: 2 ps + 3 workers, all on localhost
-    assert (f"TensorFlow threads per pool: {max(1, cpus // 5)} per task on this machine (its {cpus} CPUs over the "
-            "spec's 5 tasks)") in r.stdout
+    assert (f"TensorFlow threads per pool: on this machine ({cpus} CPUs) {max(1, cpus // 5)} per ps, "
+            f"{max(1, cpus // 3)} per worker;") in r.stdout
 
 
 def test_tf_config_prints_the_task():
