@@ -5,6 +5,7 @@ The `ps`, `worker`, `local` and `eval` commands run for real in the end-to-end t
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -59,6 +60,9 @@ def test_plan_prints_table():
     assert r.returncode == 0, r.stderr
     assert "worker (chief)" in r.stdout and "launch/start_worker.sh" in r.stdout
     assert "-m psworker ps --spec" in r.stdout
+    cpus = len(os.sched_getaffinity(0))   # two-ps.yaml: 2 ps + 3 workers, all on localhost
+    assert (f"TensorFlow threads per pool: on this machine ({cpus} CPUs) {max(1, cpus // 5)} per ps, "
+            f"{max(1, cpus // 3)} per worker;") in r.stdout
 
 
 def test_tf_config_prints_the_task():

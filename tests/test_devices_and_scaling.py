@@ -150,19 +150,33 @@ def test_a_bad_thread_spinning_value_names_the_variable():
 
 
 def test_tasks_sharing_a_host_divide_its_cpus_among_their_thread_pools():
-    """Loopback addresses are one host; each task's pools get the host's CPUs over the spec's tasks there."""
-    spec = parse_spec(CLUSTER, "s.yaml")   # 3 tasks on localhost
+    """Loopback addresses are one host; a ps's pools get the host's CPUs over every task there, a worker's over the
+    workers there (its ps mostly waits on RPCs)."""
+    spec = parse_spec(CLUSTER, "s.yaml")   # 1 ps + 2 workers on localhost
     assert [devices.tasks_on_host(spec, "worker", i) for i in range(2)] == [3, 3]
+    assert devices.tasks_on_host(spec, "ps", 0, ("worker",)) == 2
     assert devices.thread_budget(spec, "ps", 0, cpus=2, env={}) == (
-        1, "2 CPUs shared by the spec's 3 tasks on this host")
-    assert devices.thread_budget(spec, "worker", 1, cpus=16, env={})[0] == 5
+        1, "2 CPUs shared by the spec's 3 ps and worker tasks here")
+    assert devices.thread_budget(spec, "worker", 1, cpus=16, env={}) == (
+        8, "16 CPUs shared by the spec's 2 worker tasks here")
+    one_worker = parse_spec("cluster:\n  ps: ['localhost:2222']\n  worker: ['localhost:2223']\n", "s.yaml")
+    assert devices.thread_budget(one_worker, "worker", 0, cpus=2, env={}) == (
+        None, "TensorFlow's own: the only worker on this host")
+    assert devices.thread_budget(one_worker, "ps", 0, cpus=2, env={})[0] == 1
     mixed = parse_spec("cluster:\n  ps: ['127.0.0.1:2222', '10.0.0.2:2222']\n  worker: ['127.0.0.3:2223', "
                        "'10.0.0.2:2223', 'node-c:2223', '[::1]:2224']\n", "s.yaml")
     assert [devices.tasks_on_host(mixed, "ps", i) for i in range(2)] == [3, 2]
     assert devices.tasks_on_host(mixed, "worker", 2) == 1
     assert devices.thread_budget(mixed, "worker", 2, cpus=8, env={}) == (
         None, "TensorFlow's own: no other task of the spec on this host")
-    assert devices.thread_budget(spec, "ps", 0, cpus=2, env={devices.THREADS_ENV: "tf"})[0] is None
+    assert devices.budget_line(spec, cpus=2, env={}) == (
+        "TensorFlow threads per pool: on this machine (2 CPUs) 1 per ps, 1 per worker; "
+        "PSWORKER_TF_THREADS=tf keeps one per CPU")
+    assert devices.budget_line(mixed, cpus=8, env={}) == (
+        "TensorFlow threads per pool: on this machine (8 CPUs) 2 per ps, 4 per worker; on a host several tasks "
+        "share, its CPUs over its workers (a ps: over all); PSWORKER_TF_THREADS=tf keeps one per CPU")
+    assert devices.budget_line(spec, env={devices.THREADS_ENV: "tf"}) == (
+        "TensorFlow threads per pool: one per CPU: TensorFlow's own (PSWORKER_TF_THREADS=tf)")
     assert devices.thread_budget(spec, "ps", 0, cpus=2, env={devices.THREADS_ENV: "4"}) == (4, "PSWORKER_TF_THREADS")
     assert devices.thread_budget(spec, "ps", 0, cpus=2, env={"TF_NUM_INTRAOP_THREADS": "3"}) == (
         None, "TensorFlow's, from TF_NUM_INTRAOP_THREADS")

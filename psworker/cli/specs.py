@@ -52,6 +52,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     else:
         print(planning.format_plan(spec, planning.plan(spec, args.spec)))
+    from psworker.train.devices import budget_line
+    print(budget_line(spec))
     if args.model is not None or args.ps_memory_limit is not None:
         model = merge_train(spec.train, {"model": args.model}).model if args.model else spec.train.model
         from psworker.train import plan_report

@@ -11,9 +11,10 @@ ps's CPU in most interleaved runs, ~1% of a run's, below the run-to-run noise (d
 
 TensorFlow gives each process two pools (inter-op and intra-op) of one thread per CPU. Where several of the spec's
 tasks share a host (`psworker local`: all of them), that oversubscribes it: their threads take turns on the same
-CPUs, and a step's hand-offs between gRPC's and the pools' threads become context switches. So each task's pools get
-the host's CPUs divided among the spec's tasks on it (at least 1; `thread_budget`), as torchrun sets
-`OMP_NUM_THREADS=1` for several processes per node. `PSWORKER_TF_THREADS=tf` keeps TensorFlow's own, a number sets
+CPUs, and a step's hand-offs between gRPC's and the pools' threads become context switches. So the pools are sized
+by the tasks that compete for the host's CPUs (at least 1 thread; `thread_budget`), as torchrun sets
+`OMP_NUM_THREADS=1` for several processes per node: a worker's by the workers on its host (a worker's step is the
+compute; its ps mostly waits on RPCs), a ps's by every task there. `PSWORKER_TF_THREADS=tf` keeps TensorFlow's own, a number sets
 it; `TF_NUM_INTEROP_THREADS` / `TF_NUM_INTRAOP_THREADS` in the environment win over both.
 """
 
@@ -100,10 +101,10 @@ def _host_key(host: str) -> str:
         return host
 
 
-def tasks_on_host(spec: ClusterSpec, job: str, index: int) -> int:
-    """How many of the spec's tasks (ps and workers, this one included) name this task's host."""
+def tasks_on_host(spec: ClusterSpec, job: str, index: int, jobs: tuple[str, ...] = ("ps", "worker")) -> int:
+    """How many of the spec's tasks of `jobs` name this task's host (this one included, if of `jobs`)."""
     mine = _host_key(spec.addresses(job)[index].host)
-    return sum(_host_key(a.host) == mine for j in ("ps", "worker") for a in spec.addresses(j))
+    return sum(_host_key(a.host) == mine for j in jobs for a in spec.addresses(j))
 
 
 def thread_budget(spec: ClusterSpec, job: str, index: int, *, cpus: Optional[int] = None,
@@ -122,10 +123,38 @@ def thread_budget(spec: ClusterSpec, job: str, index: int, *, cpus: Optional[int
     if setting != "auto":
         return int(setting), "PSWORKER_TF_THREADS"
     cpus = cpus or len(os.sched_getaffinity(0))
-    sharing = tasks_on_host(spec, job, index)
-    if sharing <= 1:
+    if tasks_on_host(spec, job, index) <= 1:
         return None, "TensorFlow's own: no other task of the spec on this host"
-    return max(1, cpus // sharing), f"{cpus} CPUs shared by the spec's {sharing} tasks on this host"
+    jobs = ("ps", "worker") if job == "ps" else ("worker",)
+    sharing = tasks_on_host(spec, job, index, jobs)
+    if sharing <= 1:
+        return None, "TensorFlow's own: the only worker on this host"
+    return max(1, cpus // sharing), f"{cpus} CPUs shared by the spec's {sharing} {' and '.join(jobs)} tasks here"
+
+
+def budget_line(spec: ClusterSpec, *, cpus: Optional[int] = None, env: Optional[Mapping[str, str]] = None) -> str:
+    """`plan`'s line: the threads per pool of this machine's tasks (loopback addresses), and the rule elsewhere."""
+    env = os.environ if env is None else env
+    head = "TensorFlow threads per pool: "
+    if threads_setting(env) != "auto" or any(env.get(name) for name in TF_THREAD_ENVS):
+        threads, why = thread_budget(spec, "ps", 0, cpus=cpus, env=env)
+        return head + f"{'one per CPU' if threads is None else threads}: {why}"
+    cpus = cpus or len(os.sched_getaffinity(0))
+    here: dict[str, Optional[int]] = {}
+    shared_elsewhere = False
+    for job in ("ps", "worker"):
+        for i, address in enumerate(spec.addresses(job)):
+            if _host_key(address.host) == "loopback":
+                here.setdefault(job, thread_budget(spec, job, i, cpus=cpus, env=env)[0])
+            else:
+                shared_elsewhere = shared_elsewhere or tasks_on_host(spec, job, i) > 1
+    parts = [f"{'one per CPU' if here[job] is None else here[job]} per {job}" for job in here]
+    line = f"on this machine ({cpus} CPUs) " + ", ".join(parts) if any(t is not None for t in here.values()) else ""
+    if shared_elsewhere:
+        line += ("; " if line else "") + "on a host several tasks share, its CPUs over its workers (a ps: over all)"
+    if not line:
+        return head + "one per CPU (no two tasks share a host)"
+    return head + line + "; PSWORKER_TF_THREADS=tf keeps one per CPU"
 
 
 def with_threads(config, threads: Optional[int]):
@@ -179,5 +208,5 @@ def log_threads(name: str, budget: tuple[Optional[int], str]) -> Optional[int]:
 
 
 __all__ = ["visible_gpus", "resolve_num_devices", "device_names", "describe", "resolve", "thread_spinning",
-           "with_spinning", "TF_THREAD_ENVS", "tasks_on_host", "thread_budget", "with_threads", "server_config",
-           "ps_server_config", "for_worker", "log_threads", "SPINNING_ENV", "THREADS_ENV"]
+           "with_spinning", "TF_THREAD_ENVS", "tasks_on_host", "thread_budget", "budget_line", "with_threads",
+           "server_config", "ps_server_config", "for_worker", "log_threads", "SPINNING_ENV", "THREADS_ENV"]
