@@ -2,12 +2,12 @@
 log of the integers, an MLP on top (the deep half of wide & deep), logloss, Adagrad with sparse updates.
 
 The 26 categorical columns share one table (`embeddings`, `[sum of buckets, EMBEDDING_DIM]`): column `c`'s value
-lands in row `offset[c] + hash(value) % buckets[c]` (`data.criteo.table_rows`, in the graph `preprocess_fields`). One fused variable rather
-than 26: one gather per ps per step instead of 26 (the issue measured 26 tables 1.5x slower in TF2's PSS). On a
-cluster the table is split by rows into one shard per ps (`train.placement`), each shard's Adagrad accumulator beside
-it. A step takes the batch's distinct rows (`tf.unique`), gathers only those on the ps tasks (`embedding_lookup`,
-contiguous row ranges: `div`), and pushes their gradients as `IndexedSlices`, applied on the ps by
-`train.slots.adagrad` (marked distinct, so not summed by row again there).
+lands in row `offset[c] + hash(value) % buckets[c]` (`data.criteo.table_rows`; in the graph, `preprocess_fields`).
+One fused variable rather than 26: one gather per ps per step instead of 26 (the issue measured 26 tables 1.5x
+slower in TF2's PSS). On a cluster the table is split by rows into one shard per ps (`train.placement`), each
+shard's Adagrad accumulator beside it. A step takes the batch's distinct rows (`tf.unique`), gathers only those
+on the ps tasks (`embedding_lookup`, contiguous row ranges: `div`), and pushes their gradients as `IndexedSlices`,
+applied on the ps by `train.slots.adagrad` (marked distinct, so not summed by row again there).
 
 The logits are `[0, z]` for a click score `z`, so softmax gives `sigmoid(z)` as the click probability and the
 trainer's two-class machinery (export's `classes`, the sync and tower code) works unchanged.

@@ -14,8 +14,8 @@ tasks share a host (`psworker local`: all of them), that oversubscribes it: thei
 CPUs, and a step's hand-offs between gRPC's and the pools' threads become context switches. So the pools are sized
 by the tasks that compete for the host's CPUs (at least 1 thread; `thread_budget`), as torchrun sets
 `OMP_NUM_THREADS=1` for several processes per node: a worker's by the workers on its host (a worker's step is the
-compute; its ps mostly waits on RPCs), a ps's by every task there. `PSWORKER_TF_THREADS=tf` keeps TensorFlow's own, a number sets
-it; `TF_NUM_INTEROP_THREADS` / `TF_NUM_INTRAOP_THREADS` in the environment win over both.
+compute; its ps mostly waits on RPCs), a ps's by every task there. `PSWORKER_TF_THREADS=tf` keeps TensorFlow's
+own, a number sets it; `TF_NUM_INTEROP_THREADS` / `TF_NUM_INTRAOP_THREADS` in the environment win over both.
 """
 
 from __future__ import annotations
