@@ -44,6 +44,10 @@ def test_plan_with_a_model_and_export_print_no_tensorflow_chatter(tmp_path):
     assert plan.returncode == 0 and "total: 19,210 trainable parameters" in plan.stdout, plan.stderr
     assert not [line for line in plan.stderr.splitlines() if is_noise(line) or line.startswith("To enable")], \
         plan.stderr
+    # criteo's graph (a table's gathers) drew TF's colocation deprecation, whose advice lines are not noise-shaped
+    criteo = _psworker("plan", str(REPO / "cluster_specs" / "criteo-2x2.yaml"), "--model", "criteo")
+    assert criteo.returncode == 0 and "sparse table embeddings" in criteo.stdout, criteo.stderr
+    assert [line for line in criteo.stderr.splitlines() if not line.startswith("psworker: ")] == [], criteo.stderr
     export = _psworker("export", "--train_dir", str(tmp_path))    # imports TensorFlow to find the checkpoint
     assert export.returncode == 3 and export.stderr == (f"psworker: error: no checkpoint in {tmp_path}: train first "
                                                         "(the chief writes them there)\n")

@@ -112,7 +112,9 @@ def placement_report(model_name: str, num_ps: int, *, batch_size: int = 2, pack_
     cluster = {"ps": [f"ps{i}:1" for i in range(num_ps)], "worker": ["worker0:1"]}
     config = TrainConfig(model=model_name, batch_size=batch_size, pack_transfers=pack_transfers)
     rows = []
-    with tf.Graph().as_default() as graph:
+    from tensorflow.python.util import deprecation
+
+    with tf.Graph().as_default() as graph, deprecation.silence():   # TF's v1 notes: nothing for a user to act on
         build_train_graph(model, config, cluster=cluster, task_index=0)
         traffic = step_traffic(graph, num_ps)
         trainable = {id(v) for v in tf.compat.v1.trainable_variables()}
