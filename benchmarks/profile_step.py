@@ -22,7 +22,7 @@ intervals (ms of wall time during which at least one such op ran) and, for compu
 
 criteo (psworker/models/criteo.py, its table whole on the one ps) adds the table's categories: the row gather on
 the ps (`ResourceGather`), the sparse Adagrad apply of the touched rows, and the worker's input (`IteratorGetNext`:
-the lines gathered by position in Python, hashed in the graph).
+the lines gathered by position and hashed to table rows in numpy, `data.criteo`).
 
 Prints a table per variant and last a JSON line with every number. Noisy on a shared machine: compare ratios.
 """

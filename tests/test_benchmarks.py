@@ -102,6 +102,9 @@ CASES: dict[str, Case] = {
                                for v in ("TF ResourceSparseApplyAdagrad", "psworker gathered_adagrad",
                                          "the same in its row_lock")),
                          last_json=lambda f: f["max_abs_diff"] < 1e-5),
+    "criteo_input": Case(tuple(rf"^  {v}\s+{NUM} CPU-us per batch,\s+{NUM} wall-us$"
+                               for v in (r"psworker \(numpy, hashed once\)", r"pss_peer \(strings, tf.data\)")),
+                         last_json=lambda f: f["args"]["batches"] == 20),
     "pss_peer": Case((rf"^pss mlp 1 ps \+ 1 worker\(s\): {NUM} examples/s \({NUM} steps/s\)",
                       r'"link_bytes": \[\[[1-9]'), needs="netns"),
 }
