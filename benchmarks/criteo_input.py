@@ -6,7 +6,8 @@
 In this process, on the same training days, each round draws `--batches` batches of `--batch_size` from each
 pipeline in turn and times the process's CPU (every thread: tf.data's too) and the wall clock per batch:
   - psworker: `data.criteo.dealt_dataset` (the split read once into int64 integers and 64-bit category keys; a
-    batch gathered by line number and hashed to table rows in numpy), as a worker reads its dealt shards;
+    batch gathered by line number and hashed to table rows in numpy), fed a shuffled range of line numbers one by
+    one, as a worker's dealt positions reach it (there from its dealer's shards, `train.dealer.positions_dataset`);
   - pss: `benchmarks/pss_peer.py`'s `criteo_dataset` (the lines' fields kept as strings; a batch parsed with
     `tf.strings.to_number` and hashed with `tf.strings.to_hash_bucket_fast` in a `map`, prefetched), as that peer's
     workers read it.

@@ -41,12 +41,11 @@ in-process one. An in-process run is unshaped, so with `--ps_link_rate none,...`
 `--variants "psworker,psworker staged,pss"` adds psworker with `--set staged_vars=true` (opt-in; the in-process column
 runs it unstaged); likewise "psworker unpacked" (`--set pack_transfers=false`: packing is on by default, issue 37),
 "psworker packed" (`--set pack_transfers=true`), "psworker 2 in flight" (`--set concurrent_steps=2`), "psworker 2 in
-flight packed" (both), "psworker 2 in flight packed nospin" (both,
-and `PSWORKER_TF_THREAD_SPINNING=off`) and "psworker tf threads" (`PSWORKER_TF_THREADS=tf`: TensorFlow's own thread
-pools, one thread per CPU per task, instead of the host's CPUs divided among its tasks). Runs are interleaved (each repeat runs every variant once), and the median over
---repeat is reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss; CPU-s per 1,000
-examples) and
-last a JSON line with every number.
+flight packed" (both), "psworker 2 in flight packed nospin" (both, and `PSWORKER_TF_THREAD_SPINNING=off`) and
+"psworker tf threads" (`PSWORKER_TF_THREADS=tf`: TensorFlow's own thread pools, one thread per CPU per task, instead
+of the host's CPUs divided among its tasks). Runs are interleaved (each repeat runs every variant once), and the
+median over --repeat is reported. Prints a table (examples/s; each side vs its own in-process; psworker vs pss;
+CPU-s per 1,000 examples) and last a JSON line with every number.
 """
 
 from __future__ import annotations
