@@ -11,6 +11,8 @@ Each variant is `NAME=CHECKOUT[:key=value...]`:
     python benchmarks/compare.py async=. sync=.:mode=sync --shapes 2 --repeat 2
     python benchmarks/compare.py default=. ps1=.:threads=1/1/0/0 --shapes 1,2
     python benchmarks/compare.py default=. tput=.:grpc=grpc.optimization_target=throughput
+    python benchmarks/compare.py before=/work/wt-before after=. --model criteo --criteo_dir /tmp/criteo \
+        --shapes 1 --batch_size 256 --steps 120 --repeat 5
 
 Rates are examples/s after the warm-up, from the workers' summaries (peers.py's `steady_rate`); a sync global step
 counts every aggregated worker's batch. Runs are interleaved (each repeat runs every variant once) and the median of
@@ -95,17 +97,19 @@ def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, si
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("variants", nargs="*", help="NAME=CHECKOUT[:mode=sync][:threads=A/B/C/D][:grpc=NAME=VALUE,...]")
-    p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    p.add_argument("--model", default="cnn", choices=["cnn", "mlp", "criteo"])
     p.add_argument("--shapes", default="1,2", help="workers per cluster (1 ps each), comma-separated")
-    p.add_argument("--steps", type=int, default=200, help="CNN global steps per run (MLP: x --mlp_factor)")
+    p.add_argument("--steps", type=int, default=200, help="CNN global steps per run (MLP: x --mlp_factor; criteo: x "
+                                                          "--criteo_factor)")
     p.add_argument("--mlp_factor", type=int, default=10)
+    p.add_argument("--criteo_factor", type=int, default=5)
+    p.add_argument("--criteo_dir", help="criteo: Criteo-format day files (`psworker data criteo-synthetic`)")
     p.add_argument("--intervals", type=int, default=5, help="summaries per worker and run")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--learning_rate", type=float, default=0.1)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--data_dir", help="CIFAR-10 records (default: synthetic, in a temporary folder)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
-    p.set_defaults(criteo_factor=1, criteo_dir=None)   # peers.psworker_run reads them (criteo: not compared here)
     p.add_argument("--quick", action="store_true", help=f"seconds, for tests/test_benchmarks.py: {QUICK}; variants "
                                                         "default to this checkout, async and sync")
     args = p.parse_args(argv)
@@ -118,6 +122,8 @@ def main(argv=None) -> int:
         variants = [parse_variant(v) for v in args.variants]
     except ValueError as exc:
         p.error(str(exc))
+    if args.model == "criteo" and not args.criteo_dir:
+        p.error("--model criteo needs --criteo_dir (psworker data criteo-synthetic --data_dir DIR)")
     shapes = [int(s) for s in args.shapes.split(",") if s]
     if not shapes or min(shapes) < 1:
         p.error("--shapes takes worker counts of 1 or more (in-process runs: benchmarks/peers.py)")

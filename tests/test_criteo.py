@@ -100,6 +100,9 @@ def test_no_tensor_of_a_table_shard_crosses_the_wire(train, caplog, monkeypatch)
            and "/job:ps" in where.of(op) and not t.op.name.startswith(("sync_", "dealer"))]
     if train.get("pack_transfers"):
         assert sorted(d for _, d in set(ids)) == [f"/job:ps/task:{i}" for i in range(3)], ids
+    if train == {"pack_transfers": True}:   # each ps: its ids, then one push (rows' and dense gradients), no scalar
+        pushed = {(t.name, where.of(op)) for t, op in _crossing(graph) if "/job:ps" in where.of(op)}
+        assert sorted(d for _, d in pushed) == sorted(2 * [f"/job:ps/task:{i}" for i in range(3)]), pushed
     assert any(TABLE_LINE.search(r.getMessage()) for r in caplog.records)
     if train.get("staged_vars"):
         assert any("sparse table embeddings: read and updated by rows on its ps, not pulled whole" in r.getMessage()

@@ -55,15 +55,16 @@ def _mlp_graph(cluster=None, **train):
 
 
 def test_bfloat16_halves_what_crosses_and_every_crossing_tensor_is_bfloat16():
-    """Read off the between-graph graph: float32 crosses as the variables' bytes (+ the learning rate pushed: the
-    MLP's is constant, so no global step is pulled); bfloat16 as half of them, and every non-scalar tensor between ps and worker is bfloat16."""
+    """Read off the between-graph graph: float32 crosses as the variables' bytes (the MLP's learning rate is a
+    constant, copied to the ps: nothing crosses for it, `transfer.local_constants`); bfloat16 as half of them, and
+    every non-scalar tensor between ps and worker is bfloat16."""
     from psworker.train import traffic
 
     graph32, _ = _mlp_graph()
     graph16, tg16 = _mlp_graph(transfer_dtype="bfloat16", staged_vars=True)
     params = sum(int(np.prod(v.shape)) for v in graph32.get_collection("trainable_variables"))
-    assert traffic.step_traffic(graph32, 1) == traffic.StepTraffic(pull=(4 * params,), push=(4 * params + 4,))
-    assert traffic.step_traffic(graph16, 1) == traffic.StepTraffic(pull=(2 * params,), push=(2 * params + 4,))
+    assert traffic.step_traffic(graph32, 1) == traffic.StepTraffic(pull=(4 * params,), push=(4 * params,))
+    assert traffic.step_traffic(graph16, 1) == traffic.StepTraffic(pull=(2 * params,), push=(2 * params,))
     crossing = [t for op in _step_ops(tg16.train_op) for t in op.inputs
                 if t.shape.rank and _job(t.op) != _job(op) and "resource" not in t.dtype.name]
     assert crossing and {t.dtype.name for t in crossing} == {"bfloat16"}, crossing

@@ -200,42 +200,45 @@ class Pulls:
         """The gradients as the ps receives them: cast to the transfer dtype on the worker, back on the ps. Staged,
         each is applied only after this step's pull has read its variable, so the next step computes on values that
         lack exactly this step's update (one step stale, never a race between zero and one). Packed, each ps's small
-        variables' gradients travel as one tensor (`_pack_pushes`), and a table's rows go with the ids its gather
-        already sent."""
+        variables' gradients and its table shards' rows travel as one tensor (`_pack_pushes`), and a table's rows go
+        with the ids its gather already sent."""
         tables = {id(t) for t in self.tables}   # a table's gradient is its rows' IndexedSlices
         packed = self._pack_pushes(grads_and_vars, tables) if self.options.packed else {}
         out = []
         for grad, var in grads_and_vars:
-            if grad is not None and id(var) in tables:
-                grad = _with_gathered_ids(grad) if self.options.packed else grad
-            elif grad is not None:
-                grad = packed[id(var)] if id(var) in packed else self._push_one(grad, var)
+            if grad is not None and id(var) in packed:
+                grad = packed[id(var)]
+            elif grad is not None and id(var) not in tables:
+                grad = self._push_one(grad, var)
             out.append((grad, var))
         return out
 
     def _pack_pushes(self, grads_and_vars, tables: set) -> dict:
-        """`{id(variable): its gradient on its ps}` for each ps's packable variables, concatenated (and cast) here
-        and split on the ps: one transfer a ps."""
+        """`{id(variable): its gradient on its ps}` for each ps's packable variables and, in float32, its table
+        shards' rows (their values; the ids are the gather's, already there), concatenated (and cast) here and split
+        on the ps: one transfer a ps. A table shard's gradient not packed still takes its gather's ids."""
         import tensorflow as tf
 
         v1 = tf.compat.v1
         wire = tf.as_dtype(self.options.dtype)
-        dense = [(g, v, None) for g, v in grads_and_vars
-                 if isinstance(g, tf.Tensor) and id(v) not in tables and self._packable(v)]
-        out = {}
-        for i, (device, members) in enumerate(_by_device(dense).items()):
-            if len(members) < 2:
+        out = {id(v): _with_gathered_ids(g) for g, v in grads_and_vars if g is not None and id(v) in tables}
+        members = [(g, v) for g, v in grads_and_vars
+                   if isinstance(g, tf.Tensor) and id(v) not in tables and self._packable(v)]
+        if wire == tf.float32:   # a table's rows stay float32 on the wire whatever --transfer_dtype says
+            members += [(out[id(v)], v) for _, v in grads_and_vars if id(v) in out and _rows_packable(out[id(v)], v)]
+        for i, (device, group) in enumerate(_by_device(members).items()):
+            if len(group) < 2:
                 continue
             with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-                flat = tf.concat([tf.reshape(g, [-1]) for g, _, _ in members], 0, name=f"psworker_push_{i}/push")
+                flat = tf.concat([tf.reshape(_values(g), [-1]) for g, _ in group], 0, name=f"psworker_push_{i}/push")
                 if wire != tf.float32:
                     flat = tf.cast(flat, wire, name=f"psworker_push_{i}/push_{self.options.dtype}")
-            reads = list({id(r): r for r in (self._reads.get(id(v)) for _, v, _ in members) if r is not None}.values())
+            reads = list({id(r): r for r in (self._reads.get(id(v)) for _, v in group) if r is not None}.values())
             with v1.colocate_with(None, ignore_existing=True), v1.device(device), tf.control_dependencies(reads):
                 got = tf.cast(flat, tf.float32) if wire != tf.float32 else tf.identity(flat)
-                sizes = [v.shape.num_elements() for _, v, _ in members]
-                pieces = tf.split(got, sizes, name=f"psworker_push_{i}/pushed")
-                out.update({id(v): tf.reshape(p, v.shape) for (_, v, _), p in zip(members, pieces)})
+                pieces = tf.split(got, tf.stack([_flat_size(g, v) for g, v in group]), num=len(group),
+                                  name=f"psworker_push_{i}/pushed")
+                out.update({id(v): _unflat(p, g, v) for (g, v), p in zip(group, pieces)})
         return out
 
     def _push_one(self, grad, var):
@@ -305,6 +308,78 @@ class Pulls:
         return tf.group(*fills, name="psworker_staged_vars_fill")
 
 
+LOCAL_CONST_MAX_BYTES = 4096   # constants up to this size get a copy on each ps that takes them (`local_constants`)
+
+
+def local_constants(graph) -> int:
+    """Gives each op on a ps that takes a small constant made on another task (a constant learning rate, a
+    gradient's shape) a copy of it on its own task; returns how many inputs it rewired. TF's partitioning sends such
+    a constant every step, an RPC of its own (4 bytes for a learning rate): measured in a trace, `edge_N_learning_rate`
+    received by the ps at each step. Ops inside a loop keep theirs."""
+    import tensorflow as tf
+    from tensorflow.python.framework import tensor_util
+
+    from psworker.train.traffic import _Devices, _ps_of
+
+    where, copies, rewired = _Devices(graph), {}, 0
+    for op in list(graph.get_operations()):
+        dst = where.of(op)
+        if _ps_of(dst) is None or op._control_flow_context is not None:   # pylint: disable=protected-access
+            continue
+        for i, tensor in enumerate(op.inputs):
+            if tensor.op.type != "Const" or _task_of(where.of(tensor.op)) == _task_of(dst) \
+                    or tensor.op._control_flow_context is not None \
+                    or not tensor.shape.is_fully_defined() \
+                    or tensor.shape.num_elements() * tensor.dtype.size > LOCAL_CONST_MAX_BYTES:
+                continue
+            key = (tensor.name, _task_of(dst))
+            if key not in copies:
+                with graph.as_default(), tf.compat.v1.colocate_with(None, ignore_existing=True), \
+                        tf.compat.v1.device(dst), tf.control_dependencies(None):
+                    value = tensor_util.MakeNdarray(tensor.op.get_attr("value"))
+                    copies[key] = tf.constant(value, tensor.dtype, name=f"{tensor.op.name}_local")
+            op._update_input(i, copies[key])   # pylint: disable=protected-access
+            rewired += 1
+    return rewired
+
+
+def _task_of(device: str) -> tuple:
+    import tensorflow as tf
+
+    spec = tf.DeviceSpec.from_string(device or "")
+    return spec.job, spec.replica or 0, spec.task or 0
+
+
+def _values(grad):
+    """A gradient's values: an `IndexedSlices`' rows, or the tensor itself."""
+    return grad.values if hasattr(grad, "indices") else grad
+
+
+def _rows_packable(grad, var) -> bool:
+    """Whether a table shard's gradient `grad` can share its ps's push: float32 rows of a known width (their ids
+    cross on their own: the ps needs them for its gather before the step's push)."""
+    return (hasattr(grad, "indices") and grad.values.dtype.base_dtype.name == "float32"
+            and var.shape[1:].is_fully_defined())
+
+
+def _flat_size(grad, var):
+    """The number of floats `grad` adds to a pack, as the ps knows it (a table's from its ids, already there)."""
+    import tensorflow as tf
+
+    if hasattr(grad, "indices"):
+        return tf.cast(tf.size(grad.indices), tf.int32) * int(var.shape[1:].num_elements())
+    return tf.constant(var.shape.num_elements(), tf.int32)
+
+
+def _unflat(piece, grad, var):
+    """`piece` of a pack, on the ps, shaped as `grad`: the variable's shape, or a table's rows with `grad`'s ids."""
+    import tensorflow as tf
+
+    if hasattr(grad, "indices"):
+        return tf.IndexedSlices(tf.reshape(piece, [-1, *var.shape[1:]]), grad.indices, grad.dense_shape)
+    return tf.reshape(piece, var.shape)
+
+
 def _by_device(members: list) -> dict:
     """`members` (tuples whose second item is a variable) grouped by the variable's device, in order."""
     groups: dict = {}
@@ -344,4 +419,5 @@ def register_fill(fill) -> None:
         v1.add_to_collection(key, tf.group(fill, name="local_init_and_staged_fill"))
 
 
-__all__ = ["DTYPES", "TransferOptions", "options_of", "Pulls", "register_fill"]
+__all__ = ["DTYPES", "LOCAL_CONST_MAX_BYTES", "TransferOptions", "options_of", "Pulls", "local_constants",
+           "register_fill"]
