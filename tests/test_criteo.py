@@ -305,9 +305,11 @@ def test_a_checkpoint_written_with_2_ps_restores_with_3(criteo_dir, tmp_path):
     m = AUC_LINE.search(second.output)
     assert m and int(m[4]) == 300 and float(m[1]) >= LEARNED_AUC, second.output[-3000:]
     chief = (tmp_path / "train" / "logs" / "worker-0.log").read_text()
-    packs = re.findall(r"packed transfers: (\d+) variables on /job:ps/task:(\d)", chief)
-    # the 6 dense variables, dense1/weights as 3 shards: one on each ps
-    assert sorted(t for _, t in packs) == ["0", "1", "2"] and sum(int(n) for n, _ in packs) == 8, chief[-3000:]
+    packs = re.findall(r"packed transfers: (\d+) variables and the rows read from embeddings/part_(\d) on "
+                       r"/job:ps/task:(\d)", chief)
+    # the 6 dense variables, dense1/weights as 3 shards, and each ps's table shard's rows: one pack on each ps
+    assert sorted(t for _, _, t in packs) == ["0", "1", "2"] and sum(int(n) for n, _, _ in packs) == 8, chief[-3000:]
+    assert sorted(shard for _, shard, _ in packs) == ["0", "1", "2"], packs
     import tensorflow as tf
 
     shapes = tf.train.load_checkpoint(str(tmp_path / "train" / "model.ckpt-300")).get_variable_to_shape_map()
@@ -343,3 +345,41 @@ def test_the_ps_update_the_tables_rows_without_summing_them_again(num_ps, train,
     assert on_ps["ResourceSparseApplyAdagrad"] == 0 and on_ps["ResourceScatterUpdate"] >= 2 * num_ps, on_ps
     assert on_ps["Unique"] == 0 and on_ps["UnsortedSegmentSum"] == 0, on_ps
     assert on_ps["MutexLock"] == num_ps and on_ps["MutexV2"] == num_ps, on_ps   # one update of a shard at a time
+
+
+def _one_process_run(criteo_dir: Path, steps: int, **train) -> tuple[list, list]:
+    """`steps` steps of criteo in one process (the batches' seed 1, the variables set from a seeded generator);
+    every trainable variable after each step, and the table shards whose rows went with a pack."""
+    import numpy as np
+    import tensorflow as tf
+
+    from psworker import models
+    from psworker.train.graph import build_train_graph
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        config = TrainConfig(model="criteo", data_dir=str(criteo_dir), seed=1, batch_size=64, **train)
+        tg = build_train_graph(models.get("criteo"), config, cluster=None, task_index=0)
+        trainable = v1.trainable_variables()
+        with v1.train.MonitoredSession(session_creator=v1.train.ChiefSessionCreator()) as sess:
+            raw = sess._tf_sess()   # pylint: disable=protected-access  (reads without running hooks)
+            rng = np.random.default_rng(1)
+            for v in trainable:
+                v.load(rng.normal(0, 0.05, v.shape.as_list()).astype(np.float32), raw)
+            values = []
+            for _ in range(steps):
+                sess.run(tg.train_op)
+                values.append(raw.run(trainable))
+    return values, tg.pulls.packed_rows if tg.pulls is not None else []
+
+
+def test_the_rows_in_a_pack_train_exactly_as_gathered_alone(criteo_dir):
+    """Packed, the table's rows travel with the dense weights (pulled in one tensor, their gradients pushed in
+    one): 6 steps change every variable, table included, bit for bit as the unpacked graph does."""
+    import numpy as np
+
+    packed, rows = _one_process_run(criteo_dir, 6, pack_transfers=True)
+    plain, none = _one_process_run(criteo_dir, 6, pack_transfers=False)
+    assert [name for _, name in rows] == ["embeddings"] and none == [], (rows, none)
+    assert all(np.array_equal(a, b) for step, again in zip(packed, plain) for a, b in zip(step, again))
+    assert not np.array_equal(packed[0][0], packed[-1][0])   # the table did change

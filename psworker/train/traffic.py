@@ -96,10 +96,18 @@ def _on_worker(device: str) -> bool:
 
 
 def _nbytes(tensor) -> int:
-    shape = tensor.shape
-    if not shape.is_fully_defined():
-        return 0
-    return int(shape.num_elements()) * tensor.dtype.base_dtype.size
+    """The bytes of `tensor` its graph knows: of a packed transfer (a concatenation, maybe cast) whose rows' part
+    has no static size, its variables' part (the rows are `sparse_traffic`'s)."""
+    shape, size = tensor.shape, tensor.dtype.base_dtype.size
+    if shape.is_fully_defined():
+        return int(shape.num_elements()) * size
+    op = tensor.op
+    if op.type == "ConcatV2":
+        return sum(_nbytes(t) for t in op.inputs[:-1])
+    if op.type in ("Cast", "Identity", "Reshape"):
+        source = op.inputs[0]
+        return _nbytes(source) * size // source.dtype.base_dtype.size
+    return 0
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,9 @@ class Pulls:
         self._reads: dict[int, Any] = {}         # id(variable or shard) -> its read on the ps (staged only)
         self.tables: list = []                   # sparse tables (shards): read by rows on the ps, never pulled whole
         self._landed: list = []                  # packed: (worker-side identity, variable, its read on the ps)
+        self._rows: list = []                    # packed: (worker-side identity, table shard, its gather, the ids)
         self.packs: list[tuple[str, list[str]]] = []   # packed: (ps device, the variables read as one tensor)
+        self.packed_rows: list[tuple[str, str]] = []   # packed: (ps device, a table shard whose rows go with it)
 
     def scope(self):
         """A variable scope (the current one, reopened) whose trainable `get_variable`s go through `pull`."""
@@ -147,44 +149,97 @@ class Pulls:
         self.pack()
 
     def pack(self) -> None:
-        """Packed: each ps's small variables (`_packable`) travel as one transfer a step. They are read on their ps
-        as one tensor, their values concatenated (and cast once), and split here; each pulled variable's tensor is
+        """Packed: each ps's small variables (`_packable`) and the rows its table shards' gathers read
+        (`_land_rows`) travel as one transfer a step. They are read on their ps as one tensor, their values
+        concatenated (and cast once), and split here; each pulled variable's tensor, and each gather's rows, is
         rewired to its slice. Call once the model is built."""
         import tensorflow as tf
 
         v1 = tf.compat.v1
         wire = tf.as_dtype(self.options.dtype)
-        for device, members in _by_device(self._landed).items():
+        for device, members in _by_device(self._landed + self._rows).items():
             if len(members) < 2:
                 continue
             tag = f"psworker_pack_{len(self.packs)}"
             with v1.colocate_with(None, ignore_existing=True), v1.device(device):
-                flat = tf.concat([tf.reshape(read, [-1]) for _, _, read in members], 0, name=f"{tag}/pull")
+                flat = tf.concat([tf.reshape(read, [-1]) for _, _, read, *_ in members], 0, name=f"{tag}/pull")
                 if wire != tf.float32:
                     flat = tf.cast(flat, wire, name=f"{tag}/pull_{self.options.dtype}")
             with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-                pieces = tf.split(flat, [v.shape.num_elements() for _, v, _ in members], name=f"{tag}/pulled")
-                for (landed, var, _), piece in zip(members, pieces):
-                    landed.op._update_input(0, tf.reshape(piece, var.shape))   # pylint: disable=protected-access
+                sizes = tf.stack([_pulled_size(m) for m in members])   # a gather's from its ids, here
+                pieces = tf.split(flat, sizes, num=len(members), name=f"{tag}/pulled")
+                for (landed, var, read, *_), piece in zip(members, pieces):
+                    shape = var.shape if read.op.type != "ResourceGather" else [-1, *var.shape[1:]]
+                    landed.op._update_input(0, tf.reshape(piece, shape))   # pylint: disable=protected-access
                     if id(var) in self._reads:
                         self._reads[id(var)] = flat   # staged: the update waits for the pack's read
-            self.packs.append((device, [v.op.name for _, v, _ in members]))
-        self._landed = []
+            self.packs.append((device, [v.op.name for _, v, read, *_ in members if read.op.type != "ResourceGather"]))
+            self.packed_rows += [(device, v.op.name) for _, v, read, *_ in members if read.op.type == "ResourceGather"]
+        self._landed, self._rows = [], []
         for device, names in self.packs:
-            log.info("packed transfers: %d variables on %s pulled and pushed as one tensor each way", len(names),
-                     device)
+            rows = [name for where, name in self.packed_rows if where == device]
+            log.info("packed transfers: %d variables%s on %s pulled and pushed as one tensor each way", len(names),
+                     f" and the rows read from {', '.join(rows)}" if rows else "", device)
 
     def compute_gradients(self, loss, var_list=None, **_):
         """`[(gradient, variable)]` of `loss` for every variable pulled so far (an optimizer's signature, so that
-        `towers.build_tower_gradients` can take this object as its optimizer)."""
+        `towers.build_tower_gradients` can take this object as its optimizer). A table shard whose rows landed here
+        (`_land_rows`) gets the gradient of those rows, indexed by its gather's ids."""
         import tensorflow as tf
 
         if var_list is not None:
             raise ValueError("Pulls.compute_gradients takes every pulled variable")
+        rows = self._land_rows(loss.graph)
+        landed = {id(shard): (rows_here, ids) for rows_here, shard, _, ids in rows}
+        xs = [t for t, _ in self.pairs] + [landed[id(t)][0] if id(t) in landed else t for t in self.tables]
         # v1's gradients, as an optimizer's `compute_gradients` takes them: TF2's colocate each gradient with its op,
         # which would put a table's dedup gradient (a segment sum over the batch's ids) on the ps and send it every id.
-        grads = tf.compat.v1.gradients(loss, [t for t, _ in self.pairs] + self.tables)
+        grads = tf.compat.v1.gradients(loss, xs)
+        for i, table in enumerate(self.tables, start=len(self.pairs)):
+            if id(table) in landed and grads[i] is not None:
+                grads[i] = tf.IndexedSlices(self._by_row(grads[i], *landed[id(table)], table), landed[id(table)][1],
+                                            tf.constant(table.shape.as_list(), tf.int64))
         return list(zip(grads, [v for _, v in self.pairs] + self.tables))
+
+    def _by_row(self, grad, rows, ids, table):
+        """The gradient of landed `rows` as one row per id, summed here (the batch's dedup: never every id pushed)."""
+        import tensorflow as tf
+
+        if not isinstance(grad, tf.IndexedSlices):
+            return grad
+        with tf.compat.v1.device(self._host):
+            return tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(ids, out_type=grad.indices.dtype)[0],
+                                                name=f"gradients_of_{table.op.name}_rows")
+
+    def _land_rows(self, graph) -> list:
+        """Packed in float32, unstaged: each table shard's one gather not yet seen gets a worker-side identity that
+        its readers take instead (its input becomes the rows' slice of the ps's pack: `pack`). Returns the new
+        `(identity, shard, gather's rows, gather's ids)`; none for a shard gathered twice."""
+        import tensorflow as tf
+
+        v1 = tf.compat.v1
+        if not (self.options.packed and self.options.dtype == "float32" and not self.options.staged):
+            return []
+        seen = {read.op.name for _, _, read, _ in self._rows}
+        gathers: dict = {}
+        for op in graph.get_operations():
+            if op.type == "ResourceGather" and op.name not in seen and op.inputs[1].shape.rank == 1:
+                gathers.setdefault(op.inputs[0].op.name, []).append(op)
+        new = []
+        for shard in self.tables:
+            ops = gathers.get(shard.handle.op.name, [])
+            if len(ops) != 1 or not shard.shape[1:].is_fully_defined():
+                continue
+            out = ops[0].outputs[0]
+            with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
+                here = tf.identity(out, name=f"{shard.op.name}/rows_landed")
+            for consumer in [c for c in out.consumers() if c is not here.op]:
+                for i, tensor in enumerate(consumer.inputs):
+                    if tensor is out:
+                        consumer._update_input(i, here)   # pylint: disable=protected-access
+            new.append((here, shard, out, ops[0].inputs[1]))
+        self._rows += new
+        return new
 
     def check_complete(self) -> None:
         """Raises ValueError when a trainable variable did not go through `scope()` (it would get no gradient)."""
@@ -348,6 +403,16 @@ def _task_of(device: str) -> tuple:
 
     spec = tf.DeviceSpec.from_string(device or "")
     return spec.job, spec.replica or 0, spec.task or 0
+
+
+def _pulled_size(member):
+    """The floats a `pack` member takes in its ps's pull: a variable's, or its gather's ids x the row width."""
+    import tensorflow as tf
+
+    _, var, read, *ids = member
+    if read.op.type == "ResourceGather":
+        return tf.size(ids[0], out_type=tf.int32) * int(var.shape[1:].num_elements())
+    return tf.constant(var.shape.num_elements(), tf.int32)
 
 
 def _values(grad):
