@@ -82,8 +82,9 @@ def parse_variant(text: str) -> dict:
     return variant
 
 
-def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, site_dir: Path, tag: str) -> float:
-    """Examples/s of one `psworker local` run of `variant` (from its own checkout), via peers.py's runner."""
+def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, site_dir: Path, tag: str) -> dict:
+    """One `psworker local` run of `variant` (from its own checkout), via peers.py's runner: its `examples_per_sec`,
+    and its held-out `auc` where the model prints one (criteo)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PSWORKER_BENCH_THREADS=variant["threads"])
     if variant["grpc"]:
         env["TF_GRPC_DEFAULT_OPTIONS"] = variant["grpc"]
@@ -91,7 +92,25 @@ def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, si
                                         + [p for p in [os.environ.get("PYTHONPATH")] if p])
     out = peers.psworker_run(model, workers, ema="shipped", args=args, workdir=workdir, site_dir=site_dir, tag=tag,
                              mode=variant["mode"], env=env)
-    return out["examples_per_sec"] * (workers if variant["mode"] == "sync" else 1)
+    rate = out["examples_per_sec"] * (workers if variant["mode"] == "sync" else 1)
+    return {"examples_per_sec": rate, **({"auc": out["auc"]} if "auc" in out else {})}
+
+
+def _report(args, shapes: list, variants: list, samples: dict, aucs: dict) -> None:
+    """The table of medians (x the first variant of each shape), with the AUCs where runs printed one, then JSON."""
+    medians = {k: statistics.median(xs) for k, xs in samples.items()}
+    print(f"\n{args.model}, batch {args.batch_size} per worker, {os.cpu_count()} CPUs, median of {args.repeat}; "
+          f"examples/s (x the first variant of the same shape)")
+    for workers in shapes:
+        base = medians[f"{workers}w {variants[0]['name']}"]
+        for v in variants:
+            key = f"{workers}w {v['name']}"
+            print(f"  {key:<28}{medians[key]:>10.0f}  ({medians[key] / base:.2f}x)  samples "
+                  + ", ".join(f"{x:.0f}" for x in samples[key])
+                  + (f"; AUC median {statistics.median(aucs[key]):.4f}: " + ", ".join(f"{a:.4f}" for a in aucs[key])
+                     if key in aucs else ""))
+    print(json.dumps({"model": args.model, "steps": args.steps, "repeat": args.repeat, "variants": variants,
+                      "samples": samples, "median": medians, "auc": aucs}, sort_keys=True))
 
 
 def main(argv=None) -> int:
@@ -128,6 +147,7 @@ def main(argv=None) -> int:
     if not shapes or min(shapes) < 1:
         p.error("--shapes takes worker counts of 1 or more (in-process runs: benchmarks/peers.py)")
     samples: dict = {}
+    aucs: dict = {}
     with tempfile.TemporaryDirectory(prefix="psworker-compare-") as tmp:
         workdir = Path(tmp)
         site_dir = workdir / "site"
@@ -142,21 +162,14 @@ def main(argv=None) -> int:
             for workers in shapes:
                 for v in variants:
                     n += 1
-                    rate = run_variant(v, args.model, workers, args, workdir, site_dir, f"run{n}")
+                    out = run_variant(v, args.model, workers, args, workdir, site_dir, f"run{n}")
+                    rate = out["examples_per_sec"]
                     samples.setdefault(f"{workers}w {v['name']}", []).append(rate)
-                    print(f"[{time.strftime('%H:%M:%S')}] {args.model} {workers}w {v['name']}: {rate:.0f} examples/s",
-                          flush=True)
-    medians = {k: statistics.median(xs) for k, xs in samples.items()}
-    print(f"\n{args.model}, batch {args.batch_size} per worker, {os.cpu_count()} CPUs, median of {args.repeat}; "
-          f"examples/s (x the first variant of the same shape)")
-    for workers in shapes:
-        base = medians[f"{workers}w {variants[0]['name']}"]
-        for v in variants:
-            key = f"{workers}w {v['name']}"
-            print(f"  {key:<28}{medians[key]:>10.0f}  ({medians[key] / base:.2f}x)  samples "
-                  + ", ".join(f"{x:.0f}" for x in samples[key]))
-    print(json.dumps({"model": args.model, "steps": args.steps, "repeat": args.repeat, "variants": variants,
-                      "samples": samples, "median": medians}, sort_keys=True))
+                    if "auc" in out:
+                        aucs.setdefault(f"{workers}w {v['name']}", []).append(out["auc"])
+                    print(f"[{time.strftime('%H:%M:%S')}] {args.model} {workers}w {v['name']}: {rate:.0f} examples/s"
+                          + (f", AUC {out['auc']:.4f}" if "auc" in out else ""), flush=True)
+    _report(args, shapes, variants, samples, aucs)
     return 0
 
 

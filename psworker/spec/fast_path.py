@@ -34,7 +34,7 @@ class FastPath:
 
     def lines(self) -> tuple[str, str]:
         """The two lines `psworker plan` prints."""
-        path = "packed (one pull and one push per ps for the small variables)" if self.pack else \
+        path = "packed (one pull and one push per ps for the small variables and the table rows)" if self.pack else \
             "one transfer per variable (unpacked)"
         return (f"transfers: {path}: {self.pack_reason}",
                 f"steps in flight per worker: {self.steps_in_flight}: {self.steps_reason}")

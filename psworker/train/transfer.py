@@ -197,18 +197,20 @@ class Pulls:
         grads = tf.compat.v1.gradients(loss, xs)
         for i, table in enumerate(self.tables, start=len(self.pairs)):
             if id(table) in landed and grads[i] is not None:
-                grads[i] = tf.IndexedSlices(self._by_row(grads[i], *landed[id(table)], table), landed[id(table)][1],
+                grads[i] = tf.IndexedSlices(self._by_row(grads[i], landed[id(table)][1], table), landed[id(table)][1],
                                             tf.constant(table.shape.as_list(), tf.int64))
         return list(zip(grads, [v for _, v in self.pairs] + self.tables))
 
-    def _by_row(self, grad, rows, ids, table):
-        """The gradient of landed `rows` as one row per id, summed here (the batch's dedup: never every id pushed)."""
+    def _by_row(self, grad, ids, table):
+        """The gradient of a table's landed rows as one row per id of `ids`, summed here (the batch's dedup: never
+        every id pushed)."""
         import tensorflow as tf
 
         if not isinstance(grad, tf.IndexedSlices):
             return grad
         with tf.compat.v1.device(self._host):
-            return tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(ids, out_type=grad.indices.dtype)[0],
+            count = tf.shape(ids, out_type=grad.indices.dtype)[0]
+            return tf.math.unsorted_segment_sum(grad.values, grad.indices, count,
                                                 name=f"gradients_of_{table.op.name}_rows")
 
     def _land_rows(self, graph) -> list:
