@@ -91,7 +91,7 @@ def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, si
     env["PYTHONPATH"] = os.pathsep.join([variant["checkout"], str(site_dir)]
                                         + [p for p in [os.environ.get("PYTHONPATH")] if p])
     out = peers.psworker_run(model, workers, ema="shipped", args=args, workdir=workdir, site_dir=site_dir, tag=tag,
-                             mode=variant["mode"], env=env)
+                             mode=variant["mode"], env=env, num_ps=args.ps)
     rate = out["examples_per_sec"] * (workers if variant["mode"] == "sync" else 1)
     return {"examples_per_sec": rate, **({"auc": out["auc"]} if "auc" in out else {})}
 
@@ -99,7 +99,7 @@ def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, si
 def _report(args, shapes: list, variants: list, samples: dict, aucs: dict) -> None:
     """The table of medians (x the first variant of each shape), with the AUCs where runs printed one, then JSON."""
     medians = {k: statistics.median(xs) for k, xs in samples.items()}
-    print(f"\n{args.model}, batch {args.batch_size} per worker, {os.cpu_count()} CPUs, median of {args.repeat}; "
+    print(f"\n{args.model}, {args.ps} ps, batch {args.batch_size} per worker, {os.cpu_count()} CPUs, median of {args.repeat}; "
           f"examples/s (x the first variant of the same shape)")
     for workers in shapes:
         base = medians[f"{workers}w {variants[0]['name']}"]
@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("variants", nargs="*", help="NAME=CHECKOUT[:mode=sync][:threads=A/B/C/D][:grpc=NAME=VALUE,...]")
     p.add_argument("--model", default="cnn", choices=["cnn", "mlp", "criteo"])
-    p.add_argument("--shapes", default="1,2", help="workers per cluster (1 ps each), comma-separated")
+    p.add_argument("--shapes", default="1,2", help="workers per cluster (--ps each), comma-separated")
+    p.add_argument("--ps", type=int, default=1, help="ps tasks per cluster")
     p.add_argument("--steps", type=int, default=200, help="CNN global steps per run (MLP: x --mlp_factor; criteo: x "
                                                           "--criteo_factor)")
     p.add_argument("--mlp_factor", type=int, default=10)
@@ -144,8 +145,8 @@ def main(argv=None) -> int:
     if args.model == "criteo" and not args.criteo_dir:
         p.error("--model criteo needs --criteo_dir (psworker data criteo-synthetic --data_dir DIR)")
     shapes = [int(s) for s in args.shapes.split(",") if s]
-    if not shapes or min(shapes) < 1:
-        p.error("--shapes takes worker counts of 1 or more (in-process runs: benchmarks/peers.py)")
+    if not shapes or min(shapes) < 1 or args.ps < 1:
+        p.error("--shapes takes worker counts of 1 or more (in-process runs: benchmarks/peers.py), --ps 1 or more")
     samples: dict = {}
     aucs: dict = {}
     with tempfile.TemporaryDirectory(prefix="psworker-compare-") as tmp:

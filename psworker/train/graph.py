@@ -121,7 +121,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
     """
     import tensorflow as tf
 
-    from psworker.train import devices, step_claim, sync_replay, transfer
+    from psworker.train import devices, packing, step_claim, sync_replay, transfer
     from psworker.train.placement import GreedyByteStrategy, min_partition_bytes, partitioned_variables
 
     v1 = tf.compat.v1
@@ -163,7 +163,7 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         reset = SyncRestartReset(sync, demand, slots) if sync is not None else None
         if cluster:
             log.info("constants copied to the ps tasks that take them: %d inputs",
-                     transfer.local_constants(tf.compat.v1.get_default_graph()))
+                     packing.local_constants(tf.compat.v1.get_default_graph()))
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
                       pulls=pulls if pulls.options.active else None, dealer=inputs.client,

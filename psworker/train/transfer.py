@@ -25,6 +25,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from psworker.train import packing
+
 log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16")
@@ -157,7 +159,7 @@ class Pulls:
 
         v1 = tf.compat.v1
         wire = tf.as_dtype(self.options.dtype)
-        for device, members in _by_device(self._landed + self._rows).items():
+        for device, members in packing.by_device(self._landed + self._rows).items():
             if len(members) < 2:
                 continue
             tag = f"psworker_pack_{len(self.packs)}"
@@ -166,7 +168,7 @@ class Pulls:
                 if wire != tf.float32:
                     flat = tf.cast(flat, wire, name=f"{tag}/pull_{self.options.dtype}")
             with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-                sizes = tf.stack([_pulled_size(m) for m in members])   # a gather's from its ids, here
+                sizes = tf.stack([packing.pulled_size(m) for m in members])   # a gather's from its ids, here
                 pieces = tf.split(flat, sizes, num=len(members), name=f"{tag}/pulled")
                 for (landed, var, read, *_), piece in zip(members, pieces):
                     shape = var.shape if read.op.type != "ResourceGather" else [-1, *var.shape[1:]]
@@ -278,24 +280,26 @@ class Pulls:
 
         v1 = tf.compat.v1
         wire = tf.as_dtype(self.options.dtype)
-        out = {id(v): _with_gathered_ids(g) for g, v in grads_and_vars if g is not None and id(v) in tables}
+        out = {id(v): packing.with_gathered_ids(g) for g, v in grads_and_vars if g is not None and id(v) in tables}
         members = [(g, v) for g, v in grads_and_vars
                    if isinstance(g, tf.Tensor) and id(v) not in tables and self._packable(v)]
         if wire == tf.float32:   # a table's rows stay float32 on the wire whatever --transfer_dtype says
-            members += [(out[id(v)], v) for _, v in grads_and_vars if id(v) in out and _rows_packable(out[id(v)], v)]
-        for i, (device, group) in enumerate(_by_device(members).items()):
+            members += [(out[id(v)], v) for _, v in grads_and_vars
+                        if id(v) in out and packing.rows_packable(out[id(v)], v)]
+        for i, (device, group) in enumerate(packing.by_device(members).items()):
             if len(group) < 2:
                 continue
             with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-                flat = tf.concat([tf.reshape(_values(g), [-1]) for g, _ in group], 0, name=f"psworker_push_{i}/push")
+                flat = tf.concat([tf.reshape(packing.values(g), [-1]) for g, _ in group], 0,
+                                 name=f"psworker_push_{i}/push")
                 if wire != tf.float32:
                     flat = tf.cast(flat, wire, name=f"psworker_push_{i}/push_{self.options.dtype}")
             reads = list({id(r): r for r in (self._reads.get(id(v)) for _, v in group) if r is not None}.values())
             with v1.colocate_with(None, ignore_existing=True), v1.device(device), tf.control_dependencies(reads):
                 got = tf.cast(flat, tf.float32) if wire != tf.float32 else tf.identity(flat)
-                pieces = tf.split(got, tf.stack([_flat_size(g, v) for g, v in group]), num=len(group),
+                pieces = tf.split(got, tf.stack([packing.flat_size(g, v) for g, v in group]), num=len(group),
                                   name=f"psworker_push_{i}/pushed")
-                out.update({id(v): _unflat(p, g, v) for (g, v), p in zip(group, pieces)})
+                out.update({id(v): packing.unflat(p, g, v) for (g, v), p in zip(group, pieces)})
         return out
 
     def _push_one(self, grad, var):
@@ -365,107 +369,6 @@ class Pulls:
         return tf.group(*fills, name="psworker_staged_vars_fill")
 
 
-LOCAL_CONST_MAX_BYTES = 4096   # constants up to this size get a copy on each ps that takes them (`local_constants`)
-
-
-def local_constants(graph) -> int:
-    """Gives each op on a ps that takes a small constant made on another task (a constant learning rate, a
-    gradient's shape) a copy of it on its own task; returns how many inputs it rewired. TF's partitioning sends such
-    a constant every step, an RPC of its own (4 bytes for a learning rate): measured in a trace, `edge_N_learning_rate`
-    received by the ps at each step. Ops inside a loop keep theirs."""
-    import tensorflow as tf
-    from tensorflow.python.framework import tensor_util
-
-    from psworker.train.traffic import _Devices, _ps_of
-
-    where, copies, rewired = _Devices(graph), {}, 0
-    for op in list(graph.get_operations()):
-        dst = where.of(op)
-        if _ps_of(dst) is None or op._control_flow_context is not None:   # pylint: disable=protected-access
-            continue
-        for i, tensor in enumerate(op.inputs):
-            if tensor.op.type != "Const" or _task_of(where.of(tensor.op)) == _task_of(dst) \
-                    or tensor.op._control_flow_context is not None \
-                    or not tensor.shape.is_fully_defined() \
-                    or tensor.shape.num_elements() * tensor.dtype.size > LOCAL_CONST_MAX_BYTES:
-                continue
-            key = (tensor.name, _task_of(dst))
-            if key not in copies:
-                with graph.as_default(), tf.compat.v1.colocate_with(None, ignore_existing=True), \
-                        tf.compat.v1.device(dst), tf.control_dependencies(None):
-                    value = tensor_util.MakeNdarray(tensor.op.get_attr("value"))
-                    copies[key] = tf.constant(value, tensor.dtype, name=f"{tensor.op.name}_local")
-            op._update_input(i, copies[key])   # pylint: disable=protected-access
-            rewired += 1
-    return rewired
-
-
-def _task_of(device: str) -> tuple:
-    import tensorflow as tf
-
-    spec = tf.DeviceSpec.from_string(device or "")
-    return spec.job, spec.replica or 0, spec.task or 0
-
-
-def _pulled_size(member):
-    """The floats a `pack` member takes in its ps's pull: a variable's, or its gather's ids x the row width."""
-    import tensorflow as tf
-
-    _, var, read, *ids = member
-    if read.op.type == "ResourceGather":
-        return tf.size(ids[0], out_type=tf.int32) * int(var.shape[1:].num_elements())
-    return tf.constant(var.shape.num_elements(), tf.int32)
-
-
-def _values(grad):
-    """A gradient's values: an `IndexedSlices`' rows, or the tensor itself."""
-    return grad.values if hasattr(grad, "indices") else grad
-
-
-def _rows_packable(grad, var) -> bool:
-    """Whether a table shard's gradient `grad` can share its ps's push: float32 rows of a known width (their ids
-    cross on their own: the ps needs them for its gather before the step's push)."""
-    return (hasattr(grad, "indices") and grad.values.dtype.base_dtype.name == "float32"
-            and var.shape[1:].is_fully_defined())
-
-
-def _flat_size(grad, var):
-    """The number of floats `grad` adds to a pack, as the ps knows it (a table's from its ids, already there)."""
-    import tensorflow as tf
-
-    if hasattr(grad, "indices"):
-        return tf.cast(tf.size(grad.indices), tf.int32) * int(var.shape[1:].num_elements())
-    return tf.constant(var.shape.num_elements(), tf.int32)
-
-
-def _unflat(piece, grad, var):
-    """`piece` of a pack, on the ps, shaped as `grad`: the variable's shape, or a table's rows with `grad`'s ids."""
-    import tensorflow as tf
-
-    if hasattr(grad, "indices"):
-        return tf.IndexedSlices(tf.reshape(piece, [-1, *var.shape[1:]]), grad.indices, grad.dense_shape)
-    return tf.reshape(piece, var.shape)
-
-
-def _by_device(members: list) -> dict:
-    """`members` (tuples whose second item is a variable) grouped by the variable's device, in order."""
-    groups: dict = {}
-    for m in members:
-        groups.setdefault(m[1].device, []).append(m)
-    return groups
-
-
-def _with_gathered_ids(grad):
-    """A table shard's gradient with, as its indices, the very ids its gather received on the ps, so they cross
-    once a step, not twice (the gather's gradient reshapes them to 1-D, a new tensor that would cross again)."""
-    import tensorflow as tf
-
-    indices = getattr(grad, "indices", None)
-    if indices is None or indices.op.type != "Reshape" or indices.op.inputs[0].shape.rank != 1:
-        return grad
-    return tf.IndexedSlices(grad.values, indices.op.inputs[0], grad.dense_shape)
-
-
 def _is_table(getter_kwargs: dict) -> bool:
     """Whether a `get_variable` call makes a sparse table (`models.base.SPARSE_TABLES` among its collections)."""
     from psworker.models.base import SPARSE_TABLES
@@ -486,5 +389,4 @@ def register_fill(fill) -> None:
         v1.add_to_collection(key, tf.group(fill, name="local_init_and_staged_fill"))
 
 
-__all__ = ["DTYPES", "LOCAL_CONST_MAX_BYTES", "TransferOptions", "options_of", "Pulls", "local_constants",
-           "register_fill"]
+__all__ = ["DTYPES", "TransferOptions", "options_of", "Pulls", "register_fill"]
