@@ -161,9 +161,8 @@ def build_train_graph(model: Model, config: TrainConfig, *, cluster: Optional[di
         if inputs.state is not None:   # after the update: a checkpoint never counts an example not trained on
             train_op = sync_replay.counted(inputs, train_op, tf.shape(images)[0], task_index, claim, slots)
         reset = SyncRestartReset(sync, demand, slots) if sync is not None else None
-        if cluster:
-            log.info("constants copied to the ps tasks that take them: %d inputs",
-                     packing.local_constants(tf.compat.v1.get_default_graph()))
+        if cluster:   # the learning rate and other small constants: a copy on each ps that takes one
+            packing.local_constants(tf.compat.v1.get_default_graph())
     return TrainGraph(train_op=train_op, loss=loss, global_step=global_step, learning_rate=lr, sync_optimizer=sync,
                       sync_reset=reset, inputs=None if inputs.state is not None else (images, labels),
                       pulls=pulls if pulls.options.active else None, dealer=inputs.client,

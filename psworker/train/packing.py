@@ -4,6 +4,10 @@ its table shards' rows in one tensor each way, cut apart by sizes the receiving 
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
+
 LOCAL_CONST_MAX_BYTES = 4096   # constants up to this size get a copy on each ps that takes them (`local_constants`)
 
 
@@ -33,6 +37,7 @@ def local_constants(graph) -> int:
                     copies[key] = tf.constant(value, tensor.dtype, name=f"{tensor.op.name}_local")
             op._update_input(i, copies[key])   # pylint: disable=protected-access
             rewired += 1
+    log.info("small constants copied to the ps tasks that take them: %d inputs rewired", rewired)
     return rewired
 
 
