@@ -37,7 +37,9 @@ def local_constants(graph) -> int:
                     copies[key] = tf.constant(value, tensor.dtype, name=f"{tensor.op.name}_local")
             op._update_input(i, copies[key])   # pylint: disable=protected-access
             rewired += 1
-    log.info("small constants copied to the ps tasks that take them: %d inputs rewired", rewired)
+    if copies:
+        log.info("small constants copied to the ps tasks that take them (the learning rate, ...): %d; none crosses "
+                 "each step", len(copies))
     return rewired
 
 
