@@ -13,10 +13,11 @@ __all__ = ["BYTES_FACTOR", "MIN_LIMIT_BYTES", "PS_BASELINE_BYTES", "fits", "form
            "parse_size", "ps_lower_bound"]
 
 # The ps memory model (issue 37): a ps's peak anonymous memory across training, checkpoint saves and a restore, fitted
-# by least squares over 1, 2 and 4 ps and two table sizes (`benchmarks/ps_memory_model.py`, README "A ps's memory"):
-# FITTED. The plan asks for a margin over both: a bare ps's base (the interpreter, TensorFlow's runtime, the server, as
-# its memory cgroup charges it) and the bytes' factor (the variables, and about half of them more: one large variable
-# copied while a checkpoint reads it, or restored beside its old value, `train.saving`; 2.5x before it).
+# by least squares over 1, 2 and 4 ps and two table sizes (`benchmarks/ps_memory_model.py`, docs/performance.md "A
+# ps's memory"): 233 MiB + 1.15 x variable bytes (2026-12-07; 1.52 x before `train.slots` filled the accumulators at
+# run time, 2.53 x before `train.saving`). The plan keeps a margin over both: a bare ps's base (the interpreter,
+# TensorFlow's runtime, the server, as its memory cgroup charges it) and the bytes' factor (the variables, and what a
+# checkpoint's read or a restore copies of the largest one).
 PS_BASELINE_BYTES = 320 * 2 ** 20
 BYTES_FACTOR = 1.5
 MIN_LIMIT_BYTES = 2 ** 20           # a cap under 1 MiB is a typo (a bare number is bytes)
