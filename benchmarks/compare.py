@@ -99,8 +99,8 @@ def run_variant(variant: dict, model: str, workers: int, args, workdir: Path, si
 def _report(args, shapes: list, variants: list, samples: dict, aucs: dict) -> None:
     """The table of medians (x the first variant of each shape), with the AUCs where runs printed one, then JSON."""
     medians = {k: statistics.median(xs) for k, xs in samples.items()}
-    print(f"\n{args.model}, {args.ps} ps, batch {args.batch_size} per worker, {os.cpu_count()} CPUs, median of {args.repeat}; "
-          f"examples/s (x the first variant of the same shape)")
+    print(f"\n{args.model}, {args.ps} ps, batch {args.batch_size} per worker, {os.cpu_count()} CPUs, median of "
+          f"{args.repeat}; examples/s (x the first variant of the same shape)")
     for workers in shapes:
         base = medians[f"{workers}w {variants[0]['name']}"]
         for v in variants:

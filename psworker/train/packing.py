@@ -57,14 +57,14 @@ def _task_of(device: str) -> tuple:
     return spec.job, spec.replica or 0, spec.task or 0
 
 
-def pulled_size(member):
-    """The floats a `pack` member takes in its ps's pull: a variable's, or its gather's ids x the row width."""
+def piece_size(var, ids=None):
+    """The floats `var`'s piece of a pack takes, as the side that cuts it knows: its elements, or for a table shard's
+    rows, `ids` (the gather's, on that side already) x the row width."""
     import tensorflow as tf
 
-    _, var, read, *ids = member
-    if read.op.type == "ResourceGather":
-        return tf.size(ids[0], out_type=tf.int32) * int(var.shape[1:].num_elements())
-    return tf.constant(var.shape.num_elements(), tf.int32)
+    if ids is None:
+        return tf.constant(var.shape.num_elements(), tf.int32)
+    return tf.size(ids, out_type=tf.int32) * int(var.shape[1:].num_elements())
 
 
 def values(grad):
@@ -77,15 +77,6 @@ def rows_packable(grad, var) -> bool:
     cross on their own: the ps needs them for its gather before the step's push)."""
     return (hasattr(grad, "indices") and grad.values.dtype.base_dtype.name == "float32"
             and var.shape[1:].is_fully_defined())
-
-
-def flat_size(grad, var):
-    """The number of floats `grad` adds to a pack, as the ps knows it (a table's from its ids, already there)."""
-    import tensorflow as tf
-
-    if hasattr(grad, "indices"):
-        return tf.cast(tf.size(grad.indices), tf.int32) * int(var.shape[1:].num_elements())
-    return tf.constant(var.shape.num_elements(), tf.int32)
 
 
 def unflat(piece, grad, var):
@@ -116,5 +107,5 @@ def with_gathered_ids(grad):
     return tf.IndexedSlices(grad.values, indices.op.inputs[0], grad.dense_shape)
 
 
-__all__ = ["LOCAL_CONST_MAX_BYTES", "by_device", "flat_size", "local_constants", "pulled_size", "rows_packable",
-           "unflat", "values", "with_gathered_ids"]
+__all__ = ["LOCAL_CONST_MAX_BYTES", "by_device", "local_constants", "piece_size", "rows_packable", "unflat", "values",
+           "with_gathered_ids"]

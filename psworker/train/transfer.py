@@ -71,7 +71,7 @@ class Pulls:
         self._puts: list = []
         self._reads: dict[int, Any] = {}         # id(variable or shard) -> its read on the ps (staged only)
         self.tables: list = []                   # sparse tables (shards): read by rows on the ps, never pulled whole
-        self._landed: list = []                  # packed: (worker-side identity, variable, its read on the ps)
+        self._landed: list = []                  # packed: (worker-side identity, variable, its read on the ps, None)
         self._rows: list = []                    # packed: (worker-side identity, table shard, its gather, the ids)
         self.packs: list[tuple[str, list[str]]] = []   # packed: (ps device, the variables read as one tensor)
         self.packed_rows: list[tuple[str, str]] = []   # packed: (ps device, a table shard whose rows go with it)
@@ -127,7 +127,7 @@ class Pulls:
             landed = sent
             if self._packable(var):   # its input becomes its slice of the ps's pack (`pack`)
                 landed = tf.identity(sent, name=f"{base}/landed")
-                self._landed.append((landed, var, read))
+                self._landed.append((landed, var, read, None))
             got = tf.cast(landed, tf.float32, name=f"{base}/pulled_float32") if wire != tf.float32 else landed
             if self.options.staged:
                 area = data_flow_ops.StagingArea([tf.float32], shapes=[var.shape])
@@ -164,19 +164,19 @@ class Pulls:
                 continue
             tag = f"psworker_pack_{len(self.packs)}"
             with v1.colocate_with(None, ignore_existing=True), v1.device(device):
-                flat = tf.concat([tf.reshape(read, [-1]) for _, _, read, *_ in members], 0, name=f"{tag}/pull")
+                flat = tf.concat([tf.reshape(read, [-1]) for _, _, read, _ in members], 0, name=f"{tag}/pull")
                 if wire != tf.float32:
                     flat = tf.cast(flat, wire, name=f"{tag}/pull_{self.options.dtype}")
             with v1.colocate_with(None, ignore_existing=True), v1.device(self._host):
-                sizes = tf.stack([packing.pulled_size(m) for m in members])   # a gather's from its ids, here
+                sizes = tf.stack([packing.piece_size(var, ids) for _, var, _, ids in members])   # rows': by ids, here
                 pieces = tf.split(flat, sizes, num=len(members), name=f"{tag}/pulled")
-                for (landed, var, read, *_), piece in zip(members, pieces):
-                    shape = var.shape if read.op.type != "ResourceGather" else [-1, *var.shape[1:]]
+                for (landed, var, _, ids), piece in zip(members, pieces):
+                    shape = var.shape if ids is None else [-1, *var.shape[1:]]
                     landed.op._update_input(0, tf.reshape(piece, shape))   # pylint: disable=protected-access
                     if id(var) in self._reads:
                         self._reads[id(var)] = flat   # staged: the update waits for the pack's read
-            self.packs.append((device, [v.op.name for _, v, read, *_ in members if read.op.type != "ResourceGather"]))
-            self.packed_rows += [(device, v.op.name) for _, v, read, *_ in members if read.op.type == "ResourceGather"]
+            self.packs.append((device, [v.op.name for _, v, _, ids in members if ids is None]))
+            self.packed_rows += [(device, v.op.name) for _, v, _, ids in members if ids is not None]
         self._landed, self._rows = [], []
         for device, names in self.packs:
             rows = [name for where, name in self.packed_rows if where == device]
@@ -297,8 +297,8 @@ class Pulls:
             reads = list({id(r): r for r in (self._reads.get(id(v)) for _, v in group) if r is not None}.values())
             with v1.colocate_with(None, ignore_existing=True), v1.device(device), tf.control_dependencies(reads):
                 got = tf.cast(flat, tf.float32) if wire != tf.float32 else tf.identity(flat)
-                pieces = tf.split(got, tf.stack([packing.flat_size(g, v) for g, v in group]), num=len(group),
-                                  name=f"psworker_push_{i}/pushed")
+                sizes = tf.stack([packing.piece_size(v, getattr(g, "indices", None)) for g, v in group])
+                pieces = tf.split(got, sizes, num=len(group), name=f"psworker_push_{i}/pushed")
                 out.update({id(v): packing.unflat(p, g, v) for (g, v), p in zip(group, pieces)})
         return out
 
